@@ -1,0 +1,3 @@
+from recsync.cli import main
+
+main()

@@ -1,0 +1,169 @@
+"""The `recsync` command: turns flags into configs and calls the library, nothing else."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from recsync.config import ConfigError, load_config
+
+USER_ERRORS = (ConfigError, ValueError, FileExistsError, FileNotFoundError)
+
+
+def _fail(e: Exception) -> None:
+    click.echo(f"error: {e}", err=True)
+    sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Train CTR recommendation models (DLRM) with a choice of worker synchronization."""
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="TOML config file (defaults apply to anything it leaves out).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override one config key, e.g. --set train.batch_size=1024 (repeatable).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory for config.toml, metrics.jsonl, summary.json, training.png.")
+def train(config_path, overrides, out):
+    """Train a model as the config says."""
+    from recsync.driver import run
+    try:
+        cfg = load_config(config_path, overrides)
+        summary = run(cfg, out)
+    except USER_ERRORS as e:
+        _fail(e)
+    _print_summary(summary, Path(out))
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    ev = summary["eval"]
+    line = f"eval AUC {ev['auc']:.4f}, logloss {ev['logloss']:.4f} on {ev['rows']:,} rows"
+    if ev.get("bayes_auc") is not None:
+        line += (f"  (Bayes-optimal: AUC {ev['bayes_auc']:.4f}, logloss "
+                 f"{ev['bayes_logloss']:.4f}; gap {ev['bayes_auc'] - ev['auc']:.4f})")
+    click.echo(f"{summary['status']}: {summary['samples']:,} samples in {summary['steps']:,} "
+               f"steps, {summary['samples_per_s']:,.0f} samples/s (measured)")
+    click.echo(line)
+    click.echo(f"outputs: {out}/summary.json, metrics.jsonl, config.toml"
+               + (", training.png" if (out / 'training.png').exists() else ""))
+
+
+@main.group()
+def data():
+    """Make or convert data sets."""
+
+
+@data.command()
+@click.option("--rows", type=int, required=True, help="Training rows.")
+@click.option("--out", required=True, type=click.Path(file_okay=False))
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--eval-rows", type=int, default=None, help="Held-out rows [default: rows/10].")
+@click.option("--max-table-rows", type=int, default=100_000, show_default=True,
+              help="Cap on every table's cardinality.")
+@click.option("--processes", type=int, default=2, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace a data set already in --out.")
+def synth(rows, out, seed, eval_rows, max_table_rows, processes, overwrite):
+    """Generate synthetic Criteo-shaped data with a planted teacher (known Bayes AUC)."""
+    from recsync.data.synthetic import SynthSpec, generate
+    try:
+        r = generate(out, rows=rows, eval_rows=eval_rows, processes=processes,
+                     spec=SynthSpec(seed=seed, max_table_rows=max_table_rows),
+                     overwrite=overwrite)
+    except USER_ERRORS as e:
+        _fail(e)
+    click.echo(f"wrote {r.train_rows:,} train + {r.eval_rows:,} eval rows to {out} in "
+               f"{r.seconds:.1f} s ({r.rows_per_s:,.0f} rows/s); eval CTR {r.ctr:.3f}, "
+               f"Bayes-optimal AUC {r.bayes_auc:.4f}, logloss {r.bayes_logloss:.4f}")
+
+
+def _table_sizes(values: tuple[str, ...]) -> tuple[int, dict[str, int]]:
+    default, overrides = 1_000_000, {}
+    for v in values:
+        name, sep, num = v.partition("=")
+        try:
+            if sep:
+                overrides[name.strip()] = int(num)
+            else:
+                default = int(v)
+        except ValueError:
+            raise click.BadParameter(f"{v!r}: expected N or NAME=N (e.g. C3=50000)",
+                                     param_hint="--table-size") from None
+    return default, overrides
+
+
+@data.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False))
+@click.option("--strict", is_flag=True, help="Stop at the first bad line instead of skipping it.")
+@click.option("--table-size", "table_size", multiple=True, metavar="N | NAME=N",
+              help="Rows of every hashed table (default 1,000,000), or of one table "
+                   "(e.g. C3=50000). Repeatable.")
+@click.option("--eval-fraction", type=float, default=0.1, show_default=True,
+              help="The last fraction of the input lines becomes the eval split.")
+@click.option("--overwrite", is_flag=True, help="Replace a data set already in --out.")
+def criteo(files, out, strict, table_size, eval_fraction, overwrite):
+    """Convert Criteo files (raw TSV or DeepCTR's CSV sample) into training shards."""
+    from recsync.data.criteo import convert_criteo
+    default, overrides = _table_sizes(table_size)
+    try:
+        r = convert_criteo(list(files), out, strict=strict, table_size=default,
+                           table_size_overrides=overrides, eval_fraction=eval_fraction,
+                           overwrite=overwrite)
+    except USER_ERRORS as e:
+        _fail(e)
+    click.echo(f"converted {r.lines:,} lines in {r.seconds:.1f} s "
+               f"({r.lines / max(r.seconds, 1e-9):,.0f} lines/s): {r.train_rows:,} train + "
+               f"{r.eval_rows:,} eval rows written to {out}, {r.bad_lines:,} bad lines skipped")
+    for bad in r.examples:
+        click.echo(f"  skipped {bad.path}:{bad.line}: {bad.reason}")
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG to write.")
+def plot(runs, out):
+    """Plot loss and AUC against samples and time for one or more runs."""
+    from recsync.plot import plot_runs
+    try:
+        click.echo(f"wrote {plot_runs([Path(r) for r in runs], Path(out))}")
+    except USER_ERRORS as e:
+        _fail(e)
+
+
+@main.command()
+@click.argument("scenario")
+@click.option("--out", required=True, type=click.Path(file_okay=False))
+@click.option("--scale", type=float, default=1.0, show_default=True,
+              help="Multiply the scenario's default size (rows, steps).")
+def bench(scenario, out, scale):
+    """Run every arm of a benchmark scenario side by side; write results.json and report.md."""
+    from recsync.bench import run_scenario
+    try:
+        results = run_scenario(scenario, Path(out), scale=scale)
+    except USER_ERRORS as e:
+        _fail(e)
+    for name, value in results["ratios"].items():
+        click.echo(f"{name} = {value:.4g}")
+    click.echo(f"report: {Path(out) / 'report.md'}")
+
+
+@main.command()
+@click.option("--out", default="runs/quickstart", show_default=True,
+              type=click.Path(file_okay=False))
+def quickstart(out):
+    """The main job: synthetic data, then DLRM trained locally, compared with the Bayes AUC."""
+    from recsync.recipes import quickstart as run_quickstart
+    try:
+        summary = run_quickstart(Path(out))
+    except USER_ERRORS as e:
+        _fail(e)
+    _print_summary(summary, Path(out) / "run")
+
+
+if __name__ == "__main__":
+    main()

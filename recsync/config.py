@@ -1,0 +1,158 @@
+"""RunConfig: one validated tree (data, model, train, output, mode), loaded from TOML.
+
+Every section rejects unknown keys and bad values with a message naming the key (``train.lr``)
+and what was expected. ``--set key=value`` overrides are applied to the raw tree before
+validation, so they are checked exactly like the file. Distributed sections (cluster, faults,
+recovery, per-mode settings) join this tree as their features land.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed or holds bad values; the message says where."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+class DataConfig(Section):
+    path: str = "runs/data/synth"
+    """directory of a converted data set (`recsync data synth` / `recsync data criteo`)"""
+    shuffle: bool = True
+    """visit chunks, and rows within a chunk, in a seeded random order each epoch"""
+    chunk_rows: int = Field(0, ge=0)
+    """rows per unit of work (0: 16 batches); a chunk is a contiguous row range of one part"""
+
+
+class ModelConfig(Section):
+    name: str = "dlrm"
+    """model: "dlrm" (DLRM with dot interaction) or "lr" (logistic regression, no interactions)"""
+    embedding_dim: int = Field(16, ge=1)
+    """width of every embedding row (dlrm); lr uses 1"""
+    bottom_mlp: list[int] = [512, 256, 64]
+    """hidden sizes of the bottom MLP over dense features (its output is embedding_dim wide)"""
+    top_mlp: list[int] = [512, 256]
+    """hidden sizes of the top MLP (its output is one logit)"""
+    table_rows: int = Field(0, ge=0)
+    """rows of every embedding table (0: each table as large as the data set says)"""
+    embedding_init_scale: float = Field(0.15, gt=0)
+    """embedding rows start uniform in [-scale, scale)"""
+
+    @model_validator(mode="after")
+    def _check_layers(self):
+        for key in ("bottom_mlp", "top_mlp"):
+            if any(n < 1 for n in getattr(self, key)):
+                raise ValueError(f"{key}: layer sizes must be >= 1, got {getattr(self, key)}")
+        return self
+
+
+class TrainConfig(Section):
+    batch_size: int = Field(4096, ge=1)
+    """samples per step (per worker in distributed modes)"""
+    epochs: int = Field(1, ge=1)
+    """passes over the training split (CTR models are usually trained for one)"""
+    max_steps: int = Field(0, ge=0)
+    """stop after this many steps (0: no limit)"""
+    embedding_optimizer: Literal["adagrad", "sgd"] = "adagrad"
+    """row-wise optimizer of embedding rows"""
+    embedding_lr: float = Field(0.2, gt=0)
+    dense_optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
+    """optimizer of the dense (MLP) parameters"""
+    dense_lr: float = Field(0.01, gt=0)
+    seed: int = 0
+    """seeds model init, embedding init and data order"""
+    threads: int = Field(1, ge=1)
+    """torch intra-op threads per training process"""
+    eval_every_samples: int = Field(0, ge=0)
+    """evaluate on eval_sample_rows every this many training samples (0: 8 times per run)"""
+    eval_sample_rows: int = Field(50_000, ge=1)
+    """rows of the eval split used by the evaluations during training"""
+    eval_batch_size: int = Field(65_536, ge=1)
+
+
+class OutputConfig(Section):
+    log_every_steps: int = Field(20, ge=1)
+    """steps per metrics.jsonl record"""
+    progress: bool = True
+    """show a progress bar on a terminal"""
+    plot: bool = True
+    """write training.png beside summary.json at the end"""
+
+
+class RunConfig(Section):
+    mode: Literal["local"] = "local"
+    """how workers synchronize: "local" is the single-process baseline"""
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    output: OutputConfig = OutputConfig()
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.model_dump(exclude_none=True))
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            got = f" (got {e['input']!r})" if not isinstance(e["input"], dict) else ""
+            lines.append(f"  {key}: {e['msg']}{got}")
+    return "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value); the value is read as TOML, else as a string."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.batch_size=1024")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as a path
+    return [p.strip() for p in key.split(".")], value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = tree
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Read a TOML file (or start from defaults), apply ``--set`` overrides, validate."""
+    tree: dict = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            tree = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    if overrides:
+        source += " with --set " + " ".join(overrides)
+    tree = apply_overrides(tree, list(overrides))
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None

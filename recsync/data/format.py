@@ -1,0 +1,171 @@
+"""On-disk layout of a converted CTR data set: the contract between writers and the reader.
+
+A data set is a directory::
+
+    DIR/meta.json                     written last: a directory without it is incomplete
+    DIR/train/part-00000.dense.npy    float32 [n, num_dense], already log(1 + max(x, 0))
+    DIR/train/part-00000.sparse.npy   int32   [n, num_tables], ids in [0, table rows)
+    DIR/train/part-00000.label.npy    float32 [n], 0 or 1
+    DIR/eval/...                      the same for the held-out split
+
+Parts are plain ``.npy`` files: self-describing, memory-mappable, and loaded with
+``allow_pickle=False`` so opening a data set never runs code from it. Ids are stored as int32 to
+halve the disk and page-cache footprint; the reader widens them to int64 (the wire dtype).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_NAME = "recsync-ctr"
+FORMAT_VERSION = 1
+NUM_DENSE = 13
+NUM_TABLES = 26
+SPLITS = ("train", "eval")
+MAX_TABLE_ROWS = 2**31 - 1  # ids are stored as int32
+
+
+class DataFormatError(ValueError):
+    """A data set directory is missing, incomplete or not of this format."""
+
+
+@dataclass
+class SplitInfo:
+    """Row count and part files of one split."""
+
+    rows: int = 0
+    parts: list[dict] = field(default_factory=list)  # {"name": "part-00000", "rows": n}
+
+
+def part_paths(split_dir: Path, name: str) -> dict[str, Path]:
+    """The three array files of one part."""
+    return {kind: split_dir / f"{name}.{kind}.npy" for kind in ("dense", "sparse", "label")}
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}"
+
+
+def write_part(split_dir: Path, name: str, dense: np.ndarray, sparse: np.ndarray,
+               label: np.ndarray) -> None:
+    """Write one part's three arrays, each to a temporary name then renamed into place."""
+    arrays = {"dense": dense.astype(np.float32, copy=False),
+              "sparse": sparse.astype(np.int32, copy=False),
+              "label": label.astype(np.float32, copy=False)}
+    for kind, path in part_paths(Path(split_dir), name).items():
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, np.ascontiguousarray(arrays[kind]), allow_pickle=False)
+        os.replace(tmp, path)
+
+
+class SplitWriter:
+    """Appends rows to one split, cutting a new part every ``part_rows`` rows.
+
+    Rows are buffered in memory up to one part (``part_rows`` x ~160 bytes) and each part is
+    written to a temporary name and renamed, so a crash leaves no half-written part under a
+    final name. Not thread-safe.
+    """
+
+    def __init__(self, root: Path, split: str, num_tables: int = NUM_TABLES,
+                 num_dense: int = NUM_DENSE, part_rows: int = 1_000_000):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.dir = Path(root) / split
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.num_tables, self.num_dense, self.part_rows = num_tables, num_dense, part_rows
+        self.info = SplitInfo()
+        self._buf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._buffered = 0
+
+    def write(self, dense: np.ndarray, sparse: np.ndarray, label: np.ndarray) -> None:
+        """Append rows: dense float32 [n, num_dense], sparse int [n, num_tables], label [n]."""
+        n = len(label)
+        if dense.shape != (n, self.num_dense) or sparse.shape != (n, self.num_tables):
+            raise ValueError(f"bad shapes: dense {dense.shape}, sparse {sparse.shape}, label ({n},)")
+        while n:
+            take = min(n, self.part_rows - self._buffered)
+            self._buf.append((dense[:take], sparse[:take], label[:take]))
+            self._buffered += take
+            dense, sparse, label, n = dense[take:], sparse[take:], label[take:], n - take
+            if self._buffered == self.part_rows:
+                self._flush()
+
+    def close(self) -> SplitInfo:
+        """Write the last partial part and return the split's info."""
+        if self._buffered:
+            self._flush()
+        return self.info
+
+    def _flush(self) -> None:
+        name = part_name(len(self.info.parts))
+        write_part(self.dir, name, *(np.concatenate([b[i] for b in self._buf]) for i in range(3)))
+        self.info.parts.append({"name": name, "rows": self._buffered})
+        self.info.rows += self._buffered
+        self._buf, self._buffered = [], 0
+
+
+def prepare_output_dir(out: Path, overwrite: bool) -> None:
+    """Make ``out`` ready for a new data set: refuse to replace one unless ``overwrite``, and
+    remove the meta.json and part files of an earlier one (so no stale part survives)."""
+    out = Path(out)
+    if (out / "meta.json").exists():
+        if not overwrite:
+            raise FileExistsError(f"{out} already holds a data set (meta.json); pass "
+                                  f"--overwrite to replace it")
+        (out / "meta.json").unlink()  # from here on the directory reads as incomplete
+    for split in SPLITS:
+        d = out / split
+        if d.is_dir():
+            for p in d.glob("part-*.npy*"):
+                p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def write_meta(root: Path, *, table_rows: list[int], splits: dict[str, SplitInfo],
+               source: dict, synthetic: dict | None = None,
+               table_names: list[str] | None = None) -> dict:
+    """Write ``meta.json`` (atomically, last) and return it."""
+    names = table_names or [f"C{i + 1}" for i in range(len(table_rows))]
+    for name, rows in zip(names, table_rows):
+        if not 1 <= rows <= MAX_TABLE_ROWS:
+            raise ValueError(f"table {name}: rows must be in [1, {MAX_TABLE_ROWS}], got {rows}")
+    meta = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "num_dense": NUM_DENSE,
+        "tables": [{"name": n, "rows": int(r)} for n, r in zip(names, table_rows)],
+        "splits": {k: {"rows": v.rows, "parts": v.parts} for k, v in splits.items()},
+        "source": source,
+        "synthetic": synthetic,
+    }
+    tmp = Path(root) / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, Path(root) / "meta.json")
+    return meta
+
+
+def read_meta(root: Path) -> dict:
+    """Load and check ``meta.json``; raise DataFormatError naming the problem."""
+    path = Path(root) / "meta.json"
+    if not Path(root).is_dir():
+        raise DataFormatError(f"{root}: no such data directory (make one with `recsync data synth` "
+                              f"or `recsync data criteo`)")
+    if not path.is_file():
+        raise DataFormatError(f"{path}: missing; the data set at {root} is incomplete or was "
+                              f"never converted")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{path}: not valid JSON ({e})") from e
+    if meta.get("format") != FORMAT_NAME:
+        raise DataFormatError(f"{path}: format is {meta.get('format')!r}, expected {FORMAT_NAME!r}")
+    if meta.get("version") != FORMAT_VERSION:
+        raise DataFormatError(f"{path}: format version {meta.get('version')!r} is not supported "
+                              f"(this recsync reads version {FORMAT_VERSION})")
+    return meta

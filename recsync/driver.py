@@ -1,0 +1,147 @@
+"""The run itself: open the data, build the model, train, evaluate, write the output contract.
+
+Outputs (DESIGN §9): ``config.toml`` (resolved config), ``metrics.jsonl`` (one record per logging
+interval), ``summary.json`` (at the end, also after Ctrl-C) and ``training.png``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from recsync.config import RunConfig
+from recsync.data.reader import Dataset, chunk_order
+from recsync.metrics import MetricsLog, write_json
+from recsync.trainer import LocalModel, StepTimer, build_local_model, evaluate, train_step
+
+CHUNK_BATCHES = 16  # default chunk: this many batches
+
+
+@dataclass
+class Progress:
+    """What the loop has done so far, for the logs and the summary."""
+
+    start: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    samples: int = 0
+    eval_s: float = 0.0
+    evals: list[dict] = field(default_factory=list)
+    status: str = "running"
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def run(cfg: RunConfig, out_dir: str | Path) -> dict:
+    """Train as ``cfg`` says, write outputs into ``out_dir``, return the summary."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(cfg.to_toml())
+    torch.set_num_threads(cfg.train.threads)
+    ds = Dataset(cfg.data.path)
+    model = build_local_model(cfg.model, cfg.train, ds)
+    log = MetricsLog(out / "metrics.jsonl")
+    progress = Progress()
+    try:
+        _train(cfg, ds, model, log, progress)
+        progress.status = "completed"
+    except KeyboardInterrupt:
+        progress.status = "interrupted"
+        print("\nInterrupted: evaluating and writing the summary of the work done so far.")
+    finally:
+        log.close()
+    summary = _summary(cfg, ds, model, progress)
+    write_json(out / "summary.json", summary)
+    if cfg.output.plot:
+        from recsync.plot import plot_runs
+        plot_runs([out], out / "training.png")
+    return summary
+
+
+def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
+           progress: Progress) -> None:
+    t = cfg.train
+    chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
+    total = t.epochs * ds.rows("train")
+    if t.max_steps:
+        total = min(total, t.max_steps * t.batch_size)
+    eval_every = t.eval_every_samples or max(1, math.ceil(total / 8))
+    next_eval = eval_every
+    shuffle_seed = t.seed if cfg.data.shuffle else None
+    timer = StepTimer()
+    bar = tqdm(total=total, unit="sample", unit_scale=True, desc=f"train ({cfg.mode})",
+               disable=None if cfg.output.progress else True, smoothing=0.1)
+    try:
+        for epoch in range(t.epochs):
+            for chunk in chunk_order(chunks, epoch=epoch, shuffle_seed=shuffle_seed):
+                for batch in ds.batches(chunk, t.batch_size, shuffle_seed=shuffle_seed,
+                                        epoch=epoch):
+                    loss = train_step(model, batch)
+                    progress.steps += 1
+                    progress.samples += len(batch)
+                    timer.add(len(batch), loss)
+                    bar.update(len(batch))
+                    eval_now = progress.samples >= next_eval
+                    if eval_now or progress.steps % cfg.output.log_every_steps == 0:
+                        record = _interval_record(cfg, progress, timer)
+                        bar.set_postfix(loss=f"{record['loss']:.4f}")
+                        if eval_now:
+                            record["eval"] = _timed_eval(cfg, ds, model, progress)
+                            next_eval += eval_every
+                        log.write(record)
+                        timer.reset()
+                    if t.max_steps and progress.steps >= t.max_steps:
+                        return
+    finally:
+        bar.close()
+
+
+def _interval_record(cfg: RunConfig, progress: Progress, timer: StepTimer) -> dict:
+    interval_s = time.perf_counter() - timer.start
+    return {"time_s": progress.elapsed(), "samples": progress.samples, "step": progress.steps,
+            "loss": timer.loss_sum / max(timer.samples, 1),
+            "samples_per_s": timer.samples / interval_s if interval_s > 0 else None,
+            "mode": cfg.mode, "worker_step_s": [interval_s / max(timer.steps, 1)],
+            "staleness": None, "events": [], "eval": None}
+
+
+def _timed_eval(cfg: RunConfig, ds: Dataset, model: LocalModel, progress: Progress) -> dict:
+    start = time.perf_counter()
+    result = evaluate(model, ds, cfg.train.eval_sample_rows, cfg.train.eval_batch_size)
+    progress.eval_s += time.perf_counter() - start
+    result.update(samples=progress.samples, time_s=progress.elapsed())
+    progress.evals.append(result)
+    return result
+
+
+def _summary(cfg: RunConfig, ds: Dataset, model: LocalModel, progress: Progress) -> dict:
+    train_s = progress.elapsed() - progress.eval_s  # the loop, less the evaluations during it
+    final = evaluate(model, ds, ds.rows("eval"), cfg.train.eval_batch_size)
+    synthetic = ds.synthetic or {}
+    wall_s = progress.elapsed()
+    return {
+        "status": progress.status,
+        "mode": cfg.mode,
+        "modes": [{"mode": cfg.mode, "from_s": 0.0, "to_s": wall_s, "cause": "config"}],
+        "workers": 1,
+        "ps_shards": 0,
+        "samples": progress.samples,
+        "steps": progress.steps,
+        "wall_s": wall_s,
+        "train_s": train_s,
+        "samples_per_s": progress.samples / train_s if train_s > 0 else None,
+        "eval": {**final, "bayes_auc": synthetic.get("bayes_auc"),
+                 "bayes_logloss": synthetic.get("bayes_logloss")},
+        "evals": progress.evals,
+        "staleness": {"mean": None, "p99": None, "max": None},
+        "failures": [],
+        "recovery": {"kind": None, "pls": None, "checkpoint_overhead_frac": None,
+                     "checkpoints": 0},
+        "stragglers_emulated": False,
+        "data": str(cfg.data.path),
+    }

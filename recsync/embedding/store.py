@@ -1,0 +1,92 @@
+"""EmbeddingStore: the rows of some tables, their optimizer state, pull and push.
+
+The local trainer uses one store holding every row; a parameter-server shard holds one store
+with the rows it owns (``shard``/``num_shards``, see sharding.py). Callers always speak global
+ids.
+
+Rows are initialised lazily, the first time they are pulled or pushed, from a counter-based hash
+of (seed, table, id, column). So a row's initial value does not depend on how tables are sharded
+or in which order rows are touched, start-up costs nothing, and resident memory grows only with
+the rows actually used (the table tensors are allocated with ``torch.empty``, whose untouched
+pages the OS never materialises).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from recsync.embedding.sharding import local_index, rows_on_shard
+from recsync.embedding.spec import TableSpec
+from recsync.hashing import splitmix64
+
+def initial_rows(seed: int, table: int, ids: torch.Tensor, dim: int, scale: float) -> torch.Tensor:
+    """Initial values of rows ``ids`` of table number ``table``: uniform in [-scale, scale).
+
+    Deterministic in (seed, table, id, column) only.
+    """
+    key = splitmix64(np.array([(seed * 1_000_003 + table) % 2**64], dtype=np.uint64))[0]
+    counter = (ids.numpy().astype(np.uint64)[:, None] * np.uint64(dim)
+               + np.arange(dim, dtype=np.uint64)[None, :])
+    bits = splitmix64(counter + key) >> np.uint64(40)  # top 24 bits: exact in float32
+    unit = bits.astype(np.float32) * np.float32(2.0 ** -24)
+    return torch.from_numpy(unit * np.float32(2 * scale) - np.float32(scale))
+
+
+class EmbeddingStore:
+    """Rows and row-optimizer state of several tables (or of one shard of them).
+
+    Not thread-safe: one caller at a time (the local trainer's loop, or a PS actor, which Ray
+    runs one call at a time).
+    """
+
+    def __init__(self, tables: list[TableSpec], optimizer, *, seed: int = 0,
+                 init_scale: float = 0.05, shard: int = 0, num_shards: int = 1):
+        if not 0 <= shard < num_shards:
+            raise ValueError(f"shard must be in [0, {num_shards}), got {shard}")
+        self.tables, self.optimizer = tables, optimizer
+        self.seed, self.init_scale = seed, init_scale
+        self.shard, self.num_shards = shard, num_shards
+        local_rows = [rows_on_shard(t.rows, shard, num_shards) for t in tables]
+        self.weights = [torch.empty(n, t.dim) for n, t in zip(local_rows, tables)]
+        self.state = [torch.empty(n, optimizer.state_dim) for n in local_rows]
+        self.initialized = [torch.zeros(n, dtype=torch.bool) for n in local_rows]
+
+    def pull(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of ``ids`` (int64 [n], global ids owned by this store, duplicates allowed).
+
+        Returns a new float32 tensor [n, dim] (a copy: later pushes do not change it). Blocks.
+        """
+        local = self._ensure_initialized(table, ids)
+        return self.weights[table].index_select(0, local)
+
+    def push(self, table: int, ids: torch.Tensor, grads: torch.Tensor,
+             lr_scale: float = 1.0) -> None:
+        """Apply the row optimizer to rows ``ids`` with gradients ``grads`` [n, dim].
+
+        ``ids`` must be unique (sum duplicate gradients first); ``lr_scale`` multiplies the
+        learning rate of this update (staleness-aware modes use it). Blocks.
+        """
+        local = self._ensure_initialized(table, ids)
+        rows = self.weights[table].index_select(0, local)
+        state = self.state[table].index_select(0, local)
+        self.optimizer.apply(rows, state, grads, lr_scale)
+        self.weights[table].index_copy_(0, local, rows)
+        self.state[table].index_copy_(0, local, state)
+
+    def num_initialized(self) -> int:
+        """How many rows have been touched (and so hold memory) so far."""
+        return int(sum(int(m.sum()) for m in self.initialized))
+
+    def _ensure_initialized(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        local = local_index(ids, self.num_shards)
+        fresh = ~self.initialized[table].index_select(0, local)
+        if bool(fresh.any()):
+            new_ids = torch.unique(ids[fresh])
+            new_local = local_index(new_ids, self.num_shards)
+            spec = self.tables[table]
+            self.weights[table].index_copy_(
+                0, new_local, initial_rows(self.seed, table, new_ids, spec.dim, self.init_scale))
+            self.state[table].index_fill_(0, new_local, self.optimizer.initial_state)
+            self.initialized[table].index_fill_(0, new_local, True)
+        return local

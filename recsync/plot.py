@@ -1,0 +1,57 @@
+"""`recsync plot RUN_DIR...`: training loss and eval AUC against samples and time, one PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from recsync.metrics import read_jsonl  # noqa: E402
+
+
+def _load(run: Path) -> tuple[list[dict], dict | None]:
+    metrics = run / "metrics.jsonl"
+    if not metrics.is_file():
+        raise FileNotFoundError(f"{metrics}: missing; is {run} the --out directory of a run?")
+    summary = run / "summary.json"
+    return read_jsonl(metrics), json.loads(summary.read_text()) if summary.is_file() else None
+
+
+def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) -> Path:
+    """Draw every run into one 2x2 figure (loss and AUC, against samples and seconds)."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    bayes_drawn = False
+    for i, run in enumerate(runs):
+        records, summary = _load(Path(run))
+        label = labels[i] if labels else Path(run).name
+        train = [r for r in records if r.get("loss") is not None]
+        evals = [r["eval"] for r in records if r.get("eval")]
+        final = (summary or {}).get("eval", {})
+        for col, x in enumerate(("samples", "time_s")):
+            line, = axes[0, col].plot([r[x] for r in train], [r["loss"] for r in train],
+                                      label=label, lw=1)
+            axes[1, col].plot([e[x] for e in evals], [e["auc"] for e in evals], marker="o",
+                              ms=3, color=line.get_color(), label=f"{label} (eval sample)")
+            if final.get("auc") is not None:
+                at = summary["samples"] if x == "samples" else summary["wall_s"]
+                axes[1, col].plot([at], [final["auc"]], marker="*", ms=11, ls="none",
+                                  color=line.get_color(),
+                                  label=f"{label} final ({final['rows']:,} eval rows)")
+            bayes = (summary or {}).get("eval", {}).get("bayes_auc")
+            if bayes is not None and not bayes_drawn:
+                axes[1, col].axhline(bayes, ls="--", color="gray", lw=1, label="Bayes-optimal")
+        bayes_drawn = bayes_drawn or bool((summary or {}).get("eval", {}).get("bayes_auc"))
+    for col, xlabel in enumerate(("training samples", "seconds since start")):
+        axes[0, col].set(xlabel=xlabel, ylabel="training log loss (interval mean)")
+        axes[1, col].set(xlabel=xlabel, ylabel="eval AUC")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return Path(out_png)

@@ -68,7 +68,7 @@ class TrainConfig(Section):
     dense_optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
     """optimizer of the dense (MLP) parameters"""
     dense_lr: float = Field(0.01, gt=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     """seeds model init, embedding init and data order"""
     threads: int = Field(1, ge=1)
     """torch intra-op threads per training process"""

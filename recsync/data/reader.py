@@ -73,7 +73,8 @@ class Dataset:
             opened = []
             for info in self._split(split)["parts"]:
                 arrays = {}
-                for kind, path in part_paths(self.root / split, info["name"]).items():
+                paths = part_paths(self.root / split, info["name"])
+                for kind, path in paths.items():
                     try:
                         arrays[kind] = np.load(path, mmap_mode="r", allow_pickle=False)
                     except (OSError, ValueError) as e:
@@ -82,8 +83,9 @@ class Dataset:
                         raise DataFormatError(f"{path}: {len(arrays[kind])} rows, meta.json "
                                               f"says {info['rows']}")
                 if arrays["sparse"].shape[1:] != (len(self.table_rows),):
-                    raise DataFormatError(f"{path}: sparse shape {arrays['sparse'].shape} does "
-                                          f"not match {len(self.table_rows)} tables")
+                    raise DataFormatError(f"{paths['sparse']}: sparse shape "
+                                          f"{arrays['sparse'].shape} does not match "
+                                          f"{len(self.table_rows)} tables")
                 opened.append(arrays)
             self._parts[split] = opened
         return self._parts[split]

@@ -139,7 +139,7 @@ class Teacher:
 
     def _calibrate_bias(self, rng: np.random.Generator) -> float:
         """Bisect the bias so that the mean click probability on a large sample is target_ctr."""
-        _, _, p0 = self.sample(rng, 200_000)
+        _, _, p0 = self.sample(rng, 50_000)
         p0 = np.clip(p0.astype(np.float64), 1e-12, 1 - 1e-12)
         logit0 = np.log(p0) - np.log1p(-p0)
         lo, hi = -20.0, 20.0
@@ -204,8 +204,9 @@ def generate(out_dir: str | Path, *, rows: int, eval_rows: int | None = None,
     if eval_rows < 1:
         raise ValueError(f"eval_rows must be >= 1, got {eval_rows}")
     out = Path(out_dir)
-    prepare_output_dir(out, overwrite)
     start = time.perf_counter()
+    teacher = _teacher(spec)  # checks the spec before anything on disk is touched
+    prepare_output_dir(out, overwrite)
     jobs = [(split_i, c, min(CHUNK_ROWS, n - c * CHUNK_ROWS))
             for split_i, n in ((0, rows), (1, eval_rows))
             for c in range(math.ceil(n / CHUNK_ROWS))]
@@ -215,7 +216,7 @@ def generate(out_dir: str | Path, *, rows: int, eval_rows: int | None = None,
     eval_labels, eval_probs = [], []
     bar = tqdm(total=rows + eval_rows, unit="row", unit_scale=True, desc="synth",
                disable=not progress)
-    teacher = _teacher(spec)  # built once here; forked children inherit it
+    # the teacher was built above, once; forked children inherit it
     ctx = get_context("fork")  # children use numpy only; fork needs no __main__ guard
     with ProcessPoolExecutor(max_workers=max(1, processes), mp_context=ctx) as pool:
         done = pool.map(_write_chunk, *zip(*[(spec, out, s, c, n) for s, c, n in jobs]))

@@ -2,8 +2,9 @@
 
 Each optimizer keeps ``state_dim`` float32 numbers of state per row (0 for SGD, 1 for row-wise
 Adagrad) so that the owner of the rows (a local store or a PS shard) can allocate, snapshot and
-restore state without knowing the rule. ``apply`` is pure arithmetic on the gathered rows, which
-makes it easy to test against a hand computation.
+restore state without knowing the rule. ``apply`` is pure arithmetic on gathered rows, easy to
+test against a hand computation; ``apply_to_table`` updates rows in place inside a whole table,
+in the cheapest way the rule allows (it must equal gather, ``apply``, scatter).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ class RowSGD:
         """Update ``rows`` [n, dim] in place from ``grads`` [n, dim]; ``state`` is unused."""
         rows.sub_(grads, alpha=self.lr * lr_scale)
 
+    def apply_to_table(self, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
+                       grads: torch.Tensor, lr_scale: float = 1.0) -> None:
+        """Update rows ``local`` (unique) of ``weights`` in place: one scatter-add."""
+        weights.index_add_(0, local, grads, alpha=-self.lr * lr_scale)
+
 
 @dataclass(frozen=True)
 class RowAdagrad:
@@ -44,6 +50,14 @@ class RowAdagrad:
         """Update ``rows`` [n, dim] and ``state`` [n, 1] in place from ``grads`` [n, dim]."""
         state.add_(grads.square().mean(dim=1, keepdim=True))
         rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-self.lr * lr_scale)
+
+    def apply_to_table(self, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
+                       grads: torch.Tensor, lr_scale: float = 1.0) -> None:
+        """Update rows ``local`` (unique) of ``weights`` and ``state`` in place."""
+        rows, row_state = weights.index_select(0, local), state.index_select(0, local)
+        self.apply(rows, row_state, grads, lr_scale)
+        weights.index_copy_(0, local, rows)
+        state.index_copy_(0, local, row_state)
 
 
 ROW_OPTIMIZERS = {"sgd": RowSGD, "adagrad": RowAdagrad}

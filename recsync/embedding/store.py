@@ -68,11 +68,8 @@ class EmbeddingStore:
         learning rate of this update (staleness-aware modes use it). Blocks.
         """
         local = self._ensure_initialized(table, ids)
-        rows = self.weights[table].index_select(0, local)
-        state = self.state[table].index_select(0, local)
-        self.optimizer.apply(rows, state, grads, lr_scale)
-        self.weights[table].index_copy_(0, local, rows)
-        self.state[table].index_copy_(0, local, state)
+        self.optimizer.apply_to_table(self.weights[table], self.state[table], local, grads,
+                                      lr_scale)
 
     def num_initialized(self) -> int:
         """How many rows have been touched (and so hold memory) so far."""

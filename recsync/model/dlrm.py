@@ -1,14 +1,20 @@
 """DLRM (Naumov et al. 2019): bottom MLP over dense features, pairwise dot interaction between
 the dense vector and every table's embedding, top MLP, one logit.
 
-The module holds only dense parameters; embeddings arrive as inputs (one [B, dim] tensor per
-table), looked up by whoever owns the rows.
+The module holds only dense parameters; embeddings arrive as an input ([B, tables, dim]), looked
+up by whoever owns the rows.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+def as_tensor(embeddings: torch.Tensor | list) -> torch.Tensor:
+    """Embeddings as one [B, T, dim] tensor (a list of T tensors [B, dim] is stacked)."""
+    return torch.stack(list(embeddings), dim=1) if isinstance(embeddings, (list, tuple)) \
+        else embeddings
 
 
 def mlp(sizes: list[int], *, final_activation: bool) -> nn.Sequential:
@@ -32,10 +38,10 @@ class DLRM(nn.Module):
         self.register_buffer("tri_cols", cols, persistent=False)
         self.top = mlp([dim + len(rows), *top_mlp, 1], final_activation=False)
 
-    def forward(self, dense: torch.Tensor, embeddings: list[torch.Tensor]) -> torch.Tensor:
-        """dense [B, num_dense], embeddings: num_tables x [B, dim] -> logits [B]."""
+    def forward(self, dense: torch.Tensor, embeddings: torch.Tensor | list) -> torch.Tensor:
+        """dense [B, num_dense], embeddings [B, T, dim] (or T tensors [B, dim]) -> logits [B]."""
         x = self.bottom(dense)
-        vectors = torch.stack([x, *embeddings], dim=1)            # [B, T+1, dim]
+        vectors = torch.cat([x.unsqueeze(1), as_tensor(embeddings)], dim=1)  # [B, T+1, dim]
         dots = torch.bmm(vectors, vectors.transpose(1, 2))        # [B, T+1, T+1]
         pairs = dots[:, self.tri_rows, self.tri_cols]             # [B, (T+1)T/2]
         return self.top(torch.cat([x, pairs], dim=1)).squeeze(1)
@@ -48,5 +54,5 @@ class LogisticRegression(nn.Module):
         super().__init__()
         self.linear = nn.Linear(num_dense, 1)
 
-    def forward(self, dense: torch.Tensor, embeddings: list[torch.Tensor]) -> torch.Tensor:
-        return self.linear(dense).squeeze(1) + torch.cat(embeddings, dim=1).sum(dim=1)
+    def forward(self, dense: torch.Tensor, embeddings: torch.Tensor | list) -> torch.Tensor:
+        return self.linear(dense).squeeze(1) + as_tensor(embeddings).sum(dim=(1, 2))

@@ -1,0 +1,200 @@
+"""driver.run: the output contract (config.toml, metrics.jsonl, summary.json, training.png),
+max_steps, Ctrl-C, and `recsync plot`."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import recsync.driver as driver
+from recsync.cli import main
+from recsync.config import load_config
+from recsync.data.synthetic import SynthSpec, generate
+from recsync.metrics import read_jsonl
+from recsync.plot import plot_runs
+
+TRAIN_ROWS, EVAL_ROWS, BATCH = 1200, 300, 50
+
+
+@pytest.fixture(scope="module", autouse=True)
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    generate(root, rows=TRAIN_ROWS, eval_rows=EVAL_ROWS, spec=SynthSpec(seed=2, max_table_rows=200),
+             processes=1, progress=False)
+    return root
+
+
+def config(data, *extra):
+    return load_config(None, [
+        f"data.path={json.dumps(str(data))}", "model.embedding_dim=4", "model.bottom_mlp=[8]",
+        "model.top_mlp=[8]", f"train.batch_size={BATCH}", "output.progress=false",
+        "output.log_every_steps=5", *extra])
+
+
+@pytest.fixture(scope="module")
+def run2(data, tmp_path_factory):
+    """Two epochs; plot on."""
+    out = tmp_path_factory.mktemp("run2")
+    cfg = config(data, "train.epochs=2")
+    return cfg, out, driver.run(cfg, out)
+
+
+def test_config_toml_loads_back(run2):
+    cfg, out, _ = run2
+    assert load_config(out / "config.toml") == cfg
+
+
+def test_metrics_records(run2):
+    cfg, out, summary = run2
+    records = read_jsonl(out / "metrics.jsonl")
+    assert records
+    keys = {"time_s", "samples", "step", "loss", "samples_per_s", "mode", "worker_step_s",
+            "staleness", "events", "eval"}
+    for r in records:
+        assert keys <= set(r), keys - set(r)
+        assert r["mode"] == "local"
+        assert math.isfinite(r["loss"]) and r["loss"] > 0
+        assert isinstance(r["worker_step_s"], list) and len(r["worker_step_s"]) == 1
+        assert r["events"] == []
+        assert r["samples"] == r["step"] * BATCH  # 1200 rows: every batch is full
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert all(r["step"] % 5 == 0 or r["eval"] for r in records)  # log_every_steps, or an eval
+    times = [r["time_s"] for r in records]
+    assert times == sorted(times)
+    evals = [r["eval"] for r in records if r["eval"]]
+    assert len(evals) == 8  # eval_every_samples = 0: eight evaluations over the run
+    for e in evals:
+        assert {"auc", "logloss", "rows", "samples", "time_s"} <= set(e)
+        assert e["rows"] == EVAL_ROWS  # eval_sample_rows (50,000) capped at the split
+    assert evals[-1]["samples"] == summary["samples"]
+    assert summary["evals"] == evals
+
+
+def test_summary_has_every_key(run2, data):
+    cfg, out, returned = run2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == json.loads(json.dumps(returned))  # the file is what run() returned
+    assert summary["status"] == "completed"
+    assert summary["mode"] == "local"
+    assert len(summary["modes"]) == 1
+    (mode,) = summary["modes"]
+    assert set(mode) == {"mode", "from_s", "to_s", "cause"}
+    assert mode["mode"] == "local" and mode["from_s"] == 0.0
+    assert mode["to_s"] == pytest.approx(summary["wall_s"])
+    assert summary["workers"] == 1
+    assert summary["ps_shards"] == 0
+    assert summary["samples"] == 2 * TRAIN_ROWS
+    assert summary["steps"] == 2 * TRAIN_ROWS // BATCH
+    assert summary["wall_s"] > 0
+    assert summary["samples_per_s"] > 0
+    assert summary["samples_per_s"] >= summary["samples"] / summary["wall_s"]  # evals excluded
+    ev = summary["eval"]
+    assert set(ev) >= {"auc", "logloss", "rows", "bayes_auc", "bayes_logloss"}
+    assert ev["rows"] == EVAL_ROWS
+    assert 0 < ev["auc"] < 1 and ev["logloss"] > 0
+    meta = json.loads((data / "meta.json").read_text())
+    assert ev["bayes_auc"] == meta["synthetic"]["bayes_auc"]
+    assert ev["bayes_logloss"] == meta["synthetic"]["bayes_logloss"]
+    assert summary["staleness"] == {"mean": None, "p99": None, "max": None}
+    assert summary["failures"] == []
+    assert set(summary["recovery"]) == {"kind", "pls", "checkpoint_overhead_frac", "checkpoints"}
+    assert summary["recovery"]["checkpoints"] == 0
+    assert summary["stragglers_emulated"] is False
+
+
+def test_training_png(run2):
+    _, out, _ = run2
+    png = out / "training.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_max_steps_is_honoured(data, tmp_path):
+    cfg = config(data, "train.max_steps=7", "train.epochs=3", "output.plot=false")
+    summary = driver.run(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    assert summary["steps"] == 7
+    assert summary["samples"] == 7 * BATCH
+    assert not (tmp_path / "training.png").exists()
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert records[-1]["step"] == 7  # the last interval is logged (it ends with an eval)
+
+
+def test_threads_setting_is_applied(data, tmp_path):
+    torch.set_num_threads(2)
+    driver.run(config(data, "train.max_steps=1", "train.threads=1", "output.plot=false"),
+               tmp_path)
+    assert torch.get_num_threads() == 1
+
+
+def test_same_config_same_result(data, tmp_path):
+    a = driver.run(config(data, "train.max_steps=10", "output.plot=false"), tmp_path / "a")
+    b = driver.run(config(data, "train.max_steps=10", "output.plot=false"), tmp_path / "b")
+    assert a["eval"] == b["eval"]
+    la = [r["loss"] for r in read_jsonl(tmp_path / "a" / "metrics.jsonl")]
+    lb = [r["loss"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl")]
+    assert la == lb
+
+
+def test_keyboard_interrupt_still_writes_the_summary(data, tmp_path, monkeypatch):
+    real, calls = driver.train_step, []
+
+    def step(model, batch):
+        if len(calls) == 9:
+            raise KeyboardInterrupt
+        calls.append(len(batch))
+        return real(model, batch)
+
+    monkeypatch.setattr(driver, "train_step", step)
+    returned = driver.run(config(data, "train.epochs=2"), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == returned["status"] == "interrupted"
+    assert summary["steps"] == 9
+    assert summary["samples"] == sum(calls) == 9 * BATCH
+    assert summary["eval"]["rows"] == EVAL_ROWS  # the work done so far is still evaluated
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    # every 5 steps, and at the first evaluation (2400 samples / 8 = 300 samples = 6 steps)
+    assert [r["step"] for r in records] == [5, 6]
+    assert (tmp_path / "training.png").is_file()
+
+
+def test_missing_data_dir(tmp_path):
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "nope"))):
+        driver.run(config(tmp_path / "nope"), tmp_path / "out")
+
+
+# ------------------------------------------------------------------------------------ plot
+
+def test_plot_two_runs(run2, data, tmp_path):
+    other = tmp_path / "other"
+    driver.run(config(data, "train.max_steps=12", "output.plot=false"), other)
+    png = tmp_path / "both.png"
+    result = CliRunner().invoke(main, ["plot", str(run2[1]), str(other), "--out", str(png)])
+    assert result.exit_code == 0, result.output
+    assert str(png) in result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10_000
+
+
+def test_plot_without_metrics(run2, tmp_path):
+    empty = tmp_path / "not_a_run"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        plot_runs([run2[1], empty], tmp_path / "x.png")
+    assert str(empty / "metrics.jsonl") in str(e.value)
+    result = CliRunner().invoke(main, ["plot", str(empty), "--out", str(tmp_path / "y.png")])
+    assert result.exit_code == 2
+    assert "error:" in result.output and str(empty / "metrics.jsonl") in result.output
+    assert not (tmp_path / "y.png").exists()

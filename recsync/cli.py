@@ -29,12 +29,13 @@ def main():
               help="Override one config key, e.g. --set train.batch_size=1024 (repeatable).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory for config.toml, metrics.jsonl, summary.json, training.png.")
-def train(config_path, overrides, out):
+@click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+def train(config_path, overrides, out, overwrite):
     """Train a model as the config says."""
     from recsync.driver import run
     try:
         cfg = load_config(config_path, overrides)
-        summary = run(cfg, out)
+        summary = run(cfg, out, overwrite=overwrite)
     except USER_ERRORS as e:
         _fail(e)
     _print_summary(summary, Path(out))

@@ -37,10 +37,27 @@ class Progress:
         return time.perf_counter() - self.start
 
 
-def run(cfg: RunConfig, out_dir: str | Path) -> dict:
-    """Train as ``cfg`` says, write outputs into ``out_dir``, return the summary."""
-    out = Path(out_dir)
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
+
+
+def prepare_run_dir(out: Path, overwrite: bool) -> None:
+    """Refuse to mix a new run into an earlier one's outputs, unless told to replace them."""
+    existing = [f for f in RUN_FILES if (out / f).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{out} already holds the outputs of a run ({', '.join(existing)}); "
+                              f"choose another --out or pass --overwrite to replace them")
+    for f in existing:
+        (out / f).unlink()
     out.mkdir(parents=True, exist_ok=True)
+
+
+def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+    """Train as ``cfg`` says, write outputs into ``out_dir``, return the summary.
+
+    Raises FileExistsError if ``out_dir`` holds an earlier run's outputs and not ``overwrite``.
+    """
+    out = Path(out_dir)
+    prepare_run_dir(out, overwrite)
     (out / "config.toml").write_text(cfg.to_toml())
     torch.set_num_threads(cfg.train.threads)
     ds = Dataset(cfg.data.path)
@@ -98,6 +115,8 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
                     if t.max_steps and progress.steps >= t.max_steps:
                         return
     finally:
+        if timer.steps:  # the steps since the last record (also on Ctrl-C)
+            log.write(_interval_record(cfg, progress, timer))
         bar.close()
 
 

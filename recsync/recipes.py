@@ -36,4 +36,4 @@ def quickstart(out: Path) -> dict:
     from recsync.driver import run
     data = ensure_synthetic(out / "data", QUICKSTART_ROWS)
     cfg = load_config(None, [f"data.path={json.dumps(str(data))}", *QUICKSTART_OVERRIDES])
-    return run(cfg, out / "run")
+    return run(cfg, out / "run", overwrite=True)  # rerunning the quickstart replaces it

@@ -18,6 +18,7 @@ second by the reader.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -60,7 +61,7 @@ def run(out: Path, scale: float) -> dict:
         print(f"round {r + 1}/{ROUNDS}: plain_torch ...", flush=True)
         plain.round()
         print(f"round {r + 1}/{ROUNDS}: local ...", flush=True)
-        local.append(run_training(cfg, out / "arms" / "local" / f"round{r + 1}"))
+        local.append(run_training(cfg, out / "arms" / "local" / f"round{r + 1}", overwrite=True))
     local_sps = [s["samples_per_s"] for s in local]
     arms = {
         "plain_torch": {**plain.summary(), "samples_per_s": statistics.median(plain.sps),
@@ -112,6 +113,7 @@ def _data_pipeline(out: Path, rows: int, criteo_lines: int) -> tuple[dict, Path]
         times.append(time.perf_counter() - start)
     mb = tsv.stat().st_size / 1e6
     tsv.unlink()
+    shutil.rmtree(out / "criteo_converted")
     read = [_read_pass(ds, shuffle=False) for _ in range(3)]
     read_shuffled = [_read_pass(ds, shuffle=True) for _ in range(3)]
     n = ds.rows("train")

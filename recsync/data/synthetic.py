@@ -75,6 +75,8 @@ class Teacher:
     """The planted model: id sampling and true click probabilities, rebuilt from a SynthSpec."""
 
     def __init__(self, spec: SynthSpec):
+        if spec.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {spec.seed}")
         if spec.max_table_rows < 2:
             raise ValueError(f"max_table_rows must be >= 2, got {spec.max_table_rows}")
         if not 0.0 < spec.target_ctr < 1.0:

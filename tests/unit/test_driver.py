@@ -165,9 +165,20 @@ def test_keyboard_interrupt_still_writes_the_summary(data, tmp_path, monkeypatch
     assert summary["samples"] == sum(calls) == 9 * BATCH
     assert summary["eval"]["rows"] == EVAL_ROWS  # the work done so far is still evaluated
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    # every 5 steps, and at the first evaluation (2400 samples / 8 = 300 samples = 6 steps)
-    assert [r["step"] for r in records] == [5, 6]
+    # every 5 steps, at the first evaluation (2400 samples / 8 = 300 samples = 6 steps), and
+    # the steps since the last record when the run stopped
+    assert [r["step"] for r in records] == [5, 6, 9]
     assert (tmp_path / "training.png").is_file()
+
+
+def test_a_second_run_into_the_same_dir_is_refused_unless_overwrite(data, tmp_path):
+    cfg = config(data, "train.max_steps=3", "output.plot=false")
+    driver.run(cfg, tmp_path)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        driver.run(cfg, tmp_path)
+    driver.run(cfg, tmp_path, overwrite=True)
+    steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert steps == sorted(steps) and steps[-1] == 3  # one run's records, not two appended
 
 
 def test_missing_data_dir(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from recsync.embedding.lookup import LocalLookup, dedup
+from recsync.embedding.lookup import LocalLookup, dedup, fuse
 from recsync.embedding.row_optim import RowAdagrad, RowSGD, make_row_optimizer
 from recsync.embedding.sharding import local_index, rows_on_shard, shard_of, split_by_shard
 from recsync.embedding.spec import TableSpec
@@ -258,23 +258,25 @@ def test_local_lookup_matches_nn_embedding():
     sparse = torch.tensor([[1, 3], [4, 3], [1, 0], [1, 2]])  # id 1 thrice in a, 3 twice in b
     w = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.7, -1.1]])
 
-    def loss_fn(embs):  # a tiny model with an interaction between the two tables
-        a, b = embs
+    def loss_fn(a, b):  # a tiny model with an interaction between the two tables
         return ((a * w[0]).sum(1) * (b * w[1]).sum(1) + (a * b).sum(1) ** 2).sum()
 
     pulled = lookup.pull(sparse)
-    assert [p.ids.tolist() for p in pulled.tables] == [[1, 4], [0, 2, 3]]
+    assert [i.tolist() for i in pulled.ids] == [[1, 4], [0, 2, 3]]
     embs = pulled.embeddings()
-    assert [e.shape for e in embs] == [(4, 3), (4, 3)]
+    assert embs.shape == (4, 2, 3)
     ref_embs = [emb(sparse[:, t]) for t, emb in enumerate(ref)]
-    for e, r in zip(embs, ref_embs):
-        assert torch.equal(e, r)
-    loss_fn(embs).backward()
-    loss_fn(ref_embs).backward()
-    for table, emb in zip(pulled.tables, ref):
-        assert torch.allclose(table.rows.grad, emb.weight.grad[table.ids], atol=1e-6)
-        # rows no sample used got no gradient
-        unused = sorted(set(range(emb.num_embeddings)) - set(table.ids.tolist()))
+    for t, r in enumerate(ref_embs):
+        assert torch.equal(embs[:, t], r)
+    loss_fn(embs[:, 0], embs[:, 1]).backward()
+    loss_fn(*ref_embs).backward()
+    grads = pulled.row_grads()
+    assert [g.shape for g in grads] == [(2, 3), (3, 3)]
+    for ids_t, g, emb in zip(pulled.ids, grads, ref):
+        # the id used three times gets the sum of its three contributions, as in nn.Embedding
+        assert torch.allclose(g, emb.weight.grad[ids_t], atol=1e-6)
+        # rows no sample used got no gradient in the reference either
+        unused = sorted(set(range(emb.num_embeddings)) - set(ids_t.tolist()))
         assert (emb.weight.grad[unused] == 0).all()
     lookup.push(pulled)
     for t, emb in enumerate(ref):
@@ -284,26 +286,69 @@ def test_local_lookup_matches_nn_embedding():
 
 
 def test_gradient_of_a_repeated_id_is_the_sum():
-    s = EmbeddingStore([TableSpec("a", 10, 2)], RowSGD(lr=1.0), seed=0, init_scale=0.1)
+    s = EmbeddingStore([TableSpec("a", 10, 2), TableSpec("b", 10, 2)], RowSGD(lr=1.0), seed=0,
+                       init_scale=0.1)
     lookup = LocalLookup(s)
-    sparse = torch.tensor([[7], [3], [7]])
+    sparse = torch.tensor([[7, 7], [3, 1], [7, 7]])  # the same ids in table b: separate rows
     pulled = lookup.pull(sparse)
-    (e,) = pulled.embeddings()
+    e = pulled.embeddings()
     coef = torch.tensor([[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]])
-    (e * coef).sum().backward()
-    grads = dict(zip(pulled.tables[0].ids.tolist(), pulled.tables[0].rows.grad.tolist()))
-    assert grads == {3: [10.0, 20.0], 7: [101.0, 202.0]}
-    before = s.pull(0, ids(3, 7))
+    (e[:, 0] * coef).sum().backward()   # only table a enters the loss
+    grads = [dict(zip(i.tolist(), g.tolist())) for i, g in zip(pulled.ids, pulled.row_grads())]
+    assert grads[0] == {3: [10.0, 20.0], 7: [101.0, 202.0]}
+    assert grads[1] == {1: [0.0, 0.0], 7: [0.0, 0.0]}
+    before = [s.pull(0, ids(3, 7)), s.pull(1, ids(1, 7))]
     lookup.push(pulled)
     assert torch.allclose(s.pull(0, ids(3, 7)),
-                          before - torch.tensor([[10.0, 20.0], [101.0, 202.0]]))
+                          before[0] - torch.tensor([[10.0, 20.0], [101.0, 202.0]]))
+    assert torch.equal(s.pull(1, ids(1, 7)), before[1])
 
 
 def test_push_without_backward_changes_nothing():
-    s = store()
+    s = EmbeddingStore(TABLES[:2], RowSGD(lr=0.1), seed=0)
     lookup = LocalLookup(s)
-    sparse = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    sparse = torch.tensor([[1, 2], [4, 5]])
     pulled = lookup.pull(sparse)
-    before = [s.pull(t, sparse[:, t]) for t in range(3)]
+    before = [s.pull(t, sparse[:, t]) for t in range(2)]
     lookup.push(pulled)
-    assert all(torch.equal(s.pull(t, sparse[:, t]), before[t]) for t in range(3))
+    assert all(torch.equal(s.pull(t, sparse[:, t]), before[t]) for t in range(2))
+
+
+def test_pulled_rows_are_detached_from_the_store():
+    s = EmbeddingStore(TABLES[:2], RowSGD(lr=0.1), seed=0)
+    pulled = LocalLookup(s).pull(torch.tensor([[1, 2], [4, 5]]))
+    assert pulled.rows.is_leaf and pulled.rows.requires_grad
+    kept = s.pull(0, ids(1, 4))
+    with torch.no_grad():
+        pulled.rows.add_(1.0)
+    assert torch.equal(s.pull(0, ids(1, 4)), kept)
+
+
+def test_fuse_offsets_and_mixed_dims():
+    a = (ids(2, 5), ids(1, 0, 1), torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
+    b = (ids(0, 3, 9), ids(2, 0, 1), torch.tensor([[3.0, 3.0], [4.0, 4.0], [5.0, 5.0]]))
+    pulled = fuse([a, b])
+    assert pulled.index.tolist() == [[1, 4], [0, 2], [1, 3]]  # table b's rows start at 2
+    assert pulled.embeddings()[:, :, 0].tolist() == [[2.0, 5.0], [1.0, 3.0], [2.0, 4.0]]
+    # one fused tensor cannot hold tables of different widths: refused, not silently broken
+    lookup = LocalLookup(store())
+    with pytest.raises(ValueError, match=r"same dim.*\[3, 4\]"):
+        lookup.pull(torch.tensor([[1, 2, 3]]))
+
+
+@pytest.mark.parametrize("opt", [RowSGD(lr=0.3), RowAdagrad(lr=0.3)])
+def test_apply_to_table_equals_gather_apply_scatter(opt):
+    gen = torch.Generator().manual_seed(3)
+    weights, state = torch.randn(20, 4, generator=gen), torch.rand(20, opt.state_dim,
+                                                                  generator=gen)
+    local = ids(7, 0, 19, 4)
+    grads = torch.randn(4, 4, generator=gen)
+    w2, s2 = weights.clone(), state.clone()
+    opt.apply_to_table(weights, state, local, grads, lr_scale=0.7)
+    rows, row_state = w2[local], s2[local]
+    opt.apply(rows, row_state, grads, lr_scale=0.7)
+    w2[local], s2[local] = rows, row_state
+    assert torch.allclose(weights, w2, atol=1e-6)
+    assert torch.allclose(state, s2, atol=1e-6)
+    untouched = [i for i in range(20) if i not in local.tolist()]
+    assert torch.equal(weights[untouched], w2[untouched])

@@ -31,6 +31,16 @@ def test_dlrm_output_shape():
     assert torch.isfinite(out).all()
 
 
+def test_embeddings_as_one_tensor_or_a_list():
+    dense, embs = inputs()
+    m = dlrm()
+    assert torch.equal(m(dense, torch.stack(embs, dim=1)), m(dense, embs))
+    torch.manual_seed(0)
+    lr = LogisticRegression(DENSE)
+    dense, embs = inputs(dim=1)
+    assert torch.allclose(lr(dense, torch.stack(embs, dim=1)), lr(dense, embs))
+
+
 def test_dlrm_interaction_features():
     m = dlrm(bottom=(8,), top=(3,))
     pairs = (T + 1) * T // 2

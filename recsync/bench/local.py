@@ -107,7 +107,7 @@ def _data_pipeline(out: Path, rows: int, criteo_lines: int) -> tuple[dict, Path]
     print("writing a Criteo-format file from the synthetic rows ...", flush=True)
     lines = _write_criteo_copy(ds, tsv, criteo_lines)
     times = []
-    for i in range(3):
+    for _ in range(3):
         start = time.perf_counter()
         convert_criteo([tsv], out / "criteo_converted", overwrite=True, progress=False)
         times.append(time.perf_counter() - start)

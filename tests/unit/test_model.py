@@ -73,19 +73,22 @@ def test_dlrm_gradient_flows_to_every_embedding_and_parameter():
         assert p.grad is not None, name
 
 
-def test_dlrm_interacts_embeddings():
-    """Changing one table's embedding shifts the logit by an amount that depends on the others."""
-    m = dlrm()
-    dense, embs = inputs()
-    alt = inputs(seed=1)[1]
 
+def effect_of_table0_given_table1(m, dense, embs, alt):
+    """How much switching table 0's rows (embs -> alt) moves the logit, with table 1 at its
+    first and at its alternative rows: equal for an additive model, unequal with interactions."""
     def f(a, b):
         e = list(embs)
         e[0], e[1] = a, b
         return m(dense, e)
 
-    diff_b = f(embs[0], embs[1]) - f(alt[0], embs[1])
-    diff_b2 = f(embs[0], alt[1]) - f(alt[0], alt[1])
+    return f(embs[0], embs[1]) - f(alt[0], embs[1]), f(embs[0], alt[1]) - f(alt[0], alt[1])
+
+def test_dlrm_interacts_embeddings():
+    """Changing one table's embedding shifts the logit by an amount that depends on the others."""
+    m = dlrm()
+    dense, embs = inputs()
+    diff_b, diff_b2 = effect_of_table0_given_table1(m, dense, embs, inputs(seed=1)[1])
     assert not torch.allclose(diff_b, diff_b2, atol=1e-4)
 
 
@@ -94,14 +97,7 @@ def test_logistic_regression_is_additive():
     m = LogisticRegression(DENSE)
     dense, embs = inputs(dim=1)
     alt = inputs(dim=1, seed=1)[1]
-
-    def f(a, b):
-        e = list(embs)
-        e[0], e[1] = a, b
-        return m(dense, e)
-
-    diff_b = f(embs[0], embs[1]) - f(alt[0], embs[1])
-    diff_b2 = f(embs[0], alt[1]) - f(alt[0], alt[1])
+    diff_b, diff_b2 = effect_of_table0_given_table1(m, dense, embs, alt)
     assert torch.allclose(diff_b, diff_b2, atol=1e-6)
     assert torch.allclose(diff_b, (embs[0] - alt[0]).squeeze(1), atol=1e-6)
     # logit = w·dense + b + Σ_t e_t

@@ -33,9 +33,14 @@ def main():
 def train(config_path, overrides, out, overwrite):
     """Train a model as the config says."""
     from recsync.driver import run
+    from recsync.dist_driver import RunFailed
     try:
         cfg = load_config(config_path, overrides)
         summary = run(cfg, out, overwrite=overwrite)
+    except RunFailed as e:
+        click.echo(f"error: the run failed: {e}\n(summary.json in {out} has what was done)",
+                   err=True)
+        sys.exit(1)
     except USER_ERRORS as e:
         _fail(e)
     _print_summary(summary, Path(out))

@@ -88,16 +88,78 @@ class OutputConfig(Section):
     """write training.png beside summary.json at the end"""
 
 
+class ClusterConfig(Section):
+    workers: int = Field(1, ge=1)
+    """worker processes (Ray actors); ignored in local mode"""
+    ps_shards: int = Field(1, ge=1)
+    """parameter-server shards (Ray actors) holding the embedding rows"""
+    address: str = ""
+    """Ray cluster to join (e.g. "auto" or "10.0.0.1:6379"); empty: start a local Ray instance"""
+    object_store_mb: int = Field(512, ge=64)
+    """object store size of the embedded Ray instance"""
+    push_window: int = Field(2, ge=1)
+    """async: pushes a worker may have in flight before it waits for the oldest"""
+
+
+class StragglerConfig(Section):
+    worker: int = Field(ge=0)
+    factor: float = Field(ge=1.0)
+    """the worker runs this many times slower: it sleeps (factor - 1) x its compute time"""
+    start_s: float = Field(0.0, ge=0)
+    end_s: float = float("inf")
+
+
+class KillConfig(Section):
+    target: Literal["worker", "ps"]
+    index: int = Field(ge=0)
+    at_s: float = Field(ge=0)
+    """seconds after training starts"""
+
+
+class FaultsConfig(Section):
+    stragglers: list[StragglerConfig] = []
+    """emulated slow workers"""
+    kills: list[KillConfig] = []
+    """processes killed (os._exit) at given times"""
+    kill_mean_s: float = Field(0.0, ge=0)
+    """if > 0, also kill random processes of kill_target with this mean time between kills"""
+    kill_target: Literal["worker", "ps"] = "worker"
+    seed: int = Field(0, ge=0)
+
+
 class RunConfig(Section):
-    mode: Literal["local"] = "local"
-    """how workers synchronize: "local" is the single-process baseline"""
+    mode: Literal["local", "sync", "async"] = "local"
+    """how workers synchronize: "local" (one process, the baseline), "sync" (all-reduce dense
+    gradients, PS applies row gradients once all workers' arrived), "async" (PS applies every
+    gradient as it arrives)"""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     output: OutputConfig = OutputConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    faults: FaultsConfig = FaultsConfig()
+
+    @model_validator(mode="after")
+    def _check_faults(self):
+        for i, s in enumerate(self.faults.stragglers):
+            if s.worker >= self.cluster.workers:
+                raise ValueError(f"faults.stragglers[{i}].worker = {s.worker}: there are only "
+                                 f"{self.cluster.workers} workers (cluster.workers)")
+        for i, k in enumerate(self.faults.kills):
+            count = self.cluster.workers if k.target == "worker" else self.cluster.ps_shards
+            if k.index >= count:
+                raise ValueError(f"faults.kills[{i}].index = {k.index}: there are only {count} "
+                                 f"{k.target}s")
+        if self.mode == "local" and (self.faults.stragglers or self.faults.kills
+                                     or self.faults.kill_mean_s):
+            raise ValueError("faults need a distributed mode (mode = \"sync\" or \"async\")")
+        return self
 
     def to_toml(self) -> str:
-        return tomli_w.dumps(self.model_dump(exclude_none=True))
+        tree = self.model_dump(exclude_none=True)
+        for s in tree["faults"]["stragglers"]:  # TOML has inf, tomli-w writes it as such
+            s["end_s"] = float(s["end_s"])
+        return tomli_w.dumps(tree)
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

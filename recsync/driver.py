@@ -27,14 +27,25 @@ class Progress:
     """What the loop has done so far, for the logs and the summary."""
 
     start: float = field(default_factory=time.perf_counter)
+    train_start: float | None = None  # when the first step could begin (after start-up)
+    train_end: float | None = None
     steps: int = 0
     samples: int = 0
     eval_s: float = 0.0
     evals: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    logged_events: int = 0
     status: str = "running"
+    error: str | None = None
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    def train_s(self) -> float:
+        """Time training ran: start-up, final evaluation and evaluations during it excluded."""
+        begin = self.start if self.train_start is None else self.train_start
+        end = time.perf_counter() if self.train_end is None else self.train_end
+        return end - begin - self.eval_s
 
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
@@ -61,22 +72,42 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict
     (out / "config.toml").write_text(cfg.to_toml())
     torch.set_num_threads(cfg.train.threads)
     ds = Dataset(cfg.data.path)
-    model = build_local_model(cfg.model, cfg.train, ds)
     log = MetricsLog(out / "metrics.jsonl")
-    progress = Progress()
+    progress, result = Progress(), {}
     try:
-        _train(cfg, ds, model, log, progress)
+        if cfg.mode == "local":
+            model = build_local_model(cfg.model, cfg.train, ds)
+            progress.train_start = time.perf_counter()
+            _train(cfg, ds, model, log, progress)
+            progress.train_end = time.perf_counter()
+            result["eval"] = evaluate(model, ds, ds.rows("eval"), cfg.train.eval_batch_size)
+        else:
+            from recsync.cluster import ray_session
+            from recsync.dist_driver import run_distributed
+            with ray_session(cfg.cluster):
+                result = run_distributed(cfg, ds, log, progress)
         progress.status = "completed"
     except KeyboardInterrupt:
         progress.status = "interrupted"
-        print("\nInterrupted: evaluating and writing the summary of the work done so far.")
+        progress.train_end = progress.train_end or time.perf_counter()
+        print("\nInterrupted: writing the summary of the work done so far.")
+        if cfg.mode == "local":
+            result["eval"] = evaluate(model, ds, ds.rows("eval"), cfg.train.eval_batch_size)
+    except Exception as e:
+        from recsync.dist_driver import RunFailed
+        if not isinstance(e, RunFailed):
+            raise
+        progress.status, progress.error = "failed", str(e)
     finally:
         log.close()
-    summary = _summary(cfg, ds, model, progress)
+    summary = _summary(cfg, ds, progress, result)
     write_json(out / "summary.json", summary)
     if cfg.output.plot:
         from recsync.plot import plot_runs
         plot_runs([out], out / "training.png")
+    if progress.error:
+        from recsync.dist_driver import RunFailed
+        raise RunFailed(progress.error)
     return summary
 
 
@@ -138,17 +169,20 @@ def _timed_eval(cfg: RunConfig, ds: Dataset, model: LocalModel, progress: Progre
     return result
 
 
-def _summary(cfg: RunConfig, ds: Dataset, model: LocalModel, progress: Progress) -> dict:
-    train_s = progress.elapsed() - progress.eval_s  # the loop, less the evaluations during it
-    final = evaluate(model, ds, ds.rows("eval"), cfg.train.eval_batch_size)
+def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> dict:
+    train_s = progress.train_s()
     synthetic = ds.synthetic or {}
+    final = result.get("eval") or {"auc": None, "logloss": None, "rows": 0}
     wall_s = progress.elapsed()
+    distributed = cfg.mode != "local"
+    staleness = _staleness(result.get("shards", []))
     return {
         "status": progress.status,
+        "error": progress.error,
         "mode": cfg.mode,
         "modes": [{"mode": cfg.mode, "from_s": 0.0, "to_s": wall_s, "cause": "config"}],
-        "workers": 1,
-        "ps_shards": 0,
+        "workers": cfg.cluster.workers if distributed else 1,
+        "ps_shards": cfg.cluster.ps_shards if distributed else 0,
         "samples": progress.samples,
         "steps": progress.steps,
         "wall_s": wall_s,
@@ -157,10 +191,38 @@ def _summary(cfg: RunConfig, ds: Dataset, model: LocalModel, progress: Progress)
         "eval": {**final, "bayes_auc": synthetic.get("bayes_auc"),
                  "bayes_logloss": synthetic.get("bayes_logloss")},
         "evals": progress.evals,
-        "staleness": {"mean": None, "p99": None, "max": None},
-        "failures": [],
+        "staleness": staleness,
+        "per_worker": _per_worker(result),
+        "failures": [e for e in progress.events if "killed" in e["event"]],
         "recovery": {"kind": None, "pls": None, "checkpoint_overhead_frac": None,
                      "checkpoints": 0},
-        "stragglers_emulated": False,
+        "stragglers_emulated": bool(cfg.faults.stragglers),
         "data": str(cfg.data.path),
     }
+
+
+def _staleness(shard_stats: list[dict]) -> dict:
+    """Mean, p99 and max staleness of every applied async push, over all shards."""
+    counts: dict[int, int] = {}
+    for st in shard_stats:
+        for k, n in st["staleness"].items():
+            counts[int(k)] = counts.get(int(k), 0) + n
+    if not counts:
+        return {"mean": None, "p99": None, "max": None}
+    values = sorted(counts)
+    total = sum(counts.values())
+    p99, seen = values[-1], 0
+    for v in values:
+        seen += counts[v]
+        if seen >= 0.99 * total:
+            p99 = v
+            break
+    return {"mean": sum(v * n for v, n in counts.items()) / total, "p99": p99,
+            "max": values[-1]}
+
+
+def _per_worker(result: dict) -> list[dict]:
+    by_worker = result.get("queue", {}).get("by_worker", {})
+    return [{"rank": s["rank"], "steps": s["steps"], "samples": s["samples"],
+             "chunks": by_worker.get(str(s["rank"]), {}).get("chunks", 0)}
+            for s in result.get("statuses", [])]

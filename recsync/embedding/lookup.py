@@ -8,6 +8,7 @@ runtime implements the same two calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ class PulledBatch:
     ids: list[torch.Tensor]   # per table: int64 [u_t], unique
     rows: torch.Tensor        # float32 [Σ u_t, dim], a leaf that collects the row gradients
     index: torch.Tensor       # int64 [B, T]: sample i's row of table t is rows[index[i, t]]
+    placement: Any = None     # where the ids live, for a sharded lookup's push
 
     def embeddings(self) -> torch.Tensor:
         """The model's input, [B, T, dim]; gradients flow back into ``rows``."""

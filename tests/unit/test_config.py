@@ -83,7 +83,7 @@ def test_unknown_section_via_override():
     ("[model]\nembedding_dim = 0\n", "model.embedding_dim"),
     ("[train]\nseed = -1\n", "train.seed"),  # numpy's seeding takes no negative numbers
     ("[model]\nembedding_init_scale = 0.0\n", "model.embedding_init_scale"),
-    ('mode = "async"\n', "mode"),
+    ('mode = "hogwild"\n', "mode"),
     ('[data]\nshuffle = "maybe"\n', "data.shuffle"),
 ])
 def test_bad_value_names_the_key(tmp_path, text, key):

@@ -1,0 +1,108 @@
+"""PSClient: a worker's view of the parameter server. One pull and one push call per shard per
+step, carrying every table's ids for that shard as int64 arrays (deduplicated).
+
+It serves the same ``pull(sparse) -> PulledBatch`` as LocalLookup, so ``train_step`` and
+``evaluate`` run unchanged against a sharded PS.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+import torch
+
+from recsync.embedding.lookup import PulledBatch, dedup, fuse
+from recsync.embedding.sharding import split_by_shard
+
+
+@dataclass
+class Placement:
+    """Where each table's unique ids of one batch live: positions per (table, shard)."""
+
+    positions: list[list[torch.Tensor]]  # [table][shard] -> positions into the table's ids
+
+    def ids_for(self, ids: list[torch.Tensor], shard: int) -> list[np.ndarray]:
+        return [ids[t][p[shard]].numpy() for t, p in enumerate(self.positions)]
+
+
+class PSClient:
+    """Not thread-safe: one per worker thread."""
+
+    def __init__(self, shards: list, dims: list[int], dense_shard: int | None = None,
+                 push_window: int = 2):
+        self.shards, self.dims = shards, dims
+        self.dense_shard = dense_shard
+        self.push_window = push_window
+        self._in_flight: deque = deque()
+        self.staleness: list[int] = []
+        self.last_dense: np.ndarray | None = None
+        self.last_versions: list[int] = []
+
+    def pull(self, sparse: torch.Tensor, min_version: int = 0) -> PulledBatch:
+        """Rows for a batch's ids (int64 [B, T]). Blocks until every shard answered.
+
+        ``min_version``: each shard first waits until it has applied that many updates (sync).
+        The dense vector (if a shard holds it) and each shard's version are kept in
+        ``last_dense`` and ``last_versions``; the batch also carries its placement for push.
+        """
+        tables = dedup(sparse)
+        ids = [u for u, _ in tables]
+        placement = Placement([split_by_shard(u, len(self.shards)) for u in ids])
+        refs = [s.pull.remote(placement.ids_for(ids, i), min_version)
+                for i, s in enumerate(self.shards)]
+        answers = ray.get(refs)
+        # merged in numpy: Ray hands back read-only arrays, which numpy copies from freely
+        rows = [np.empty((len(u), d), np.float32) for u, d in zip(ids, self.dims)]
+        for s, (shard_rows, dense, _) in enumerate(answers):
+            for t, r in enumerate(shard_rows):
+                rows[t][placement.positions[t][s].numpy()] = r
+            if dense is not None:
+                self.last_dense = dense
+        self.last_versions = [a[2] for a in answers]
+        pulled = fuse([(u, inv, torch.from_numpy(r)) for (u, inv), r in zip(tables, rows)])
+        pulled.placement = placement
+        return pulled
+
+    def _grads_for(self, pulled: PulledBatch, shard: int, scale: float) -> list[np.ndarray]:
+        grads = pulled.row_grads()
+        return [(g[p[shard]] * scale).numpy() for g, p in zip(grads, pulled.placement.positions)]
+
+    def push(self, pulled: PulledBatch, dense_grad: np.ndarray | None = None) -> None:
+        """Async: send each shard its rows' gradients (and the dense one to its shard) with the
+        version read at pull. Returns at once unless ``push_window`` pushes are in flight, in
+        which case it first waits for the oldest (and records its staleness)."""
+        ids = pulled.ids
+        for s, shard in enumerate(self.shards):
+            dense = dense_grad if s == self.dense_shard else None
+            self._in_flight.append(shard.push.remote(
+                pulled.placement.ids_for(ids, s), self._grads_for(pulled, s, 1.0), dense,
+                self.last_versions[s]))
+        while len(self._in_flight) > self.push_window * len(self.shards):
+            self.staleness.append(ray.get(self._in_flight.popleft()))
+
+    def push_sync(self, step: int, pulled: PulledBatch | None, samples: int) -> None:
+        """Sync: contribute this worker's row gradients x ``samples`` to ``step`` on every shard.
+
+        A worker with no batch this step still pushes (nothing, 0 samples), so that every
+        shard counts all workers. Waits for the previous step's pushes first (bounded memory,
+        and a failed shard surfaces here).
+        """
+        self.flush()
+        for s, shard in enumerate(self.shards):
+            if pulled is None:
+                ids = [np.empty(0, np.int64) for _ in self.dims]
+                grads = [np.empty((0, d), np.float32) for d in self.dims]
+            else:
+                ids = pulled.placement.ids_for(pulled.ids, s)
+                grads = self._grads_for(pulled, s, float(samples))
+            self._in_flight.append(shard.push_sync.remote(step, ids, grads, None, samples))
+
+    def flush(self) -> None:
+        """Wait until every push sent so far has been applied (raises if a shard died)."""
+        while self._in_flight:
+            result = ray.get(self._in_flight.popleft())
+            if not isinstance(result, bool):
+                self.staleness.append(result)

@@ -1,0 +1,59 @@
+"""PSShard: the Ray actor around ShardCore. Thin: unpack, call the core, pack.
+
+It is an asyncio actor so that a sync-mode pull can wait (``min_version``) for the previous step
+to be applied while pushes from other workers are still being served; the methods never await
+in the middle of an update, so updates are applied one at a time, in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+import ray
+
+from recsync.ps.core import ShardCore
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class PSShard:
+    def __init__(self, build_core):
+        """``build_core()`` returns this shard's ShardCore (built here, in the actor)."""
+        self.core: ShardCore = build_core()
+        self._changed = asyncio.Condition()
+
+    async def pull(self, ids: list[np.ndarray], min_version: int = 0):
+        """Rows of ``ids`` per table (int64, unique, owned here), dense vector or None, version.
+
+        Waits until the shard's version is at least ``min_version`` (sync mode).
+        """
+        if self.core.version < min_version:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.core.version >= min_version)
+        return self.core.pull(ids)
+
+    async def push(self, ids, grads, dense_grad, version_read: int, lr_scale: float = 1.0) -> int:
+        staleness = self.core.push(ids, grads, dense_grad, version_read, lr_scale)
+        await self._notify()
+        return staleness
+
+    async def push_sync(self, step: int, ids, grads, dense_grad, samples: int) -> bool:
+        applied = self.core.push_sync(step, ids, grads, dense_grad, samples)
+        if applied:
+            await self._notify()
+        return applied
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def stats(self) -> dict:
+        return self.core.stats()
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    def die(self) -> None:
+        """Fault injection: the process exits at once, as a crashed machine would."""
+        os._exit(1)

@@ -1,0 +1,61 @@
+"""mode "sync": synchronous all-reduce (DESIGN §6.1).
+
+Each step every worker computes gradients on its batch; dense gradients are averaged over the
+gloo group and applied by each replica's own optimizer (so replicas stay identical), row
+gradients go to the PS, which applies the step once every worker's part arrived. Both are
+weighted by samples: a worker whose batch is smaller, or empty because the data ran out, counts
+for what it holds, which makes a step exactly one step on the global batch. When the all-reduced
+sample count is 0, every worker stops at the same step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector
+
+from recsync.data.reader import Batch
+from recsync.ps.client import PSClient
+from recsync.sync.base import STOP
+
+
+class SyncAllReduce:
+    def __init__(self, model: torch.nn.Module, client: PSClient,
+                 dense_optimizer: torch.optim.Optimizer):
+        self.model, self.client, self.optimizer = model, client, dense_optimizer
+        self.params = list(model.parameters())
+        self.step_index = 0  # = the PS version this worker's next pull must see
+
+    def step(self, batch: Batch | None):
+        """One global step; returns the local mean loss, None if this worker had no batch, or
+        STOP when no worker had one."""
+        n = len(batch) if batch is not None else 0
+        pulled, loss = None, None
+        for p in self.params:
+            p.grad = None
+        if n:
+            pulled = self.client.pull(batch.sparse, min_version=self.step_index)
+            out = self.model(batch.dense, pulled.embeddings())
+            loss = F.binary_cross_entropy_with_logits(out, batch.label)
+            loss.backward()
+            grads = parameters_to_vector([p.grad for p in self.params])
+        else:
+            grads = torch.zeros(sum(p.numel() for p in self.params))
+        # Σ_w n_w·g_w and Σ_w n_w in one collective: the mean gradient of the global batch.
+        buf = torch.cat([grads * n, torch.tensor([float(n)])])
+        dist.all_reduce(buf)
+        total = buf[-1].item()
+        if total == 0:
+            return STOP
+        offset = 0
+        for p in self.params:
+            p.grad = (buf[offset:offset + p.numel()] / total).view_as(p).clone()
+            offset += p.numel()
+        self.optimizer.step()
+        self.client.push_sync(self.step_index, pulled, n)
+        self.step_index += 1
+        return None if loss is None else loss.item()
+
+    def finish(self) -> None:
+        self.client.flush()

@@ -1,0 +1,39 @@
+"""mode "async": asynchronous parameter server (DESIGN §6.2).
+
+Each step a worker pulls its batch's rows and the dense parameters, computes, and pushes the
+gradients without waiting; the PS applies every push as it arrives (its staleness is recorded).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from recsync.data.reader import Batch
+from recsync.ps.client import PSClient
+from recsync.sync.base import STOP
+
+
+class AsyncPS:
+    def __init__(self, model: torch.nn.Module, client: PSClient):
+        self.model, self.client = model, client
+        self.params = list(model.parameters())
+
+    def step(self, batch: Batch | None):
+        if batch is None:
+            return STOP
+        pulled = self.client.pull(batch.sparse)
+        with torch.no_grad():
+            vector_to_parameters(torch.tensor(self.client.last_dense), self.params)  # a copy
+        for p in self.params:
+            p.grad = None
+        loss = F.binary_cross_entropy_with_logits(self.model(batch.dense, pulled.embeddings()),
+                                                  batch.label)
+        loss.backward()
+        dense_grad = parameters_to_vector([p.grad for p in self.params]).numpy()
+        self.client.push(pulled, dense_grad)
+        return loss.item()
+
+    def finish(self) -> None:
+        self.client.flush()

@@ -1,0 +1,143 @@
+"""Worker: a Ray actor with a model replica, a PS client, chunks from the work queue, and the
+step function of its sync mode. Training runs on a thread of its own, so ``status`` is answered
+even in the middle of a step.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import threading
+import time
+import traceback
+
+import numpy as np
+import ray
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from recsync.config import RunConfig
+from recsync.data.reader import Dataset
+from recsync.model.registry import build_model
+from recsync.ps.client import PSClient
+from recsync.sync.base import STOP
+from recsync.trainer import DENSE_OPTIMIZERS, table_rows_for
+
+
+def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:
+    """How many times slower this worker must run now (emulated stragglers; 1.0 = normal)."""
+    factor = 1.0
+    for s in cfg.faults.stragglers:
+        if s.worker == rank and s.start_s <= elapsed_s < s.end_s:
+            factor = max(factor, s.factor)
+    return factor
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class Worker:
+    def __init__(self, rank: int, cfg: RunConfig, shards: list, queue):
+        torch.set_num_threads(cfg.train.threads)
+        self.rank, self.cfg, self.queue = rank, cfg, queue
+        self.ds = Dataset(cfg.data.path)
+        torch.manual_seed(cfg.train.seed)  # every replica starts from the driver's parameters
+        self.model, tables = build_model(cfg.model, self.ds.meta["num_dense"], self.ds.table_names,
+                                         table_rows_for(cfg.model, self.ds.table_rows))
+        self.client = PSClient(shards, [t.dim for t in tables],
+                               dense_shard=0 if cfg.mode == "async" else None,
+                               push_window=cfg.cluster.push_window)
+        self.state, self.error = "created", None
+        self.steps = self.samples = 0
+        self._interval = {"loss_sum": 0.0, "loss_samples": 0, "step_s": 0.0,
+                          "interval_steps": 0, "straggle_s": 0.0}
+        self._lock = threading.Lock()
+        self._thread = None
+        self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
+
+    def address(self) -> tuple[str, int]:
+        """A host and free port for rank 0 to host the gloo group on."""
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return host, s.getsockname()[1]
+
+    def join_group(self, host: str, port: int, world: int) -> None:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=world, timeout=dt.timedelta(seconds=60))
+
+    def start(self, start_time: float) -> None:
+        """Start training on a thread; ``start_time`` (epoch seconds) anchors fault schedules."""
+        self.start_time = time.time() if start_time is None else start_time
+        self.state = "running"
+        self._thread = threading.Thread(target=self._run, name=f"train-{self.rank}", daemon=True)
+        self._thread.start()
+
+    def status(self) -> dict:
+        """Cumulative counts plus the loss and step time since the previous call."""
+        with self._lock:
+            interval = dict(self._interval)
+            for k in self._interval:
+                self._interval[k] = 0 if isinstance(self._interval[k], int) else 0.0
+        return {"rank": self.rank, "state": self.state, "error": self.error, "steps": self.steps,
+                "samples": self.samples, "pid": os.getpid(), **interval}
+
+    def taken_chunks(self) -> list:
+        return list(self.taken)
+
+    def dense_vector(self) -> np.ndarray:
+        return parameters_to_vector(self.model.parameters()).detach().numpy()
+
+    def die(self) -> None:
+        """Fault injection: the process exits at once, as a crashed machine would."""
+        os._exit(1)
+
+    def _batches(self):
+        t = self.cfg.train
+        seed = t.seed if self.cfg.data.shuffle else None
+        while True:
+            item = ray.get(self.queue.take.remote(self.rank))
+            if item is None:
+                return
+            epoch, chunk = item
+            self.taken.append(item)
+            yield from self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch)
+            ray.get(self.queue.done.remote(self.rank, item))  # its last step is done
+
+    def _make_mode(self):
+        from recsync.sync import SYNC_MODES
+        if self.cfg.mode == "sync":
+            opt = DENSE_OPTIMIZERS[self.cfg.train.dense_optimizer](self.model.parameters(),
+                                                                   lr=self.cfg.train.dense_lr)
+            return SYNC_MODES["sync"](self.model, self.client, opt)
+        return SYNC_MODES[self.cfg.mode](self.model, self.client)
+
+    def _run(self) -> None:
+        try:
+            mode, batches = self._make_mode(), self._batches()
+            max_steps = self.cfg.train.max_steps
+            while True:
+                batch = next(batches, None) if not max_steps or self.steps < max_steps else None
+                begin = time.perf_counter()
+                loss = mode.step(batch)
+                if loss == STOP:
+                    break
+                compute_s = time.perf_counter() - begin
+                factor = straggle_factor(self.cfg, self.rank, time.time() - self.start_time)
+                if factor > 1.0:  # emulated straggler
+                    time.sleep((factor - 1.0) * compute_s)
+                with self._lock:
+                    self._interval["step_s"] += time.perf_counter() - begin
+                    self._interval["interval_steps"] += 1
+                    self._interval["straggle_s"] += (factor - 1.0) * compute_s
+                    if loss is not None:
+                        n = len(batch)
+                        self.steps += 1
+                        self.samples += n
+                        self._interval["loss_sum"] += loss * n
+                        self._interval["loss_samples"] += n
+            mode.finish()
+            self.state = "done"
+        except Exception as e:  # reported through status(); the driver decides what to do
+            self.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+            self.state = "error"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -30,10 +31,15 @@ def main():
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory for config.toml, metrics.jsonl, summary.json, training.png.")
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
-def train(config_path, overrides, out, overwrite):
+@click.option("--address", default=None, metavar="ADDR",
+              help="Join this Ray cluster (as `ray start --head` printed it, or \"auto\") "
+                   "instead of starting a local one; same as --set cluster.address=ADDR.")
+def train(config_path, overrides, out, overwrite, address):
     """Train a model as the config says."""
     from recsync.driver import run
     from recsync.dist_driver import RunFailed
+    if address:
+        overrides = (*overrides, f"cluster.address={json.dumps(address)}")
     try:
         cfg = load_config(config_path, overrides)
         summary = run(cfg, out, overwrite=overwrite)

@@ -108,6 +108,12 @@ class StragglerConfig(Section):
     start_s: float = Field(0.0, ge=0)
     end_s: float = float("inf")
 
+    @model_validator(mode="after")
+    def _check_window(self):
+        if self.end_s <= self.start_s:
+            raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s})")
+        return self
+
 
 class KillConfig(Section):
     target: Literal["worker", "ps"]
@@ -168,6 +174,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
         key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key")
+        elif e["type"] == "value_error" and not key:  # a check across keys names them itself
+            lines.append(f"  {e['ctx']['error']}")
         else:
             got = f" (got {e['input']!r})" if not isinstance(e["input"], dict) else ""
             lines.append(f"  {key}: {e['msg']}{got}")

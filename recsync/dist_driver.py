@@ -1,16 +1,23 @@
 """A distributed run (modes sync and async): PS shards, a work queue and workers on Ray.
 
 The driver builds everything, then watches: it polls worker status for metrics and progress,
-injects configured faults, and stops the run with a clear error when a PS shard dies (there are
-no checkpoints to restore it from yet). At the end it evaluates the trained model through the PS
-and writes the same outputs as a local run.
+injects configured faults, and decides what a failure means:
+
+- a worker died, async: a new worker takes its rank; its leased chunk went back to the queue.
+- a worker died, sync: the group is rebuilt. The dense parameters and optimizer state are taken
+  from a live replica, the PS forgets the incomplete step, every lease goes back to the queue,
+  and fresh workers start at the PS's step on a new gloo group.
+- a PS shard died: there is no checkpoint to restore it from yet, so the run stops with an
+  error naming the shard.
+
+At the end it evaluates the trained model through the PS and returns what the summary needs.
 """
 
 from __future__ import annotations
 
 import functools
+import random
 import time
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -31,6 +38,7 @@ from recsync.worker.queue import WorkQueue
 from recsync.worker.worker import Worker
 
 POLL_S = 0.5
+MAX_WORKER_RESTARTS = 20  # per run: a crash loop must end in an error, not go on forever
 
 
 class RunFailed(RuntimeError):
@@ -47,116 +55,214 @@ def _make_core(tables, cfg: RunConfig, shard: int, dense_init: np.ndarray | None
                      init_scale=cfg.model.embedding_init_scale, dense=dense)
 
 
+class DistributedRun:
+    """The actors of one run and the few things the driver does with them."""
+
+    def __init__(self, cfg: RunConfig, ds: Dataset, progress):
+        self.cfg, self.ds, self.progress = cfg, ds, progress
+        c, t = cfg.cluster, cfg.train
+        torch.manual_seed(t.seed)
+        self.dense_model, self.tables = build_model(cfg.model, ds.meta["num_dense"],
+                                                    ds.table_names,
+                                                    table_rows_for(cfg.model, ds.table_rows))
+        dense_init = parameters_to_vector(self.dense_model.parameters()).detach().numpy()
+        self.shards = [PSShard.remote(functools.partial(
+            _make_core, self.tables, cfg, s,
+            dense_init if (cfg.mode == "async" and s == 0) else None))
+            for s in range(c.ps_shards)]
+        chunks = ds.chunks("train", cfg.data.chunk_rows or 16 * t.batch_size)
+        seed = t.seed if cfg.data.shuffle else None
+        self.queue = WorkQueue.remote([(e, ch) for e in range(t.epochs)
+                                       for ch in chunk_order(chunks, epoch=e, shuffle_seed=seed)])
+        self.workers: list = [None] * c.workers
+        self.done_before = [{"samples": 0, "steps": 0} for _ in range(c.workers)]  # dead ones'
+        self.last = [{"samples": 0, "steps": 0} for _ in range(c.workers)]
+        self.taken: list[list] = [[] for _ in range(c.workers)]
+        self.restarts = 0
+        self.start = time.time()
+
+    # -- workers -------------------------------------------------------------------------
+    def start_workers(self, ranks: list[int], dense_state: dict | None = None,
+                      step_index: int = 0) -> None:
+        for r in ranks:
+            self.workers[r] = Worker.remote(r, self.cfg, self.shards, self.queue, dense_state,
+                                            step_index)
+        if self.cfg.mode == "sync":
+            host, port = ray.get(self.workers[0].address.remote())
+            ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
+        ray.get([self.workers[r].start.remote(self.start) for r in ranks])
+
+    def poll(self) -> list[dict]:
+        """Every worker's status; a dead worker reads as state "dead"."""
+        refs = [w.status.remote() for w in self.workers]
+        out = []
+        for r, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref, timeout=30))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                out.append({"rank": r, "state": "dead", "error": None, **self.last[r],
+                            "loss_sum": 0.0, "loss_samples": 0, "step_s": 0.0,
+                            "interval_steps": 0, "straggle_s": 0.0})
+        for s in out:
+            self.last[s["rank"]] = {"samples": s["samples"], "steps": s["steps"]}
+        return [{**s, "samples": s["samples"] + self.done_before[s["rank"]]["samples"],
+                 "steps": s["steps"] + self.done_before[s["rank"]]["steps"]} for s in out]
+
+    def _retire(self, r: int) -> None:
+        """Count a worker's work as done by its rank and forget the process."""
+        try:
+            self.taken[r] += ray.get(self.workers[r].taken_chunks.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        self.done_before[r] = {k: self.done_before[r][k] + self.last[r][k] for k in
+                               ("samples", "steps")}
+        self.last[r] = {"samples": 0, "steps": 0}
+        ray.kill(self.workers[r], no_restart=True)
+        ray.get(self.queue.release.remote(r))
+
+    def recover_workers(self, dead: list[int]) -> str:
+        """Bring the run back to N live workers; returns what was done, for the event log."""
+        self.restarts += len(dead)
+        if self.restarts > MAX_WORKER_RESTARTS:
+            raise RunFailed(f"workers died {self.restarts} times; giving up (the last: "
+                            f"{dead}). Check the worker logs for the cause.")
+        if self.cfg.mode == "async":
+            for r in dead:
+                self._retire(r)
+            self.start_workers(dead)
+            return f"worker(s) {dead} died; restarted, their chunks requeued"
+        live = [r for r in range(len(self.workers)) if r not in dead]
+        if not live:
+            raise RunFailed("every worker died at once; the dense replicas are lost")
+        # A live replica's dense state as of its current step and the one before; then no
+        # worker is left to push, the PS forgets the incomplete step, and the step it completed
+        # decides which state the new group starts from.
+        states = ray.get(self.workers[live[0]].dense_states.remote(), timeout=30)
+        for r in range(len(self.workers)):
+            self._retire(r)
+        ray.get([s.drop_pending.remote() for s in self.shards])
+        step = ray.get(self.shards[0].stats.remote())["version"]
+        if step not in states:
+            raise RunFailed(f"cannot rebuild the sync group: the PS completed step {step}, "
+                            f"worker {live[0]}'s replica knows steps {sorted(states)}")
+        state = states[step]
+        self.start_workers(list(range(len(self.workers))), state, step)
+        return (f"worker(s) {dead} died; sync group rebuilt at step {step} from worker "
+                f"{live[0]}'s replica, chunks requeued")
+
+    def dead_shards(self) -> list[int]:
+        dead = []
+        for i, s in enumerate(self.shards):
+            try:
+                ray.get(s.stats.remote(), timeout=5)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                dead.append(i)
+        return dead
+
+    def kill(self, target: str, index: int) -> None:
+        (self.workers if target == "worker" else self.shards)[index].die.remote()
+
+    # -- the end ---------------------------------------------------------------------------
+    def finish(self) -> dict:
+        t = self.cfg.train
+        for r, w in enumerate(self.workers):
+            self.taken[r] += ray.get(w.taken_chunks.remote())
+        shard_stats = ray.get([s.stats.remote() for s in self.shards])
+        if self.cfg.mode == "sync":
+            final_dense = ray.get(self.workers[0].dense_vector.remote())
+        else:
+            final_dense = ray.get(self.shards[0].pull.remote(
+                [np.empty(0, np.int64)] * len(self.tables)))[1]
+        with torch.no_grad():
+            vector_to_parameters(torch.tensor(final_dense), list(self.dense_model.parameters()))
+        model = LocalModel(self.dense_model, PSClient(self.shards, [tb.dim for tb in self.tables]),
+                           None)
+        final_eval = evaluate(model, self.ds, self.ds.rows("eval"), t.eval_batch_size)
+        return {"eval": final_eval, "shards": shard_stats,
+                "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
+                "model": model}  # its lookup serves the trained rows while the session lasts
+
+
 def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, progress) -> dict:
     """Train on Ray; returns what the summary needs beyond the local fields."""
-    c, t = cfg.cluster, cfg.train
-    torch.manual_seed(t.seed)
-    dense_model, tables = build_model(cfg.model, ds.meta["num_dense"], ds.table_names,
-                                      table_rows_for(cfg.model, ds.table_rows))
-    dense_init = parameters_to_vector(dense_model.parameters()).detach().numpy()
-    shards = [PSShard.remote(functools.partial(
-        _make_core, tables, cfg, s, dense_init if (cfg.mode == "async" and s == 0) else None))
-        for s in range(c.ps_shards)]
-    chunks = ds.chunks("train", cfg.data.chunk_rows or 16 * t.batch_size)
-    seed = t.seed if cfg.data.shuffle else None
-    items = [(e, ch) for e in range(t.epochs) for ch in chunk_order(chunks, epoch=e,
-                                                                   shuffle_seed=seed)]
-    queue = WorkQueue.remote(items)
-    workers = [Worker.remote(r, cfg, shards, queue) for r in range(c.workers)]
-    if cfg.mode == "sync":
-        host, port = ray.get(workers[0].address.remote())
-        ray.get([w.join_group.remote(host, port, c.workers) for w in workers])
-    start = time.time()
+    run = DistributedRun(cfg, ds, progress)
+    run.start = time.time()
     progress.train_start = time.perf_counter()
-    ray.get([w.start.remote(start) for w in workers])
-    total = t.epochs * ds.rows("train")
-    if t.max_steps:
-        total = min(total, t.max_steps * t.batch_size * c.workers)
-    statuses = _watch(cfg, workers, shards, log, progress, total, start)
+    run.start_workers(list(range(cfg.cluster.workers)))
+    statuses = _watch(run, log)
     progress.train_end = time.perf_counter()
-    shard_stats = ray.get([s.stats.remote() for s in shards])
-    if cfg.mode == "sync":
-        final_dense = ray.get(workers[0].dense_vector.remote())
-    else:
-        final_dense = ray.get(shards[0].pull.remote([np.empty(0, np.int64)] * len(tables)))[1]
-    with torch.no_grad():
-        vector_to_parameters(torch.tensor(final_dense), list(dense_model.parameters()))
-    model = LocalModel(dense_model, PSClient(shards, [tb.dim for tb in tables]), None)
-    final_eval = evaluate(model, ds, ds.rows("eval"), t.eval_batch_size)
-    return {"eval": final_eval, "statuses": statuses, "shards": shard_stats,
-            "queue": ray.get(queue.summary.remote()),
-            "taken": ray.get([w.taken_chunks.remote() for w in workers]),
-            "model": model}  # its lookup serves the trained rows while the Ray session lasts
+    return {**run.finish(), "statuses": statuses}
 
 
-def _watch(cfg, workers, shards, log, progress, total, start) -> list[dict]:
-    """Poll until every worker is done; write metrics; raise RunFailed on a fatal fault."""
+def _fault_schedule(cfg: RunConfig, horizon_s: float = 86_400.0) -> list[tuple[float, str, int]]:
+    """(time_s, target, index) of every injected kill: the listed ones, and if kill_mean_s > 0
+    seeded exponential inter-arrival times over random targets."""
+    f = cfg.faults
+    kills = [(k.at_s, k.target, k.index) for k in f.kills]
+    if f.kill_mean_s > 0:
+        rng = random.Random(f.seed)
+        count = cfg.cluster.workers if f.kill_target == "worker" else cfg.cluster.ps_shards
+        at = rng.expovariate(1 / f.kill_mean_s)
+        while at < horizon_s and len(kills) < 10_000:
+            kills.append((at, f.kill_target, rng.randrange(count)))
+            at += rng.expovariate(1 / f.kill_mean_s)
+    return sorted(kills)
+
+
+def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
+    """Poll until every worker is done; write metrics; recover or raise RunFailed."""
+    cfg, progress = run.cfg, run.progress
+    t = cfg.train
+    total = t.epochs * run.ds.rows("train")
+    if t.max_steps:
+        total = min(total, t.max_steps * t.batch_size * cfg.cluster.workers)
     bar = tqdm(total=total, unit="sample", unit_scale=True, desc=f"train ({cfg.mode})",
                disable=None if cfg.output.progress else True, smoothing=0.1)
+    kills = _fault_schedule(cfg)
     last = time.perf_counter()
-    kills = sorted(cfg.faults.kills, key=lambda k: k.at_s)
     try:
         while True:
             time.sleep(POLL_S)
-            elapsed = time.time() - start
-            while kills and kills[0].at_s <= elapsed:
-                k = kills.pop(0)
-                target = workers[k.index] if k.target == "worker" else shards[k.index]
-                target.die.remote()
-                progress.events.append({"time_s": elapsed, "event": f"killed {k.target} "
-                                        f"{k.index} (injected fault)"})
-            statuses = _statuses(workers, shards)
+            elapsed = time.time() - run.start
+            while kills and kills[0][0] <= elapsed:
+                _, target, index = kills.pop(0)
+                run.kill(target, index)
+                progress.events.append({"time_s": elapsed, "event": f"killed {target} {index}",
+                                        "emulated": True})
+            statuses = run.poll()
+            dead = [s["rank"] for s in statuses if s["state"] == "dead"]
+            errors = [s for s in statuses if s["state"] == "error"]
+            if dead or errors:
+                if run.dead_shards():
+                    raise RunFailed(
+                        f"parameter-server shard {run.dead_shards()[0]} died and there is no "
+                        f"checkpoint to restore it from; the run stops here (re-run the job; "
+                        f"partial recovery from shard checkpoints is planned)")
+                if errors and not dead:
+                    raise RunFailed(f"worker {errors[0]['rank']} failed: {errors[0]['error']}")
+                what = run.recover_workers(dead or [e["rank"] for e in errors])
+                progress.events.append({"time_s": time.time() - run.start, "event": what})
+                continue
             now = time.perf_counter()
             samples = sum(s["samples"] for s in statuses)
-            bar.update(samples - progress.samples)
-            interval_samples = samples - progress.samples
-            progress.samples, progress.steps = samples, max(s["steps"] for s in statuses)
+            bar.update(max(0, samples - progress.samples))
             loss_n = sum(s["loss_samples"] for s in statuses)
             record = {
-                "time_s": progress.elapsed(), "samples": samples, "step": progress.steps,
+                "time_s": progress.elapsed(), "samples": samples,
+                "step": max(s["steps"] for s in statuses),
                 "loss": sum(s["loss_sum"] for s in statuses) / loss_n if loss_n else None,
-                "samples_per_s": interval_samples / (now - last), "mode": cfg.mode,
+                "samples_per_s": (samples - progress.samples) / (now - last), "mode": cfg.mode,
                 "worker_step_s": [s["step_s"] / s["interval_steps"] if s["interval_steps"]
                                   else None for s in statuses],
                 "staleness": None, "events": progress.events[progress.logged_events:],
                 "eval": None}
+            progress.samples, progress.steps = samples, record["step"]
             progress.logged_events = len(progress.events)
             last = now
             log.write(record)
             if record["loss"] is not None:
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
-            errors = [s for s in statuses if s["state"] == "error"]
-            if errors:
-                raise RunFailed(f"worker {errors[0]['rank']} failed: {errors[0]['error']}")
             if all(s["state"] == "done" for s in statuses):
                 return statuses
     finally:
         bar.close()
-
-
-def _statuses(workers, shards) -> list[dict]:
-    try:
-        statuses = ray.get([w.status.remote() for w in workers], timeout=30)
-    except ray.exceptions.RayActorError as e:
-        raise RunFailed(f"a worker process died ({e.__class__.__name__}); worker restart "
-                        f"is not supported yet") from None
-    for s in statuses:
-        if s["state"] == "error" and "ActorDiedError" in (s["error"] or "") \
-                or "RayActorError" in (s["error"] or ""):
-            dead = _dead_shards(shards)
-            if dead:
-                raise RunFailed(
-                    f"parameter-server shard {dead[0]} died and there is no checkpoint to "
-                    f"restore it from; the run stops here. (Partial recovery from shard "
-                    f"checkpoints is planned; until then re-run the job.)")
-    return statuses
-
-
-def _dead_shards(shards) -> list[int]:
-    dead = []
-    for i, s in enumerate(shards):
-        try:
-            ray.get(s.stats.remote(), timeout=5)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            dead.append(i)
-    return dead

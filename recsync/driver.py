@@ -193,6 +193,7 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
         "evals": progress.evals,
         "staleness": staleness,
         "per_worker": _per_worker(result),
+        "queue": {k: v for k, v in result.get("queue", {}).items() if k != "by_worker"},
         "failures": [e for e in progress.events if "killed" in e["event"]],
         "recovery": {"kind": None, "pls": None, "checkpoint_overhead_frac": None,
                      "checkpoints": 0},

@@ -72,6 +72,7 @@ class ShardCore:
     def push(self, ids: list[np.ndarray], grads: list[np.ndarray], dense_grad: np.ndarray | None,
              version_read: int, lr_scale: float = 1.0) -> int:
         """Apply one worker's gradients now (async); return the staleness of this update."""
+        self._check_dense(dense_grad)
         staleness = self.version - version_read
         self._apply(ids, grads, dense_grad, lr_scale)
         self.staleness[staleness] += 1
@@ -87,6 +88,7 @@ class ShardCore:
         """
         if step != self.version:
             raise ValueError(f"sync push for step {step}, but the shard is at step {self.version}")
+        self._check_dense(dense_grad)  # before queueing: a bad push must not poison the step
         pending = self._pending.setdefault(step, [])
         pending.append((ids, grads, dense_grad, samples))
         self.pushes += 1
@@ -102,23 +104,31 @@ class ShardCore:
                 summed = torch.zeros(len(uniq), grads_t.shape[1]).index_add_(0, inverse, grads_t)
                 merged_ids.append(uniq.numpy())
                 merged_grads.append((summed / total).numpy())
-            dense = None
-            if pending[0][2] is not None:
-                dense = sum(p[2] for p in pending) / total
+            dense_grads = [p[2] for p in pending if p[2] is not None]  # 0-sample pushes: None
+            dense = sum(dense_grads) / total if dense_grads else None
             self._apply(merged_ids, merged_grads, dense, 1.0)
         del self._pending[step]
         self.staleness[0] += len(pending)  # sync: every gradient applied to the version it read
         self.version += 1
         return True
 
+    def drop_pending(self) -> int:
+        """Forget the contributions to a sync step that will never complete (a worker died
+        before pushing it; the group is rebuilt and redoes the step). Returns how many."""
+        dropped = sum(len(p) for p in self._pending.values())
+        self._pending.clear()
+        return dropped
+
+    def _check_dense(self, dense_grad) -> None:
+        if dense_grad is not None and self.dense is None:
+            raise ValueError("a dense gradient was pushed to a shard that holds no dense "
+                             "parameters")
+
     def _apply(self, ids, grads, dense_grad, lr_scale: float) -> None:
         for t, (i, g) in enumerate(zip(ids, grads)):
             if len(i):
                 self.store.push(t, _tensor(i), _tensor(g), lr_scale)
         if dense_grad is not None:
-            if self.dense is None:
-                raise ValueError("a dense gradient was pushed to a shard that holds no dense "
-                                 "parameters")
             self.dense.apply(_tensor(dense_grad), lr_scale)
 
     def stats(self) -> dict:

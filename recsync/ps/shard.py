@@ -48,6 +48,9 @@ class PSShard:
         async with self._changed:
             self._changed.notify_all()
 
+    async def drop_pending(self) -> int:
+        return self.core.drop_pending()
+
     async def stats(self) -> dict:
         return self.core.stats()
 

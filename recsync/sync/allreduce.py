@@ -10,6 +10,9 @@ sample count is 0, every worker stops at the same step.
 
 from __future__ import annotations
 
+import copy
+import threading
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -22,10 +25,14 @@ from recsync.sync.base import STOP
 
 class SyncAllReduce:
     def __init__(self, model: torch.nn.Module, client: PSClient,
-                 dense_optimizer: torch.optim.Optimizer):
+                 dense_optimizer: torch.optim.Optimizer, step_index: int = 0):
         self.model, self.client, self.optimizer = model, client, dense_optimizer
         self.params = list(model.parameters())
-        self.step_index = 0  # = the PS version this worker's next pull must see
+        self.step_index = step_index  # = the PS version this worker's next pull must see
+        # (step, params, optimizer state) from just before the last optimizer step: if the PS
+        # never completes that step (a worker died), a rebuilt group restarts from it
+        self.before_step: tuple | None = None
+        self.lock = threading.Lock()
 
     def step(self, batch: Batch | None):
         """One global step; returns the local mean loss, None if this worker had no batch, or
@@ -52,10 +59,27 @@ class SyncAllReduce:
         for p in self.params:
             p.grad = (buf[offset:offset + p.numel()] / total).view_as(p).clone()
             offset += p.numel()
-        self.optimizer.step()
-        self.client.push_sync(self.step_index, pulled, n)
-        self.step_index += 1
+        with self.lock:
+            self.before_step = (self.step_index, self._params_copy(),
+                                copy.deepcopy(self.optimizer.state_dict()))
+            self.optimizer.step()
+            self.client.push_sync(self.step_index, pulled, n)
+            self.step_index += 1
         return None if loss is None else loss.item()
+
+    def _params_copy(self) -> torch.Tensor:
+        return parameters_to_vector(self.params).detach().clone()
+
+    def dense_states(self) -> dict[int, dict]:
+        """Dense parameters and optimizer state as of the start of each step this replica can
+        still tell: the current one and, if any, the one before its last optimizer step."""
+        with self.lock:
+            states = {self.step_index: {"params": self._params_copy().numpy(),
+                                        "optimizer": copy.deepcopy(self.optimizer.state_dict())}}
+            if self.before_step is not None:
+                states[self.before_step[0]] = {"params": self.before_step[1].numpy(),
+                                               "optimizer": self.before_step[2]}
+        return states
 
     def finish(self) -> None:
         self.client.flush()

@@ -15,7 +15,7 @@ import traceback
 import numpy as np
 import ray
 import torch
-from torch.nn.utils import parameters_to_vector
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
@@ -36,7 +36,10 @@ def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class Worker:
-    def __init__(self, rank: int, cfg: RunConfig, shards: list, queue):
+    def __init__(self, rank: int, cfg: RunConfig, shards: list, queue,
+                 dense_state: dict | None = None, step_index: int = 0):
+        """``dense_state`` (from another replica's ``dense_state()``) and ``step_index`` let a
+        rebuilt sync group continue where the old one stopped."""
         torch.set_num_threads(cfg.train.threads)
         self.rank, self.cfg, self.queue = rank, cfg, queue
         self.ds = Dataset(cfg.data.path)
@@ -46,6 +49,18 @@ class Worker:
         self.client = PSClient(shards, [t.dim for t in tables],
                                dense_shard=0 if cfg.mode == "async" else None,
                                push_window=cfg.cluster.push_window)
+        self.optimizer = None
+        if cfg.mode == "sync":
+            self.optimizer = DENSE_OPTIMIZERS[cfg.train.dense_optimizer](
+                self.model.parameters(), lr=cfg.train.dense_lr)
+        if dense_state is not None:
+            with torch.no_grad():
+                vector_to_parameters(torch.tensor(dense_state["params"]),
+                                     list(self.model.parameters()))
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(dense_state["optimizer"])
+        self.step_index = step_index
+        self.mode = None
         self.state, self.error = "created", None
         self.steps = self.samples = 0
         self._interval = {"loss_sum": 0.0, "loss_samples": 0, "step_s": 0.0,
@@ -88,6 +103,13 @@ class Worker:
     def dense_vector(self) -> np.ndarray:
         return parameters_to_vector(self.model.parameters()).detach().numpy()
 
+    def dense_states(self) -> dict[int, dict]:
+        """Sync: {step: dense parameters and optimizer state as of that step's start}, to seed a
+        rebuilt group. Answered from the actor thread even while training is blocked."""
+        if self.mode is None:
+            raise RuntimeError(f"worker {self.rank} has not started")
+        return self.mode.dense_states()
+
     def die(self) -> None:
         """Fault injection: the process exits at once, as a crashed machine would."""
         os._exit(1)
@@ -107,14 +129,13 @@ class Worker:
     def _make_mode(self):
         from recsync.sync import SYNC_MODES
         if self.cfg.mode == "sync":
-            opt = DENSE_OPTIMIZERS[self.cfg.train.dense_optimizer](self.model.parameters(),
-                                                                   lr=self.cfg.train.dense_lr)
-            return SYNC_MODES["sync"](self.model, self.client, opt)
+            return SYNC_MODES["sync"](self.model, self.client, self.optimizer, self.step_index)
         return SYNC_MODES[self.cfg.mode](self.model, self.client)
 
     def _run(self) -> None:
         try:
-            mode, batches = self._make_mode(), self._batches()
+            self.mode = mode = self._make_mode()
+            batches = self._batches()
             max_steps = self.cfg.train.max_steps
             while True:
                 batch = next(batches, None) if not max_steps or self.steps < max_steps else None

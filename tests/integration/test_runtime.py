@@ -90,20 +90,72 @@ def test_a_dead_ps_shard_stops_the_run_with_a_clear_error(ray_cluster, data, tmp
     assert summary["status"] == "failed" and "shard 1" in summary["error"]
 
 
-def _ray_processes() -> int:
-    out = subprocess.run(["pgrep", "-c", "-f", "raylet|gcs_server"], capture_output=True,
-                         text=True)
-    return int(out.stdout.strip() or 0)
+def _ray_processes_of(driver_pid: int) -> list[str]:
+    """Ray's processes of the session a driver started (its session dir ends in the pid), so
+    that other Ray instances on the machine do not count."""
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line[:120] for line in out.splitlines() if f"_{driver_pid}/" in line]
+
+
+def _wait_gone(driver_pid: int, timeout_s: float = 10) -> list[str]:
+    deadline = time.time() + timeout_s
+    while (left := _ray_processes_of(driver_pid)) and time.time() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def test_an_embedded_run_leaves_no_ray_process(data, tmp_path):
-    before = _ray_processes()
     cmd = [sys.executable, "-m", "recsync", "train", "--out", str(tmp_path / "run"),
            "--set", f"data.path={json.dumps(str(data))}", "--set", 'mode="async"',
            "--set", "cluster.workers=2", "--set", "model.bottom_mlp=[8]",
            "--set", "model.top_mlp=[8]", "--set", "model.embedding_dim=4",
            "--set", "output.plot=false", "--set", "cluster.object_store_mb=128"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    time.sleep(1)
-    assert _ray_processes() <= before
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 0, output[-2000:]
+    assert "completed" in output
+    assert _wait_gone(proc.pid) == []
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster, data, tmp_path,
+                                                                      mode):
+    cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
+                 f"data.chunk_rows={2 * B}", "train.epochs=6",
+                 'faults.kills=[{target="worker", index=1, at_s=2.0}]')
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    assert [f["event"] for f in summary["failures"]] == ["killed worker 1"]
+    queue = summary["queue"]
+    chunks = len(Dataset(data).chunks("train", 2 * B))
+    assert queue["completed"] == 6 * chunks and queue["completed_more_than_once"] == 0
+    assert queue["pending"] == 0 and queue["leased"] == 0
+    assert 0.5 < summary["eval"]["auc"] <= 1.0
+
+
+def test_ctrl_c_stops_within_10_s_writes_the_summary_and_leaves_no_ray_process(data, tmp_path):
+    import signal
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "recsync", "train", "--out", str(out),
+           "--set", f"data.path={json.dumps(str(data))}", "--set", 'mode="async"',
+           "--set", "cluster.workers=2", "--set", "model.bottom_mlp=[8]",
+           "--set", "model.top_mlp=[8]", "--set", "model.embedding_dim=4",
+           "--set", "train.epochs=1000", "--set", "output.plot=false",
+           "--set", "cluster.object_store_mb=128"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    def trained() -> bool:  # a metrics record with samples in it
+        path = out / "metrics.jsonl"
+        return path.exists() and any(json.loads(line)["samples"] > 0
+                                     for line in path.read_text().splitlines() if line)
+
+    while not trained():
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-2000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    sent = time.time()
+    proc.wait(timeout=60)
+    assert time.time() - sent < 10
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["samples"] > 0
+    assert _wait_gone(proc.pid) == []

@@ -1,0 +1,134 @@
+"""ChunkQueue: leases, release of a dead worker's chunk, exactly-once completion (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from recsync.data.reader import Chunk
+from recsync.worker.queue import ChunkQueue
+
+
+def items(epochs=2, chunks=5, rows=(10, 7, 3, 12, 1)):
+    """(epoch, chunk) items of a part split into chunks of the given (uneven) sizes."""
+    out = []
+    for e in range(epochs):
+        start = 0
+        for n in rows[:chunks]:
+            out.append((e, Chunk("train", 0, start, start + n)))
+            start += n
+    return out
+
+
+def test_take_hands_out_items_in_order_then_none():
+    its = items(epochs=1, chunks=3)
+    q = ChunkQueue(its)
+    got = []
+    for _ in its:
+        item = q.take(0)
+        got.append(item)
+        q.done(0, item)
+    assert got == its
+    assert q.take(0) is None
+    assert q.take(1) is None
+    assert q.summary()["pending"] == 0 and q.summary()["leased"] == 0
+
+
+def test_empty_queue_gives_none():
+    q = ChunkQueue([])
+    assert q.take(0) is None
+    assert q.summary() == {"pending": 0, "leased": 0, "completed": 0,
+                           "completed_more_than_once": 0, "by_worker": {}}
+
+
+def test_workers_get_different_items():
+    its = items(epochs=1, chunks=3)
+    q = ChunkQueue(its)
+    assert [q.take(0), q.take(1), q.take(2)] == its
+    assert q.summary()["leased"] == 3 and q.summary()["pending"] == 0
+
+
+def test_one_lease_per_worker():
+    its = items(epochs=1, chunks=3)
+    q = ChunkQueue(its)
+    first = q.take(0)
+    with pytest.raises(RuntimeError, match="worker 0"):
+        q.take(0)
+    assert q.summary()["pending"] == 2  # the refused take consumed nothing
+    q.done(0, first)
+    assert q.take(0) == its[1]
+
+
+def test_done_with_the_wrong_item_is_rejected():
+    its = items(epochs=1, chunks=3)
+    q = ChunkQueue(its)
+    held = q.take(0)
+    with pytest.raises(RuntimeError):
+        q.done(0, its[1])
+    with pytest.raises(RuntimeError):
+        q.done(1, held)  # worker 1 holds nothing
+    assert q.summary()["completed"] == 0
+    q.done(0, held)
+    with pytest.raises(RuntimeError):
+        q.done(0, held)  # twice
+    assert q.summary()["completed"] == 1
+
+
+def test_release_puts_the_item_back_at_the_front():
+    its = items(epochs=1, chunks=4)
+    q = ChunkQueue(its)
+    assert q.take(0) == its[0]
+    assert q.take(1) == its[1]
+    assert q.release(1) == its[1]
+    assert q.summary()["leased"] == 1 and q.summary()["pending"] == 3
+    assert q.take(2) == its[1]  # the next taker gets the released item, not its[2]
+    assert q.take(3) == its[2]
+
+
+def test_release_of_a_worker_without_a_lease_is_a_no_op():
+    its = items(epochs=1, chunks=2)
+    q = ChunkQueue(its)
+    assert q.release(5) is None
+    assert q.take(0) == its[0]
+
+
+def test_worker_death_mid_run_still_completes_every_item_exactly_once():
+    its = items(epochs=2, chunks=5)
+    q = ChunkQueue(its)
+    # workers 0 and 1 alternate; worker 1 dies while holding its third chunk
+    for _ in range(2):
+        for w in (0, 1):
+            q.done(w, q.take(w))
+    q.done(0, q.take(0))
+    lost = q.take(1)
+    assert q.release(1) == lost  # the driver saw worker 1 die
+    survivor_chunks = []
+    while (item := q.take(0)) is not None:
+        survivor_chunks.append(item)
+        q.done(0, item)
+    assert survivor_chunks[0] == lost
+
+    s = q.summary()
+    assert s["completed"] == len(its)
+    assert s["completed_more_than_once"] == 0
+    assert s["pending"] == 0 and s["leased"] == 0
+    assert set(q.completed) == set(its) and set(q.completed.values()) == {1}
+    # worker 1 completed only its first two chunks: its[1], its[3]
+    w1 = [its[1], its[3]]
+    w0 = [i for i in its if i not in w1]
+    assert s["by_worker"] == {
+        "0": {"chunks": len(w0), "samples": sum(c.rows for _, c in w0)},
+        "1": {"chunks": 2, "samples": sum(c.rows for _, c in w1)},
+    }
+    assert sum(v["samples"] for v in s["by_worker"].values()) == sum(c.rows for _, c in its)
+
+
+def test_summary_exposes_an_item_completed_twice():
+    """completed_more_than_once is the exactly-once check: it must count a repeat, not hide it
+    (here the same item was queued twice)."""
+    its = items(epochs=1, chunks=2)
+    q = ChunkQueue([its[0], its[1], its[0]])
+    while (item := q.take(0)) is not None:
+        q.done(0, item)
+    s = q.summary()
+    assert s["completed"] == 3 and s["completed_more_than_once"] == 1
+    assert s["by_worker"]["0"] == {"chunks": 3, "samples": 2 * its[0][1].rows + its[1][1].rows}

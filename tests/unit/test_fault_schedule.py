@@ -1,0 +1,31 @@
+"""The injected-failure schedule: listed kills plus seeded exponential inter-arrival times."""
+
+import statistics
+
+from recsync.config import load_config
+from recsync.dist_driver import _fault_schedule
+
+
+def cfg(*extra):
+    return load_config(None, ['mode="async"', "cluster.workers=3", "cluster.ps_shards=2", *extra])
+
+
+def test_listed_kills_come_sorted_by_time():
+    c = cfg('faults.kills=[{target="ps", index=1, at_s=9.0}, {target="worker", index=2, at_s=3.0}]')
+    assert _fault_schedule(c) == [(3.0, "worker", 2), (9.0, "ps", 1)]
+
+
+def test_rate_kills_are_seeded_and_have_the_configured_mean():
+    c = cfg("faults.kill_mean_s=10.0", "faults.seed=4")
+    a, b = _fault_schedule(c, horizon_s=20_000), _fault_schedule(c, horizon_s=20_000)
+    assert a == b  # the same schedule in every arm of a benchmark
+    gaps = [t2 - t1 for (t1, _, _), (t2, _, _) in zip(a, a[1:])]
+    assert 9.0 < statistics.mean(gaps) < 11.0
+    assert {target for _, target, _ in a} == {"worker"}
+    assert {index for _, _, index in a} == {0, 1, 2}
+    other = _fault_schedule(cfg("faults.kill_mean_s=10.0", "faults.seed=5"), horizon_s=20_000)
+    assert other != a
+
+
+def test_no_faults_no_schedule():
+    assert _fault_schedule(cfg()) == []

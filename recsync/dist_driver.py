@@ -47,7 +47,7 @@ class RunFailed(RuntimeError):
 
 def _make_core(tables, cfg: RunConfig, shard: int, dense_init: np.ndarray | None) -> ShardCore:
     t = cfg.train
-    dense = (DenseState(torch.from_numpy(dense_init), t.dense_optimizer, t.dense_lr)
+    dense = (DenseState(torch.tensor(dense_init), t.dense_optimizer, t.dense_lr)
              if dense_init is not None else None)
     return ShardCore(tables, make_row_optimizer(t.embedding_optimizer, t.embedding_lr),
                      shard=shard, num_shards=cfg.cluster.ps_shards,
@@ -79,7 +79,7 @@ class DistributedRun:
         self.last = [{"samples": 0, "steps": 0} for _ in range(c.workers)]
         self.taken: list[list] = [[] for _ in range(c.workers)]
         self.restarts = 0
-        self.start = time.time()
+        self.start = 0.0  # epoch seconds when training starts: fault schedules count from it
 
     # -- workers -------------------------------------------------------------------------
     def start_workers(self, ranks: list[int], dense_state: dict | None = None,

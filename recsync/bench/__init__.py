@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recsync.bench import local
+from recsync.bench import local, overhead, scaling
 from recsync.bench.report import write_results
 
-SCENARIOS = {"local": local.run}
+SCENARIOS = {"local": local.run, "overhead": overhead.run, "scaling": scaling.run}
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0) -> dict:

@@ -68,7 +68,8 @@ class PSClient:
 
     def _grads_for(self, pulled: PulledBatch, shard: int, scale: float) -> list[np.ndarray]:
         grads = pulled.row_grads()
-        return [(g[p[shard]] * scale).numpy() for g, p in zip(grads, pulled.placement.positions)]
+        out = [g[p[shard]] for g, p in zip(grads, pulled.placement.positions)]  # gathers: copies
+        return [(g * scale if scale != 1.0 else g).numpy() for g in out]
 
     def push(self, pulled: PulledBatch, dense_grad: np.ndarray | None = None) -> None:
         """Async: send each shard its rows' gradients (and the dense one to its shard) with the

@@ -101,6 +101,17 @@ class ClusterConfig(Section):
     """async: pushes a worker may have in flight before it waits for the oldest"""
 
 
+class GBAConfig(Section):
+    gradients_per_update: int = Field(0, ge=0)
+    """M: gradients a PS shard aggregates into one update (0: cluster.workers, so that an update
+    is on the global batch of mode sync, workers x train.batch_size samples)"""
+    staleness_threshold: int = Field(4, ge=0)
+    """ι: gradients at most this many updates stale count fully (see docs/sync_modes.md)"""
+    decay: Literal["inverse", "drop", "none"] = "inverse"
+    """what happens to a gradient staler than the threshold: "inverse" weighs it
+    1 / (1 + staleness - threshold), "drop" drops it, "none" keeps it whole"""
+
+
 class StragglerConfig(Section):
     worker: int = Field(ge=0)
     factor: float = Field(ge=1.0)
@@ -134,15 +145,17 @@ class FaultsConfig(Section):
 
 
 class RunConfig(Section):
-    mode: Literal["local", "sync", "async"] = "local"
+    mode: Literal["local", "sync", "async", "gba"] = "local"
     """how workers synchronize: "local" (one process, the baseline), "sync" (all-reduce dense
     gradients, PS applies row gradients once all workers' arrived), "async" (PS applies every
-    gradient as it arrives)"""
+    gradient as it arrives), "gba" (PS applies the mean of a global batch of gradients, decaying
+    stale ones; no worker waits)"""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     output: OutputConfig = OutputConfig()
     cluster: ClusterConfig = ClusterConfig()
+    gba: GBAConfig = GBAConfig()
     faults: FaultsConfig = FaultsConfig()
 
     @model_validator(mode="after")
@@ -158,7 +171,8 @@ class RunConfig(Section):
                                  f"{k.target}s")
         if self.mode == "local" and (self.faults.stragglers or self.faults.kills
                                      or self.faults.kill_mean_s):
-            raise ValueError("faults need a distributed mode (mode = \"sync\" or \"async\")")
+            raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\" or "
+                             "\"gba\")")
         return self
 
     def to_toml(self) -> str:

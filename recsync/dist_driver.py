@@ -1,9 +1,10 @@
-"""A distributed run (modes sync and async): PS shards, a work queue and workers on Ray.
+"""A distributed run (modes sync, async and gba): PS shards, a work queue and workers on Ray.
 
 The driver builds everything, then watches: it polls worker status for metrics and progress,
 injects configured faults, and decides what a failure means:
 
-- a worker died, async: a new worker takes its rank; its leased chunk went back to the queue.
+- a worker died, async or gba: a new worker takes its rank; its leased chunk went back to the
+  queue (gba: the dead worker's token never returns, and the shards' buffers fill without it).
 - a worker died, sync: the group is rebuilt. The dense parameters and optimizer state are taken
   from a live replica, the PS forgets the incomplete step, every lease goes back to the queue,
   and fresh workers start at the PS's step on a new gloo group.
@@ -31,8 +32,10 @@ from recsync.embedding.row_optim import make_row_optimizer
 from recsync.metrics import MetricsLog
 from recsync.model.registry import build_model
 from recsync.ps.client import PSClient
+from recsync.ps.aggregation import StalenessDecay, as_tensor
 from recsync.ps.core import DenseState, ShardCore
 from recsync.ps.shard import PSShard
+from recsync.sync import PS_DENSE_MODES
 from recsync.trainer import LocalModel, evaluate, table_rows_for
 from recsync.worker.queue import WorkQueue
 from recsync.worker.worker import Worker
@@ -47,12 +50,14 @@ class RunFailed(RuntimeError):
 
 def _make_core(tables, cfg: RunConfig, shard: int, dense_init: np.ndarray | None) -> ShardCore:
     t = cfg.train
-    dense = (DenseState(torch.tensor(dense_init), t.dense_optimizer, t.dense_lr)
+    dense = (DenseState(as_tensor(dense_init), t.dense_optimizer, t.dense_lr)
              if dense_init is not None else None)
     return ShardCore(tables, make_row_optimizer(t.embedding_optimizer, t.embedding_lr),
                      shard=shard, num_shards=cfg.cluster.ps_shards,
                      num_workers=cfg.cluster.workers, seed=t.seed,
-                     init_scale=cfg.model.embedding_init_scale, dense=dense)
+                     init_scale=cfg.model.embedding_init_scale, dense=dense,
+                     gba_gradients=cfg.gba.gradients_per_update,
+                     decay=StalenessDecay(cfg.gba.staleness_threshold, cfg.gba.decay))
 
 
 class DistributedRun:
@@ -68,7 +73,7 @@ class DistributedRun:
         dense_init = parameters_to_vector(self.dense_model.parameters()).detach().numpy()
         self.shards = [PSShard.remote(functools.partial(
             _make_core, self.tables, cfg, s,
-            dense_init if (cfg.mode == "async" and s == 0) else None))
+            dense_init if (cfg.mode in PS_DENSE_MODES and s == 0) else None))
             for s in range(c.ps_shards)]
         chunks = ds.chunks("train", cfg.data.chunk_rows or 16 * t.batch_size)
         seed = t.seed if cfg.data.shuffle else None
@@ -126,7 +131,7 @@ class DistributedRun:
         if self.restarts > MAX_WORKER_RESTARTS:
             raise RunFailed(f"workers died {self.restarts} times; giving up (the last: "
                             f"{dead}). Check the worker logs for the cause.")
-        if self.cfg.mode == "async":
+        if self.cfg.mode in PS_DENSE_MODES:
             for r in dead:
                 self._retire(r)
             self.start_workers(dead)
@@ -150,13 +155,14 @@ class DistributedRun:
         return (f"worker(s) {dead} died; sync group rebuilt at step {step} from worker "
                 f"{live[0]}'s replica, chunks requeued")
 
-    def dead_shards(self) -> list[int]:
-        dead = []
+    def dead_shards(self) -> dict[int, str]:
+        """{shard: why it is gone} for every shard that does not answer."""
+        dead = {}
         for i, s in enumerate(self.shards):
             try:
                 ray.get(s.stats.remote(), timeout=5)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                dead.append(i)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                dead[i] = _death_cause(e)
         return dead
 
     def kill(self, target: str, index: int) -> None:
@@ -167,6 +173,8 @@ class DistributedRun:
         t = self.cfg.train
         for r, w in enumerate(self.workers):
             self.taken[r] += ray.get(w.taken_chunks.remote())
+        if self.cfg.mode == "gba":  # the last, partial global batch: nothing is left unapplied
+            ray.get([s.flush_gba.remote() for s in self.shards])
         shard_stats = ray.get([s.stats.remote() for s in self.shards])
         if self.cfg.mode == "sync":
             final_dense = ray.get(self.workers[0].dense_vector.remote())
@@ -192,6 +200,18 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, progress) -> d
     statuses = _watch(run, log)
     progress.train_end = time.perf_counter()
     return {**run.finish(), "statuses": statuses}
+
+
+def _death_cause(e: Exception) -> str:
+    """Why an actor is gone, in a few words: the error its constructor raised (its last line),
+    or that its process died."""
+    if isinstance(e, ray.exceptions.GetTimeoutError):
+        return "does not answer (5 s)"
+    text = str(e)
+    if "creation task" in text:  # Ray: "...died because of an error raised in its creation task"
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return f"failed to start: {lines[-1]}"
+    return "died"
 
 
 def _fault_schedule(cfg: RunConfig, horizon_s: float = 86_400.0) -> list[tuple[float, str, int]]:
@@ -233,11 +253,13 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
             dead = [s["rank"] for s in statuses if s["state"] == "dead"]
             errors = [s for s in statuses if s["state"] == "error"]
             if dead or errors:
-                if run.dead_shards():
+                dead_shards = run.dead_shards()
+                if dead_shards:
+                    shard, cause = next(iter(dead_shards.items()))
                     raise RunFailed(
-                        f"parameter-server shard {run.dead_shards()[0]} died and there is no "
-                        f"checkpoint to restore it from; the run stops here (re-run the job; "
-                        f"partial recovery from shard checkpoints is planned)")
+                        f"parameter-server shard {shard} {cause}; there is no checkpoint to "
+                        f"restore it from, so the run stops here (re-run the job; partial "
+                        f"recovery from shard checkpoints is planned)")
                 if errors and not dead:
                     raise RunFailed(f"worker {errors[0]['rank']} failed: {errors[0]['error']}")
                 what = run.recover_workers(dead or [e["rank"] for e in errors])

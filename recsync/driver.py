@@ -192,6 +192,7 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
                  "bayes_logloss": synthetic.get("bayes_logloss")},
         "evals": progress.evals,
         "staleness": staleness,
+        "gba": _gba_counts(result.get("shards", [])) if cfg.mode == "gba" else None,
         "per_worker": _per_worker(result),
         "queue": {k: v for k, v in result.get("queue", {}).items() if k != "by_worker"},
         "failures": [e for e in progress.events if "killed" in e["event"]],
@@ -202,8 +203,17 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
     }
 
 
+def _gba_counts(shard_stats: list[dict]) -> dict:
+    """GBA's gradients applied (decayed ones included), decayed and dropped, and updates made.
+    Each shard judges every gradient it receives on its own (a push reaches every shard), so
+    the totals count shard-gradients; ``per_shard`` has each shard's counts."""
+    per_shard = [st["gba"] for st in shard_stats]
+    return {**{k: sum(c[k] for c in per_shard) for k in ("applied", "decayed", "dropped")},
+            "per_shard": per_shard}
+
+
 def _staleness(shard_stats: list[dict]) -> dict:
-    """Mean, p99 and max staleness of every applied async push, over all shards."""
+    """Mean, p99 and max staleness of every applied gradient, over all shards."""
     counts: dict[int, int] = {}
     for st in shard_stats:
         for k, n in st["staleness"].items():

@@ -75,12 +75,24 @@ class PSClient:
         """Async: send each shard its rows' gradients (and the dense one to its shard) with the
         version read at pull. Returns at once unless ``push_window`` pushes are in flight, in
         which case it first waits for the oldest (and records its staleness)."""
-        ids = pulled.ids
+        self._push_each(lambda s, shard, ids, grads, dense: shard.push.remote(
+            ids, grads, dense, self.last_versions[s]), pulled, dense_grad, 1.0)
+
+    def push_gba(self, pulled: PulledBatch, dense_grad: np.ndarray, samples: int) -> None:
+        """GBA: like ``push``, with gradients x ``samples`` and the version read at pull as the
+        token of each shard's gradient. Does not wait for the shards' aggregation."""
+        self._push_each(lambda s, shard, ids, grads, dense: shard.push_gba.remote(
+            ids, grads, dense, self.last_versions[s], samples), pulled, dense_grad,
+            float(samples))
+
+    def _push_each(self, send, pulled: PulledBatch, dense_grad: np.ndarray | None,
+                   scale: float) -> None:
         for s, shard in enumerate(self.shards):
-            dense = dense_grad if s == self.dense_shard else None
-            self._in_flight.append(shard.push.remote(
-                pulled.placement.ids_for(ids, s), self._grads_for(pulled, s, 1.0), dense,
-                self.last_versions[s]))
+            dense = None
+            if s == self.dense_shard and dense_grad is not None:
+                dense = dense_grad * scale if scale != 1.0 else dense_grad
+            self._in_flight.append(send(s, shard, pulled.placement.ids_for(pulled.ids, s),
+                                        self._grads_for(pulled, s, scale), dense))
         while len(self._in_flight) > self.push_window * len(self.shards):
             self.staleness.append(ray.get(self._in_flight.popleft()))
 

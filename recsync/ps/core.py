@@ -10,6 +10,10 @@ torch optimizer. ``version`` counts the updates the shard has applied:
   applied once all ``num_workers`` have arrived, divided by the total samples: the gradient of
   the mean loss over the global batch, whatever the split of samples between workers. The
   version then equals the number of completed steps.
+- gba: pushes carry the version the worker read (its token) and go into one buffer, whatever
+  step they belong to; when it holds ``gba_gradients`` of them their sample-weighted mean is
+  applied (the global batch of sync) and the version moves on. Gradients staler than the
+  threshold are decayed or dropped (aggregation.py).
 """
 
 from __future__ import annotations
@@ -19,13 +23,9 @@ from collections import Counter
 import numpy as np
 import torch
 
-from recsync.embedding.store import EmbeddingStore
 from recsync.embedding.spec import TableSpec
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    """A tensor over ``a``; arrays Ray hands over are read-only, so those are copied."""
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
+from recsync.embedding.store import EmbeddingStore
+from recsync.ps.aggregation import GradientBuffer, StalenessDecay, as_tensor
 
 
 class DenseState:
@@ -53,19 +53,25 @@ class ShardCore:
 
     def __init__(self, tables: list[TableSpec], row_optimizer, *, shard: int, num_shards: int,
                  num_workers: int, seed: int = 0, init_scale: float = 0.05,
-                 dense: DenseState | None = None):
+                 dense: DenseState | None = None, gba_gradients: int = 0,
+                 decay: StalenessDecay = StalenessDecay(0, "none")):
+        """``gba_gradients``: gradients per GBA update (M; 0: ``num_workers``); ``decay``: how
+        GBA weighs stale gradients."""
         self.store = EmbeddingStore(tables, row_optimizer, seed=seed, init_scale=init_scale,
                                     shard=shard, num_shards=num_shards)
         self.dense, self.num_workers = dense, num_workers
         self.version = 0
-        self.staleness: Counter = Counter()  # staleness -> applied async pushes (bounded)
+        self.staleness: Counter = Counter()  # staleness -> applied pushes (bounded)
         self.pulls = self.pushes = 0
-        self._pending: dict[int, list] = {}  # sync step -> [(ids, grads, dense, samples), ...]
+        self._pending: dict[int, GradientBuffer] = {}  # sync step -> its contributions
+        self.gba_gradients, self.decay = gba_gradients or num_workers, decay
+        self._gba = GradientBuffer(len(tables))
+        self.gba_counts = {"applied": 0, "decayed": 0, "dropped": 0, "updates": 0}
 
     def pull(self, ids: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
         """Rows of each table's ``ids`` (int64, owned here), the dense vector if held, version."""
         self.pulls += 1
-        rows = [self.store.pull(t, _tensor(i)).numpy() for t, i in enumerate(ids)]
+        rows = [self.store.pull(t, as_tensor(i)).numpy() for t, i in enumerate(ids)]
         dense = self.dense.params.detach().numpy().copy() if self.dense is not None else None
         return rows, dense, self.version
 
@@ -89,28 +95,55 @@ class ShardCore:
         if step != self.version:
             raise ValueError(f"sync push for step {step}, but the shard is at step {self.version}")
         self._check_dense(dense_grad)  # before queueing: a bad push must not poison the step
-        pending = self._pending.setdefault(step, [])
-        pending.append((ids, grads, dense_grad, samples))
+        pending = self._pending.setdefault(step, GradientBuffer(len(self.store.tables)))
+        pending.add(ids, grads, dense_grad, samples)
         self.pushes += 1
         if len(pending) < self.num_workers:
             return False
-        total = sum(p[3] for p in pending)
-        if total > 0:
-            merged_ids, merged_grads = [], []
-            for t in range(len(self.store.tables)):
-                ids_t = _tensor(np.concatenate([p[0][t] for p in pending]))
-                grads_t = _tensor(np.concatenate([p[1][t] for p in pending]))
-                uniq, inverse = torch.unique(ids_t, return_inverse=True)
-                summed = torch.zeros(len(uniq), grads_t.shape[1]).index_add_(0, inverse, grads_t)
-                merged_ids.append(uniq.numpy())
-                merged_grads.append((summed / total).numpy())
-            dense_grads = [p[2] for p in pending if p[2] is not None]  # 0-sample pushes: None
-            dense = sum(dense_grads) / total if dense_grads else None
-            self._apply(merged_ids, merged_grads, dense, 1.0)
         del self._pending[step]
         self.staleness[0] += len(pending)  # sync: every gradient applied to the version it read
-        self.version += 1
+        self._apply_mean(pending)
         return True
+
+    def push_gba(self, ids: list[np.ndarray], grads: list[np.ndarray],
+                 dense_grad: np.ndarray | None, token: int, samples: int) -> int:
+        """GBA: add one worker's gradient (grads already x ``samples``) computed on version
+        ``token``; apply the buffer once it holds ``gba_gradients``. Returns the staleness.
+
+        A token that never comes back (its worker died) stalls nothing: the buffer fills with
+        whichever gradients arrive.
+        """
+        self._check_dense(dense_grad)
+        staleness = self.version - token
+        weight = self.decay.weight(staleness)
+        self.pushes += 1
+        if weight == 0.0:
+            self.gba_counts["dropped"] += 1
+            return staleness
+        self.gba_counts["applied"] += 1
+        self.gba_counts["decayed"] += weight < 1.0
+        self.staleness[staleness] += 1
+        self._gba.add(ids, grads, dense_grad, samples, weight)
+        if len(self._gba) >= self.gba_gradients:
+            self._apply_mean(self._gba)
+            self.gba_counts["updates"] += 1
+        return staleness
+
+    def flush_gba(self) -> int:
+        """Apply what the GBA buffer holds, if anything (the end of a run: no gradient is left
+        unapplied). Returns how many gradients that was."""
+        held = len(self._gba)
+        if held:
+            self._apply_mean(self._gba)
+            self.gba_counts["updates"] += 1
+        return held
+
+    def _apply_mean(self, buffer: GradientBuffer) -> None:
+        """Apply ``buffer``'s sample-weighted mean as one update, and move the version on."""
+        mean = buffer.mean()
+        if mean is not None:
+            self._apply(*mean, 1.0)
+        self.version += 1
 
     def drop_pending(self) -> int:
         """Forget the contributions to a sync step that will never complete (a worker died
@@ -127,11 +160,11 @@ class ShardCore:
     def _apply(self, ids, grads, dense_grad, lr_scale: float) -> None:
         for t, (i, g) in enumerate(zip(ids, grads)):
             if len(i):
-                self.store.push(t, _tensor(i), _tensor(g), lr_scale)
+                self.store.push(t, as_tensor(i), as_tensor(g), lr_scale)
         if dense_grad is not None:
-            self.dense.apply(_tensor(dense_grad), lr_scale)
+            self.dense.apply(as_tensor(dense_grad), lr_scale)
 
     def stats(self) -> dict:
         return {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "rows_touched": self.store.num_initialized(),
-                "staleness": dict(self.staleness)}
+                "staleness": dict(self.staleness), "gba": dict(self.gba_counts)}

@@ -44,6 +44,19 @@ class PSShard:
             await self._notify()
         return applied
 
+    async def push_gba(self, ids, grads, dense_grad, token: int, samples: int) -> int:
+        version = self.core.version
+        staleness = self.core.push_gba(ids, grads, dense_grad, token, samples)
+        if self.core.version != version:
+            await self._notify()
+        return staleness
+
+    async def flush_gba(self) -> int:
+        held = self.core.flush_gba()
+        if held:
+            await self._notify()
+        return held
+
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()

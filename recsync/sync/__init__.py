@@ -5,5 +5,11 @@ A mode has ``step(batch | None) -> loss | None | STOP`` and ``finish()``.
 
 from recsync.sync.allreduce import SyncAllReduce
 from recsync.sync.async_ps import AsyncPS
+from recsync.sync.gba import GBA
 
-SYNC_MODES = {"sync": SyncAllReduce, "async": AsyncPS}
+SYNC_MODES = {
+    "sync": SyncAllReduce,  # all-reduce of dense gradients, PS applies each global step
+    "async": AsyncPS,       # PS applies every gradient as it arrives
+    "gba": GBA,             # PS aggregates a global batch of gradients, decays stale ones
+}
+PS_DENSE_MODES = ("async", "gba")  # dense parameters live on PS shard 0

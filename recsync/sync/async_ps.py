@@ -32,8 +32,11 @@ class AsyncPS:
                                                   batch.label)
         loss.backward()
         dense_grad = parameters_to_vector([p.grad for p in self.params]).numpy()
-        self.client.push(pulled, dense_grad)
+        self._push(pulled, dense_grad, len(batch))
         return loss.item()
+
+    def _push(self, pulled, dense_grad, samples: int) -> None:
+        self.client.push(pulled, dense_grad)
 
     def finish(self) -> None:
         self.client.flush()

@@ -21,6 +21,7 @@ from recsync.config import RunConfig
 from recsync.data.reader import Dataset
 from recsync.model.registry import build_model
 from recsync.ps.client import PSClient
+from recsync.sync import PS_DENSE_MODES
 from recsync.sync.base import STOP
 from recsync.trainer import DENSE_OPTIMIZERS, table_rows_for
 
@@ -47,7 +48,7 @@ class Worker:
         self.model, tables = build_model(cfg.model, self.ds.meta["num_dense"], self.ds.table_names,
                                          table_rows_for(cfg.model, self.ds.table_rows))
         self.client = PSClient(shards, [t.dim for t in tables],
-                               dense_shard=0 if cfg.mode == "async" else None,
+                               dense_shard=0 if cfg.mode in PS_DENSE_MODES else None,
                                push_window=cfg.cluster.push_window)
         self.optimizer = None
         if cfg.mode == "sync":

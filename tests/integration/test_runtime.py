@@ -66,8 +66,9 @@ def test_sync_two_workers_equal_local_with_the_global_batch(ray_cluster, data, t
     assert sync_rows.abs().sum() > 0 and not torch.equal(sync_rows, torch.zeros_like(sync_rows))
 
 
-def test_async_completes_every_chunk_exactly_once(ray_cluster, data, tmp_path):
-    cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+@pytest.mark.parametrize("mode", ["async", "gba"])
+def test_ps_modes_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path, mode):
+    cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
                  f"data.chunk_rows={4 * B}", "train.epochs=2")
     summary = run(cfg, tmp_path)
     ds = Dataset(data)
@@ -77,6 +78,12 @@ def test_async_completes_every_chunk_exactly_once(ray_cluster, data, tmp_path):
     assert sum(w["chunks"] for w in summary["per_worker"]) == 2 * chunks
     assert summary["staleness"]["max"] is not None and summary["staleness"]["mean"] >= 0
     assert 0.5 < summary["eval"]["auc"] <= 1.0
+    if mode == "gba":  # every gradient reached both shards and went into an update
+        steps = sum(w["steps"] for w in summary["per_worker"])
+        gba = summary["gba"]
+        assert gba["applied"] + gba["dropped"] == 2 * steps
+        for shard in gba["per_shard"]:  # M = 2 gradients an update, the last one partial
+            assert shard["updates"] == -(-shard["applied"] // 2)
 
 
 def test_a_dead_ps_shard_stops_the_run_with_a_clear_error(ray_cluster, data, tmp_path):
@@ -117,7 +124,7 @@ def test_an_embedded_run_leaves_no_ray_process(data, tmp_path):
     assert _wait_gone(proc.pid) == []
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize("mode", ["async", "sync", "gba"])
 def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster, data, tmp_path,
                                                                       mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",

@@ -1,9 +1,12 @@
-"""The injected-failure schedule: listed kills plus seeded exponential inter-arrival times."""
+"""The injected-failure schedule (listed kills plus seeded exponential inter-arrival times) and
+how the driver words an actor's death."""
 
 import statistics
 
+import ray
+
 from recsync.config import load_config
-from recsync.dist_driver import _fault_schedule
+from recsync.dist_driver import _death_cause, _fault_schedule
 
 
 def cfg(*extra):
@@ -29,3 +32,23 @@ def test_rate_kills_are_seeded_and_have_the_configured_mean():
 
 def test_no_faults_no_schedule():
     assert _fault_schedule(cfg()) == []
+
+
+class FakeActorError(ray.exceptions.RayActorError):
+    def __init__(self, text):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+def test_a_constructor_error_is_named_and_a_crash_is_a_death():
+    started = FakeActorError(
+        "The actor died because of an error raised in its creation task, ray::PSShard\n"
+        "  File \"dist_driver.py\", line 59, in _make_core\n"
+        "AttributeError: 'RunConfig' object has no attribute 'gba'\n")
+    assert _death_cause(started) == ("failed to start: AttributeError: 'RunConfig' object has "
+                                     "no attribute 'gba'")
+    assert _death_cause(FakeActorError("The actor is dead because its worker process has died."))\
+        == "died"
+    assert _death_cause(ray.exceptions.GetTimeoutError()) == "does not answer (5 s)"

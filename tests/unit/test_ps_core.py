@@ -3,19 +3,17 @@ parameters, and PSClient's merge of shard answers (plain Python, no Ray cluster)
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 
-import recsync.ps.client as client_mod
 from recsync.embedding.lookup import LocalLookup
 from recsync.embedding.row_optim import RowSGD
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState, ShardCore
+from fake_ps import fake_shards, patch_ray_get, readonly
 
 TABLES = [TableSpec("a", 40, 4), TableSpec("b", 25, 4)]
 LR, SEED, SCALE = 0.5, 7, 0.05
@@ -33,12 +31,6 @@ def i64(*values) -> np.ndarray:
 
 def f32(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float32)
-
-
-def readonly(a: np.ndarray) -> np.ndarray:
-    a = np.array(a)
-    a.flags.writeable = False
-    return a
 
 
 def rows_of(c: ShardCore, ids: list[np.ndarray]) -> list[np.ndarray]:
@@ -330,24 +322,8 @@ def test_read_only_arrays_are_accepted():
 
 # ------------------------------------------------------------------------------------ client
 
-def fake_shards(cores):
-    """Objects shaped like Ray actor handles whose calls run at once and return read-only
-    arrays, as Ray does; with ray.get patched to the identity."""
-    def ro(x):
-        if isinstance(x, np.ndarray):
-            return readonly(x)
-        if isinstance(x, (list, tuple)):
-            return type(x)(ro(v) for v in x)
-        return x
-
-    return [SimpleNamespace(
-        pull=SimpleNamespace(remote=lambda ids, min_version, c=c: ro(c.pull(ids))),
-        push=SimpleNamespace(remote=lambda *a, c=c: c.push(*a)),
-    ) for c in cores]
-
-
 def test_ps_client_over_three_shards_equals_a_local_store(monkeypatch):
-    monkeypatch.setattr(client_mod.ray, "get", lambda refs: refs)
+    patch_ray_get(monkeypatch)
     cores = [core(shard=s, num_shards=3) for s in range(3)]
     client = PSClient(fake_shards(cores), [t.dim for t in TABLES], push_window=1)
     local = LocalLookup(EmbeddingStore(TABLES, RowSGD(lr=LR), seed=SEED, init_scale=SCALE))

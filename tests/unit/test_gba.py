@@ -1,0 +1,198 @@
+"""GBA without Ray: the staleness decay, the aggregation buffer, a shard's token-controlled
+aggregation (lost tokens, decay and drop counts, the final partial batch), and the oracle: gba
+with M = N and no staleness is one step on the global batch, i.e. local training with batch
+N·b, which the integration tests show mode sync equals too.
+
+Run: .venv/bin/pytest -q tests/unit/test_gba.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from fake_ps import fake_shards, patch_ray_get
+from recsync.config import ModelConfig, TrainConfig
+from recsync.data.reader import Batch, Dataset
+from recsync.data.synthetic import SynthSpec, generate
+from recsync.embedding.row_optim import RowSGD, make_row_optimizer
+from recsync.embedding.spec import TableSpec
+from recsync.model.registry import build_model
+from recsync.ps.aggregation import GradientBuffer, StalenessDecay
+from recsync.ps.client import PSClient
+from recsync.ps.core import DenseState, ShardCore
+from recsync.sync.gba import GBA
+from recsync.trainer import build_local_model, table_rows_for, train_step
+
+TABLES = [TableSpec("a", 40, 4), TableSpec("b", 25, 4)]
+LR = 0.5
+
+
+def i64(*v):
+    return np.array(v, dtype=np.int64)
+
+
+def f32(a):
+    return np.asarray(a, dtype=np.float32)
+
+
+# ------------------------------------------------------------------------------------ decay
+
+def test_decay_counts_fresh_gradients_fully_and_weighs_stale_ones_by_kind():
+    inv = StalenessDecay(2, "inverse")
+    assert [inv.weight(t) for t in (0, 1, 2)] == [1.0, 1.0, 1.0]
+    assert inv.weight(3) == pytest.approx(1 / 2) and inv.weight(6) == pytest.approx(1 / 5)
+    drop = StalenessDecay(2, "drop")
+    assert drop.weight(2) == 1.0 and drop.weight(3) == 0.0
+    assert StalenessDecay(2, "none").weight(100) == 1.0
+    with pytest.raises(ValueError, match="decay"):
+        StalenessDecay(2, "linear")
+    with pytest.raises(ValueError, match="threshold"):
+        StalenessDecay(-1)
+
+
+# ------------------------------------------------------------------------------------ buffer
+
+def test_buffer_mean_aggregates_rows_by_id_weighted_over_all_samples():
+    buf = GradientBuffer(num_tables=2)
+    g_a = [f32([[1, 1], [2, 2]]), f32([[4, 0]])]       # already x 3 samples
+    g_b = [f32([[10, 0], [0, 10]]), f32(np.zeros((0, 2)))]  # already x 1 sample, weight 0.5
+    buf.add([i64(5, 1), i64(3)], g_a, f32([3, 6]), 3)
+    buf.add([i64(1, 9), i64()], g_b, f32([1, 1]), 1, weight=0.5)
+    assert len(buf) == 2
+    ids, grads, dense = buf.mean()
+    np.testing.assert_array_equal(ids[0], [1, 5, 9])
+    np.testing.assert_allclose(grads[0], [[(2 + 5) / 4, (2 + 0) / 4],   # id 1: both
+                                          [1 / 4, 1 / 4],               # id 5: a only
+                                          [0, 5 / 4]])                  # id 9: b only, halved
+    np.testing.assert_array_equal(ids[1], [3])
+    np.testing.assert_allclose(grads[1], [[1, 0]])
+    np.testing.assert_allclose(dense, [(3 + 0.5) / 4, (6 + 0.5) / 4])
+    assert len(buf) == 0 and buf.samples == 0 and buf.mean() is None  # emptied
+
+
+# ------------------------------------------------------------------------------------ shard
+
+def gba_core(num_workers, gradients=0, decay=StalenessDecay(4), dense=None) -> ShardCore:
+    return ShardCore(TABLES, RowSGD(lr=LR), shard=0, num_shards=1, num_workers=num_workers,
+                     seed=1, init_scale=0.05, dense=dense, gba_gradients=gradients, decay=decay)
+
+
+NO_ROWS = ([i64(), i64()], [f32(np.zeros((0, 4)))] * 2)
+
+
+def one_row(value: float, n: int = 1):
+    """A push touching row 4 of table a with gradient ``value`` (x n samples)."""
+    return [i64(4), i64()], [f32([[value * n] * 4]), f32(np.zeros((0, 4)))]
+
+
+def test_shard_applies_the_mean_once_it_holds_m_gradients_whatever_their_senders():
+    c = gba_core(num_workers=3)
+    before = c.pull([i64(4), i64()])[0][0]
+    assert c.push_gba(*one_row(1.0, 2), None, token=0, samples=2) == 0
+    assert c.push_gba(*one_row(4.0), None, token=0, samples=1) == 0
+    assert c.version == 0  # 2 of M = 3
+    # the same worker again (a fast one takes several tokens per round)
+    assert c.push_gba(*one_row(7.0), None, token=0, samples=1) == 0
+    assert c.version == 1
+    after = c.pull([i64(4), i64()])[0][0]
+    np.testing.assert_allclose(after, before - LR * (2 + 4 + 7) / 4, rtol=1e-6)
+    assert c.stats()["gba"] == {"applied": 3, "decayed": 0, "dropped": 0, "updates": 1}
+
+
+def test_a_token_that_never_returns_stalls_nothing():
+    """Three workers pull at version 0; worker 2 dies with its token. The buffer fills with
+    the other workers' next gradients, and the run's final flush applies what is left."""
+    c = gba_core(num_workers=3)
+    for _ in range(2):
+        c.push_gba(*one_row(1.0), None, token=0, samples=1)  # workers 0 and 1, step 1
+    c.push_gba(*one_row(1.0), None, token=0, samples=1)      # worker 0, step 2
+    assert c.version == 1
+    c.push_gba(*one_row(1.0), None, token=1, samples=1)      # worker 1, step 2
+    assert c.version == 1 and c.flush_gba() == 1
+    assert c.version == 2 and c.flush_gba() == 0 and c.version == 2
+    assert c.stats()["gba"]["updates"] == 2
+
+
+def test_stale_gradients_are_decayed_or_dropped_and_counted():
+    # fresh gradient 1 and stale gradient 4, one sample each. inverse: weight 1/2, both samples
+    # count: (1 + 4/2) / 2. drop: the stale one and its sample are gone: 1 / 1.
+    for kind, expect_delta, counts in (
+            ("inverse", (1 + 4 / 2) / 2, {"applied": 2, "decayed": 1, "dropped": 0}),
+            ("drop", 1 / 1, {"applied": 1, "decayed": 0, "dropped": 1})):
+        c = gba_core(num_workers=2, gradients=2, decay=StalenessDecay(1, kind))
+        for _ in range(4):  # version 2
+            c.push_gba(*NO_ROWS, None, token=c.version, samples=1)
+        before = c.pull([i64(4), i64()])[0][0]
+        assert c.push_gba(*one_row(1.0), None, token=2, samples=1) == 0      # fresh
+        assert c.push_gba(*one_row(4.0), None, token=0, samples=1) == 2      # τ = 2 > ι = 1
+        c.flush_gba()
+        after = c.pull([i64(4), i64()])[0][0]
+        np.testing.assert_allclose(after, before - LR * expect_delta, rtol=1e-6)
+        gba = c.stats()["gba"]
+        assert {k: gba[k] for k in counts} == {k: v + (4 if k == "applied" else 0)
+                                               for k, v in counts.items()}
+
+
+def test_dense_gradients_aggregate_like_rows():
+    c = gba_core(num_workers=2, dense=DenseState(torch.tensor([1.0, 1.0]), "sgd", 0.1))
+    c.push_gba(*NO_ROWS, f32([2.0, 0.0]), token=0, samples=2)
+    c.push_gba(*NO_ROWS, f32([0.0, 4.0]), token=0, samples=2)
+    np.testing.assert_allclose(c.pull([i64(), i64()])[1], [1 - 0.1 * 0.5, 1 - 0.1 * 1.0])
+
+
+# ------------------------------------------------------------------------------------ oracle
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_gba")
+    generate(root, rows=1024, eval_rows=128, spec=SynthSpec(seed=6, max_table_rows=40),
+             processes=1, progress=False)
+    return Dataset(root)
+
+
+def test_gba_with_m_equal_n_and_no_staleness_equals_one_step_on_the_global_batch(
+        tiny, monkeypatch):
+    """Two workers, two shards, batch b each; in every round both pull before either pushes
+    (no staleness), so each update is the mean over 2b samples: local training with batch 2b."""
+    patch_ray_get(monkeypatch)
+    torch.set_num_threads(1)
+    model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8],
+                            embedding_init_scale=0.3)
+    train_cfg = TrainConfig(embedding_optimizer="adagrad", embedding_lr=0.3,
+                            dense_optimizer="adagrad", dense_lr=0.05, seed=3)
+    local = build_local_model(model_cfg, train_cfg, tiny)
+    rows = table_rows_for(model_cfg, tiny.table_rows)
+    replicas = []
+    for _ in range(2):
+        torch.manual_seed(train_cfg.seed)
+        replicas.append(build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows))
+    tables = replicas[0][1]
+    init = parameters_to_vector(local.dense.parameters()).detach().clone()
+    cores = [ShardCore(tables, make_row_optimizer("adagrad", 0.3), shard=s, num_shards=2,
+                       num_workers=2, seed=train_cfg.seed, init_scale=0.3,
+                       dense=DenseState(init, "adagrad", 0.05) if s == 0 else None,
+                       decay=StalenessDecay(0, "drop"))  # any staleness would show as drops
+              for s in range(2)]
+    workers = [GBA(model, PSClient(fake_shards(cores), [t.dim for t in tables], dense_shard=0,
+                                   push_window=1)) for model, _ in replicas]
+
+    b = 32
+    batches = list(tiny.batches(tiny.chunks("train", 2 * b * 6)[0], b))
+    for k in range(6):
+        part_a, part_b = batches[2 * k], batches[2 * k + 1]
+        for w, part in zip(workers, (part_a, part_b)):
+            w.step(part)
+        train_step(local, Batch(*(torch.cat([getattr(p, f) for p in (part_a, part_b)])
+                                  for f in ("dense", "sparse", "label"))))
+    assert all(c.version == 6 for c in cores)
+    assert sum(c.stats()["gba"]["dropped"] for c in cores) == 0
+    gba_dense = torch.from_numpy(cores[0].pull([i64()] * len(tables))[1])
+    local_dense = parameters_to_vector(local.dense.parameters()).detach()
+    torch.testing.assert_close(gba_dense, local_dense, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(local_dense, init)  # training moved the parameters
+    ids = torch.cat([p.sparse for p in batches[:12]])
+    torch.testing.assert_close(workers[0].client.pull(ids).embeddings(),
+                               local.lookup.pull(ids).embeddings(), rtol=1e-5, atol=1e-6)

@@ -115,7 +115,8 @@ class GBAConfig(Section):
 class StragglerConfig(Section):
     worker: int = Field(ge=0)
     factor: float = Field(ge=1.0)
-    """the worker runs this many times slower: it sleeps (factor - 1) x its compute time"""
+    """the worker runs this many times slower: between computing a step's gradients and sending
+    them it sleeps (factor - 1) x the compute time, so its gradients arrive late and stale"""
     start_s: float = Field(0.0, ge=0)
     end_s: float = float("inf")
 

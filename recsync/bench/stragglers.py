@@ -31,11 +31,13 @@ from recsync.plot import plot_runs
 
 WORKERS, SHARDS, BATCH = 4, 2, 1024
 FACTOR = 4.0
+CHUNK_BATCHES = 4  # small chunks: the run ends with the straggler's last chunk, 4x slow
 ROWS = 1_500_000  # training rows at --scale 1
 EVAL_ROWS = 200_000
 COMMON = [
     'mode="sync"', f"cluster.workers={WORKERS}", f"cluster.ps_shards={SHARDS}",
     f"train.batch_size={BATCH}", "model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]",
+    f"data.chunk_rows={CHUNK_BATCHES * BATCH}",
     "train.threads=1", "output.progress=false", "output.plot=false", "output.log_every_steps=1",
 ]
 STRAGGLER = f"faults.stragglers=[{{ worker = 0, factor = {FACTOR} }}]"
@@ -95,8 +97,8 @@ def run(out: Path, scale: float) -> dict:
             f"{WORKERS} workers x batch {BATCH}, {SHARDS} PS shards, one pass over "
             f"{arms['sync']['samples']:,} synthetic rows in every arm; DLRM with MLPs [64, 32] "
             f"and [64, 32], the default optimizers and learning rates (those of sync) in every "
-            f"arm. The straggler is EMULATED: worker 0 sleeps {FACTOR - 1:g}x its compute time "
-            f"after each step. All processes share the machine's {os.cpu_count()} cores. samples/s counts the "
+            f"arm; chunks of {CHUNK_BATCHES} batches. The straggler is EMULATED: worker 0 sleeps "
+            f"{FACTOR - 1:g}x its compute time between computing each step and sending it. All processes share the machine's {os.cpu_count()} cores. samples/s counts the "
             f"steps after a warm-up of {ov.WARMUP_STEPS} steps per worker (from the metrics "
             f"logs); gba/sync from samples / train_s of summary.json: {summary_ratio:.3f}. "
             f"AUC on the whole eval split ({EVAL_ROWS:,} rows). One run per arm. Scenario wall "

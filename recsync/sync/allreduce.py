@@ -20,10 +20,10 @@ from torch.nn.utils import parameters_to_vector
 
 from recsync.data.reader import Batch
 from recsync.ps.client import PSClient
-from recsync.sync.base import STOP
+from recsync.sync.base import STOP, Mode
 
 
-class SyncAllReduce:
+class SyncAllReduce(Mode):
     def __init__(self, model: torch.nn.Module, client: PSClient,
                  dense_optimizer: torch.optim.Optimizer, step_index: int = 0):
         self.model, self.client, self.optimizer = model, client, dense_optimizer
@@ -43,9 +43,11 @@ class SyncAllReduce:
             p.grad = None
         if n:
             pulled = self.client.pull(batch.sparse, min_version=self.step_index)
+            begin = self.clock()
             out = self.model(batch.dense, pulled.embeddings())
             loss = F.binary_cross_entropy_with_logits(out, batch.label)
             loss.backward()
+            self.slow_down(self.clock() - begin)
             grads = parameters_to_vector([p.grad for p in self.params])
         else:
             grads = torch.zeros(sum(p.numel() for p in self.params))

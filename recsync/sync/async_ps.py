@@ -12,10 +12,10 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recsync.data.reader import Batch
 from recsync.ps.client import PSClient
-from recsync.sync.base import STOP
+from recsync.sync.base import STOP, Mode
 
 
-class AsyncPS:
+class AsyncPS(Mode):
     def __init__(self, model: torch.nn.Module, client: PSClient):
         self.model, self.client = model, client
         self.params = list(model.parameters())
@@ -28,9 +28,11 @@ class AsyncPS:
             vector_to_parameters(torch.tensor(self.client.last_dense), self.params)  # a copy
         for p in self.params:
             p.grad = None
+        begin = self.clock()
         loss = F.binary_cross_entropy_with_logits(self.model(batch.dense, pulled.embeddings()),
                                                   batch.label)
         loss.backward()
+        self.slow_down(self.clock() - begin)
         dense_grad = parameters_to_vector([p.grad for p in self.params]).numpy()
         self._push(pulled, dense_grad, len(batch))
         return loss.item()

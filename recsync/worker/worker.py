@@ -133,9 +133,20 @@ class Worker:
             return SYNC_MODES["sync"](self.model, self.client, self.optimizer, self.step_index)
         return SYNC_MODES[self.cfg.mode](self.model, self.client)
 
+    def _slow_down(self, compute_s: float) -> None:
+        """Emulated straggler: between computing a step and sending it, sleep (factor - 1) x
+        the compute time, as a machine ``factor`` times slower would take."""
+        factor = straggle_factor(self.cfg, self.rank, time.time() - self.start_time)
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * compute_s)
+            with self._lock:
+                self._interval["straggle_s"] += (factor - 1.0) * compute_s
+
     def _run(self) -> None:
         try:
             self.mode = mode = self._make_mode()
+            if self.cfg.faults.stragglers:
+                mode.slow_down = self._slow_down
             batches = self._batches()
             max_steps = self.cfg.train.max_steps
             while True:
@@ -144,14 +155,9 @@ class Worker:
                 loss = mode.step(batch)
                 if loss == STOP:
                     break
-                compute_s = time.perf_counter() - begin
-                factor = straggle_factor(self.cfg, self.rank, time.time() - self.start_time)
-                if factor > 1.0:  # emulated straggler
-                    time.sleep((factor - 1.0) * compute_s)
                 with self._lock:
                     self._interval["step_s"] += time.perf_counter() - begin
                     self._interval["interval_steps"] += 1
-                    self._interval["straggle_s"] += (factor - 1.0) * compute_s
                     if loss is not None:
                         n = len(batch)
                         self.steps += 1

@@ -143,6 +143,36 @@ def test_dense_gradients_aggregate_like_rows():
     np.testing.assert_allclose(c.pull([i64(), i64()])[1], [1 - 0.1 * 0.5, 1 - 0.1 * 1.0])
 
 
+# ------------------------------------------------------------------------------------ straggler
+
+def test_an_emulated_straggler_is_slow_between_computing_and_pushing(tiny, monkeypatch):
+    """The slow-down falls after backward and before the push, so the gradient it delays was
+    computed on the version pulled before the delay: a straggler's gradients arrive stale."""
+    patch_ray_get(monkeypatch)
+    model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8])
+    rows = table_rows_for(model_cfg, tiny.table_rows)
+    (model, tables), (other_model, _) = (
+        build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows) for _ in range(2))
+    init = parameters_to_vector(model.parameters()).detach().clone()
+    c = ShardCore(tables, RowSGD(lr=LR), shard=0, num_shards=1, num_workers=2, seed=1,
+                  dense=DenseState(init, "sgd", 0.1), decay=StalenessDecay(0, "none"))
+    straggler, other = (GBA(m, PSClient(fake_shards([c]), [t.dim for t in tables],
+                                        dense_shard=0)) for m in (model, other_model))
+    batches = list(tiny.batches(tiny.chunks("train", 256)[0], 32))
+    seen = []
+
+    def slow_down(compute_s):  # while the straggler "sleeps", the other worker makes 2 updates
+        assert compute_s > 0 and model.bottom[0].weight.grad is not None  # after backward
+        seen.append(c.stats()["pushes"])  # the straggler's push is not sent yet
+        for b in batches[1:5]:
+            other.step(b)
+
+    straggler.slow_down = slow_down
+    straggler.step(batches[0])
+    assert seen == [0]
+    assert c.staleness == {0: 4, 2: 1}  # the straggler's gradient: pulled at 0, applied at 2
+
+
 # ------------------------------------------------------------------------------------ oracle
 
 @pytest.fixture(scope="module")

@@ -112,6 +112,40 @@ class GBAConfig(Section):
     1 / (1 + staleness - threshold), "drop" drops it, "none" keeps it whole"""
 
 
+class SwitchConfig(Section):
+    to: Literal["sync", "gba"]
+    """the mode to switch to"""
+    at_s: float = Field(-1.0)
+    """seconds after training starts (set this or at_step)"""
+    at_step: int = Field(-1)
+    """when the most advanced worker has done this many steps (set this or at_s)"""
+
+    @model_validator(mode="after")
+    def _check_when(self):
+        if (self.at_s >= 0) == (self.at_step >= 0):
+            raise ValueError(f"a switch to {self.to!r} needs exactly one of at_s and at_step "
+                             f"(>= 0), got at_s = {self.at_s}, at_step = {self.at_step}")
+        return self
+
+
+class SwitchingConfig(Section):
+    schedule: list[SwitchConfig] = []
+    """switches between sync and gba at given times or steps, e.g.
+    [{ to = "gba", at_s = 60.0 }, { to = "sync", at_step = 5000 }]"""
+    auto: bool = False
+    """let the mode controller switch: sync -> gba when a worker's compute time per step stays
+    over ratio x the median for window_s, gba -> sync when it stays under"""
+    ratio: float = Field(1.5, gt=1.0)
+    """slowest / median compute time per step that means a straggler"""
+    window_s: float = Field(5.0, gt=0)
+    """how long the ratio (taken over the last 2 s of 0.5 s polls) must stay over (or under)
+    the threshold before a switch"""
+
+    @property
+    def enabled(self) -> bool:
+        return self.auto or bool(self.schedule)
+
+
 class StragglerConfig(Section):
     worker: int = Field(ge=0)
     factor: float = Field(ge=1.0)
@@ -157,6 +191,7 @@ class RunConfig(Section):
     output: OutputConfig = OutputConfig()
     cluster: ClusterConfig = ClusterConfig()
     gba: GBAConfig = GBAConfig()
+    switching: SwitchingConfig = SwitchingConfig()
     faults: FaultsConfig = FaultsConfig()
 
     @model_validator(mode="after")
@@ -170,6 +205,9 @@ class RunConfig(Section):
             if k.index >= count:
                 raise ValueError(f"faults.kills[{i}].index = {k.index}: there are only {count} "
                                  f"{k.target}s")
+        if self.switching.enabled and self.mode not in ("sync", "gba"):
+            raise ValueError(f"switching: mode {self.mode!r} cannot switch; switching is "
+                             f"between \"sync\" and \"gba\" (set mode to one of them)")
         if self.mode == "local" and (self.faults.stragglers or self.faults.kills
                                      or self.faults.kill_mean_s):
             raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\" or "

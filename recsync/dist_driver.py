@@ -11,6 +11,11 @@ injects configured faults, and decides what a failure means:
 - a PS shard died: there is no checkpoint to restore it from yet, so the run stops with an
   error naming the shard.
 
+Switching between sync and gba (``[switching]``: a schedule, or the mode controller watching
+per-worker compute times): every worker pauses after a step with its pushes applied, the dense
+parameters and optimizer state move between the replicas and PS shard 0, and the workers resume
+in the other mode (``DistributedRun.switch``).
+
 At the end it evaluates the trained model through the PS and returns what the summary needs.
 """
 
@@ -36,6 +41,7 @@ from recsync.ps.aggregation import StalenessDecay, as_tensor
 from recsync.ps.core import DenseState, ShardCore
 from recsync.ps.shard import PSShard
 from recsync.sync import PS_DENSE_MODES
+from recsync.sync.controller import ModeController
 from recsync.trainer import LocalModel, evaluate, table_rows_for
 from recsync.worker.queue import WorkQueue
 from recsync.worker.worker import Worker
@@ -85,14 +91,15 @@ class DistributedRun:
         self.taken: list[list] = [[] for _ in range(c.workers)]
         self.restarts = 0
         self.start = 0.0  # epoch seconds when training starts: fault schedules count from it
+        self.mode = cfg.mode  # the mode now: sync and gba switch during a run
 
     # -- workers -------------------------------------------------------------------------
     def start_workers(self, ranks: list[int], dense_state: dict | None = None,
                       step_index: int = 0) -> None:
         for r in ranks:
             self.workers[r] = Worker.remote(r, self.cfg, self.shards, self.queue, dense_state,
-                                            step_index)
-        if self.cfg.mode == "sync":
+                                            step_index, self.mode)
+        if self.mode == "sync" or self.cfg.switching.enabled:
             host, port = ray.get(self.workers[0].address.remote())
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
         ray.get([self.workers[r].start.remote(self.start) for r in ranks])
@@ -107,7 +114,7 @@ class DistributedRun:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 out.append({"rank": r, "state": "dead", "error": None, **self.last[r],
                             "loss_sum": 0.0, "loss_samples": 0, "step_s": 0.0,
-                            "interval_steps": 0, "straggle_s": 0.0})
+                            "interval_steps": 0, "straggle_s": 0.0, "compute_s": 0.0})
         for s in out:
             self.last[s["rank"]] = {"samples": s["samples"], "steps": s["steps"]}
         return [{**s, "samples": s["samples"] + self.done_before[s["rank"]]["samples"],
@@ -131,11 +138,17 @@ class DistributedRun:
         if self.restarts > MAX_WORKER_RESTARTS:
             raise RunFailed(f"workers died {self.restarts} times; giving up (the last: "
                             f"{dead}). Check the worker logs for the cause.")
-        if self.cfg.mode in PS_DENSE_MODES:
+        if self.mode in PS_DENSE_MODES and not self.cfg.switching.enabled:
             for r in dead:
                 self._retire(r)
             self.start_workers(dead)
             return f"worker(s) {dead} died; restarted, their chunks requeued"
+        if self.mode == "gba":  # the gloo group kept for switching must be formed anew
+            for r in range(len(self.workers)):
+                self._retire(r)
+            self.start_workers(list(range(len(self.workers))))
+            return (f"worker(s) {dead} died; every worker restarted on a new group (switching "
+                    f"is on), chunks requeued")
         live = [r for r in range(len(self.workers)) if r not in dead]
         if not live:
             raise RunFailed("every worker died at once; the dense replicas are lost")
@@ -165,6 +178,36 @@ class DistributedRun:
                 dead[i] = _death_cause(e)
         return dead
 
+    def switch(self, to: str) -> bool:
+        """Pause every worker after a step, move the dense state, resume in mode ``to``.
+        Returns False (and resumes in the same mode) if a worker finished meanwhile: the run
+        is ending, and a sync group cannot be formed without it."""
+        ray.get([w.request_pause.remote() for w in self.workers])
+        while True:
+            states = [s["state"] for s in ray.get([w.status.remote() for w in self.workers],
+                                                   timeout=60)]
+            if "error" in states or "done" in states:
+                ray.get([w.resume.remote(self.mode) for w in self.workers])
+                return False
+            if all(s == "paused" for s in states):
+                break
+            time.sleep(0.05)
+        shard0 = self.shards[0]
+        if to == "gba":
+            dense = ray.get(self.workers[0].dense_handover.remote())
+            t = self.cfg.train
+            ray.get(shard0.install_dense.remote(dense["params"], t.dense_optimizer, t.dense_lr,
+                                                dense["optimizer"]))
+            ray.get([w.resume.remote("gba") for w in self.workers])
+        else:
+            ray.get([s.flush_gba.remote() for s in self.shards])  # no gradient left behind
+            step = max(st["version"] for st in ray.get([s.stats.remote() for s in self.shards]))
+            ray.get([s.begin_sync.remote(step) for s in self.shards])
+            dense = ray.get(shard0.take_dense.remote())
+            ray.get([w.resume.remote("sync", dense, step) for w in self.workers])
+        self.mode = to
+        return True
+
     def kill(self, target: str, index: int) -> None:
         (self.workers if target == "worker" else self.shards)[index].die.remote()
 
@@ -173,10 +216,10 @@ class DistributedRun:
         t = self.cfg.train
         for r, w in enumerate(self.workers):
             self.taken[r] += ray.get(w.taken_chunks.remote())
-        if self.cfg.mode == "gba":  # the last, partial global batch: nothing is left unapplied
+        if self.mode == "gba":  # the last, partial global batch: nothing is left unapplied
             ray.get([s.flush_gba.remote() for s in self.shards])
         shard_stats = ray.get([s.stats.remote() for s in self.shards])
-        if self.cfg.mode == "sync":
+        if self.mode == "sync":
             final_dense = ray.get(self.workers[0].dense_vector.remote())
         else:
             final_dense = ray.get(self.shards[0].pull.remote(
@@ -196,6 +239,8 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, progress) -> d
     run = DistributedRun(cfg, ds, progress)
     run.start = time.time()
     progress.train_start = time.perf_counter()
+    progress.modes = [{"mode": cfg.mode, "from_s": progress.elapsed(), "to_s": None,
+                       "cause": "config"}]
     run.start_workers(list(range(cfg.cluster.workers)))
     statuses = _watch(run, log)
     progress.train_end = time.perf_counter()
@@ -239,6 +284,8 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
     bar = tqdm(total=total, unit="sample", unit_scale=True, desc=f"train ({cfg.mode})",
                disable=None if cfg.output.progress else True, smoothing=0.1)
     kills = _fault_schedule(cfg)
+    switches = list(cfg.switching.schedule)
+    controller = ModeController(cfg.switching) if cfg.switching.auto else None
     last = time.perf_counter()
     try:
         while True:
@@ -273,9 +320,11 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                 "time_s": progress.elapsed(), "samples": samples,
                 "step": max(s["steps"] for s in statuses),
                 "loss": sum(s["loss_sum"] for s in statuses) / loss_n if loss_n else None,
-                "samples_per_s": (samples - progress.samples) / (now - last), "mode": cfg.mode,
+                "samples_per_s": (samples - progress.samples) / (now - last), "mode": run.mode,
                 "worker_step_s": [s["step_s"] / s["interval_steps"] if s["interval_steps"]
                                   else None for s in statuses],
+                "worker_compute_s": [s["compute_s"] / s["interval_steps"] if s["interval_steps"]
+                                     else None for s in statuses],
                 "staleness": None, "events": progress.events[progress.logged_events:],
                 "eval": None}
             progress.samples, progress.steps = samples, record["step"]
@@ -286,5 +335,37 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
             if all(s["state"] == "done" for s in statuses):
                 return statuses
+            decision = _due_switch(run, switches, controller, statuses, elapsed, record["step"])
+            if decision and run.switch(decision[0]):
+                _log_switch(run, *decision, elapsed)
+                bar.set_description(f"train ({run.mode})")
+                if controller:
+                    controller.reset()
     finally:
         bar.close()
+
+
+def _due_switch(run: DistributedRun, switches: list, controller: ModeController | None,
+                statuses: list[dict], elapsed_s: float, step: int) -> tuple[str, str] | None:
+    """(mode, cause) of a scheduled switch that is due, else the controller's decision."""
+    while switches and ((0 <= switches[0].at_s <= elapsed_s)
+                        or (0 <= switches[0].at_step <= step)):
+        sw = switches.pop(0)
+        if sw.to != run.mode:
+            when = f"at_s = {sw.at_s:g}" if sw.at_s >= 0 else f"at_step = {sw.at_step}"
+            return sw.to, f"schedule: switching.schedule says {sw.to} {when}"
+    if controller is None:
+        return None
+    return controller.observe(elapsed_s, run.mode, [s["compute_s"] for s in statuses],
+                              [s["interval_steps"] for s in statuses])
+
+
+def _log_switch(run: DistributedRun, to: str, cause: str, elapsed_s: float) -> None:
+    progress = run.progress
+    at = progress.elapsed()
+    frm = progress.modes[-1]["mode"]
+    progress.modes[-1]["to_s"] = at
+    progress.modes.append({"mode": to, "from_s": at, "to_s": None, "cause": cause})
+    progress.events.append({"time_s": elapsed_s, "event": f"switched {frm} -> {to}",
+                            "cause": cause})
+    print(f"switched {frm} -> {to} at {elapsed_s:.1f} s: {cause}", flush=True)

@@ -35,6 +35,7 @@ class Progress:
     evals: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     logged_events: int = 0
+    modes: list[dict] = field(default_factory=list)  # {mode, from_s, to_s, cause}, in order
     status: str = "running"
     error: str | None = None
 
@@ -176,11 +177,13 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
     wall_s = progress.elapsed()
     distributed = cfg.mode != "local"
     staleness = _staleness(result.get("shards", []))
+    modes = ([{**m, "to_s": wall_s if m["to_s"] is None else m["to_s"]} for m in progress.modes]
+             or [{"mode": cfg.mode, "from_s": 0.0, "to_s": wall_s, "cause": "config"}])
     return {
         "status": progress.status,
         "error": progress.error,
-        "mode": cfg.mode,
-        "modes": [{"mode": cfg.mode, "from_s": 0.0, "to_s": wall_s, "cause": "config"}],
+        "mode": modes[-1]["mode"],
+        "modes": modes,
         "workers": cfg.cluster.workers if distributed else 1,
         "ps_shards": cfg.cluster.ps_shards if distributed else 0,
         "samples": progress.samples,
@@ -192,8 +195,12 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
                  "bayes_logloss": synthetic.get("bayes_logloss")},
         "evals": progress.evals,
         "staleness": staleness,
-        "gba": _gba_counts(result.get("shards", [])) if cfg.mode == "gba" else None,
+        "gba": (_gba_counts(result.get("shards", []))
+                if any(m["mode"] == "gba" for m in modes) else None),
         "per_worker": _per_worker(result),
+        "per_shard": [{k: st[k] for k in ("version", "pulls", "pushes", "rows_touched",
+                                          "samples_applied")}
+                      for st in result.get("shards", [])],
         "queue": {k: v for k, v in result.get("queue", {}).items() if k != "by_worker"},
         "failures": [e for e in progress.events if "killed" in e["event"]],
         "recovery": {"kind": None, "pls": None, "checkpoint_overhead_frac": None,

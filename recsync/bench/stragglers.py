@@ -8,7 +8,9 @@ on dense parameters, the project's defaults, which are tuned for a batch of 4096
 Arms:
 - ``sync``, ``async``, ``gba``: worker 0 runs 4x slower throughout (emulated: after each step it
   sleeps 3x that step's compute time);
-- ``sync_nostraggler``, ``gba_nostraggler``: no straggler.
+- ``sync_nostraggler``, ``gba_nostraggler``: no straggler;
+- ``gba_threshold_1``: gba with the straggler and staleness threshold 1 instead of the default
+  4, so that the straggler's gradients are decayed: the evidence for the default.
 
 Ratios: ``gba_vs_sync_speed`` (training samples/s after a warm-up, from the metrics logs, as in
 scenario `overhead`), ``gba_minus_sync_auc``, ``gba_minus_sync_auc_nostraggler``,
@@ -47,6 +49,8 @@ ARMS = {
     "gba": ['mode="gba"', STRAGGLER],
     "sync_nostraggler": ['mode="sync"'],
     "gba_nostraggler": ['mode="gba"'],
+    # evidence for the default threshold (4): decaying the straggler's gradients instead
+    "gba_threshold_1": ['mode="gba"', STRAGGLER, "gba.staleness_threshold=1"],
 }
 
 
@@ -89,6 +93,7 @@ def run(out: Path, scale: float) -> dict:
         "ideal_speed_ratio": ideal_speed_ratio([FACTOR] + [1.0] * (WORKERS - 1)),
     }
     ratios["gba_speed_vs_ideal"] = ratios["gba_vs_sync_speed"] / ratios["ideal_speed_ratio"]
+    ratios["gba_threshold_1_minus_gba_auc"] = auc("gba_threshold_1") - auc("gba")
     summary_ratio = arms["gba"]["summary_samples_per_s"] / arms["sync"]["summary_samples_per_s"]
     wall_s = time.perf_counter() - started
     return {

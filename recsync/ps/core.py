@@ -67,6 +67,7 @@ class ShardCore:
         self.gba_gradients, self.decay = gba_gradients or num_workers, decay
         self._gba = GradientBuffer(len(tables))
         self.gba_counts = {"applied": 0, "decayed": 0, "dropped": 0, "updates": 0}
+        self.samples_applied = 0  # sync and gba: samples whose gradients went into an update
 
     def pull(self, ids: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
         """Rows of each table's ``ids`` (int64, owned here), the dense vector if held, version."""
@@ -140,10 +141,38 @@ class ShardCore:
 
     def _apply_mean(self, buffer: GradientBuffer) -> None:
         """Apply ``buffer``'s sample-weighted mean as one update, and move the version on."""
+        self.samples_applied += buffer.samples
         mean = buffer.mean()
         if mean is not None:
             self._apply(*mean, 1.0)
         self.version += 1
+
+    # -- switching between sync and gba (the driver pauses every worker first) ---------------
+    def install_dense(self, params: np.ndarray, optimizer: str, lr: float,
+                      optimizer_state: dict) -> None:
+        """To gba: hold the dense parameters (flat) and their optimizer's state_dict (over the
+        flat vector, see sync/handover.py) from now on."""
+        self.dense = DenseState(as_tensor(params), optimizer, lr)
+        self.dense.optimizer.load_state_dict(optimizer_state)
+
+    def take_dense(self) -> dict:
+        """To sync: hand over the dense parameters and optimizer state, and stop holding them."""
+        if self.dense is None:
+            raise ValueError("this shard holds no dense parameters to hand over")
+        out = {"params": self.dense.params.detach().numpy().copy(),
+               "optimizer": self.dense.optimizer.state_dict()}
+        self.dense = None
+        return out
+
+    def begin_sync(self, step: int) -> None:
+        """To sync at global step ``step``: every shard's sync steps count on from the same
+        number (after gba, shards may have made different numbers of updates). The GBA buffer
+        must have been flushed."""
+        if len(self._gba) or self._pending:
+            raise ValueError("begin_sync with gradients still buffered; flush_gba first")
+        if step < self.version:
+            raise ValueError(f"begin_sync at step {step}, but the shard is at {self.version}")
+        self.version = step
 
     def drop_pending(self) -> int:
         """Forget the contributions to a sync step that will never complete (a worker died
@@ -167,4 +196,5 @@ class ShardCore:
     def stats(self) -> dict:
         return {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "rows_touched": self.store.num_initialized(),
-                "staleness": dict(self.staleness), "gba": dict(self.gba_counts)}
+                "staleness": dict(self.staleness), "gba": dict(self.gba_counts),
+                "samples_applied": self.samples_applied}

@@ -57,6 +57,16 @@ class PSShard:
             await self._notify()
         return held
 
+    async def install_dense(self, params, optimizer: str, lr: float, optimizer_state) -> None:
+        self.core.install_dense(params, optimizer, lr, optimizer_state)
+
+    async def take_dense(self) -> dict:
+        return self.core.take_dense()
+
+    async def begin_sync(self, step: int) -> None:
+        self.core.begin_sync(step)
+        await self._notify()
+
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()

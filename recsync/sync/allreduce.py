@@ -2,7 +2,8 @@
 
 Each step every worker computes gradients on its batch; dense gradients are averaged over the
 gloo group and applied by each replica's own optimizer (so replicas stay identical), row
-gradients go to the PS, which applies the step once every worker's part arrived. Both are
+gradients go to the PS, which applies the step once every worker's part arrived. A pause
+request rides in the same all-reduce, so that every worker pauses after the same step. Both are
 weighted by samples: a worker whose batch is smaller, or empty because the data ran out, counts
 for what it holds, which makes a step exactly one step on the global batch. When the all-reduced
 sample count is 0, every worker stops at the same step.
@@ -33,6 +34,7 @@ class SyncAllReduce(Mode):
         # never completes that step (a worker died), a rebuilt group restarts from it
         self.before_step: tuple | None = None
         self.lock = threading.Lock()
+        self._pause = False
 
     def step(self, batch: Batch | None):
         """One global step; returns the local mean loss, None if this worker had no batch, or
@@ -51,10 +53,11 @@ class SyncAllReduce(Mode):
             grads = parameters_to_vector([p.grad for p in self.params])
         else:
             grads = torch.zeros(sum(p.numel() for p in self.params))
-        # Σ_w n_w·g_w and Σ_w n_w in one collective: the mean gradient of the global batch.
-        buf = torch.cat([grads * n, torch.tensor([float(n)])])
+        # Σ_w n_w·g_w, Σ_w n_w and the pause requests in one collective.
+        buf = torch.cat([grads * n, torch.tensor([float(n), float(self.pause_requested())])])
         dist.all_reduce(buf)
-        total = buf[-1].item()
+        total = buf[-2].item()
+        self._pause = buf[-1].item() > 0
         if total == 0:
             return STOP
         offset = 0
@@ -68,6 +71,10 @@ class SyncAllReduce(Mode):
             self.client.push_sync(self.step_index, pulled, n)
             self.step_index += 1
         return None if loss is None else loss.item()
+
+    def agreed_pause(self) -> bool:
+        """Whether any worker asked to pause in the last step's all-reduce: then all do."""
+        return self._pause
 
     def _params_copy(self) -> torch.Tensor:
         return parameters_to_vector(self.params).detach().clone()

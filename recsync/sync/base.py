@@ -12,11 +12,20 @@ class Mode:
 
     ``slow_down(compute_s)`` is called between computing a step's gradients and sending them
     (push or all-reduce), with the time forward and backward took; the worker replaces it to
-    emulate a straggler, whose gradients then arrive late and stale as a slow machine's would.
+    count compute time and to emulate a straggler, whose gradients then arrive late and stale
+    as a slow machine's would. ``pause_requested()`` says whether the driver asked this worker
+    to pause (the worker replaces it too).
     """
 
     def slow_down(self, compute_s: float) -> None:
         pass
+
+    def pause_requested(self) -> bool:
+        return False
+
+    def agreed_pause(self) -> bool:
+        """After a step: whether to pause now. PS modes: as soon as asked."""
+        return self.pause_requested()
 
     @staticmethod
     def clock() -> float:

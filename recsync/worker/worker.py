@@ -1,6 +1,11 @@
 """Worker: a Ray actor with a model replica, a PS client, chunks from the work queue, and the
 step function of its sync mode. Training runs on a thread of its own, so ``status`` is answered
 even in the middle of a step.
+
+Switching between sync and gba: the driver asks every worker to pause (``request_pause``). A
+worker pauses after a step, with its pushes applied: in gba at its next step, in sync after the
+step whose all-reduce carried the request (so all pause after the same step). The driver moves
+the dense parameters, then ``resume`` starts the new mode where the batches left off.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from recsync.config import RunConfig
 from recsync.data.reader import Dataset
 from recsync.model.registry import build_model
 from recsync.ps.client import PSClient
-from recsync.sync import PS_DENSE_MODES
+from recsync.sync import PS_DENSE_MODES, SYNC_MODES
 from recsync.sync.base import STOP
+from recsync.sync.handover import from_flat, to_flat
 from recsync.trainer import DENSE_OPTIMIZERS, table_rows_for
 
 
@@ -38,34 +44,34 @@ def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class Worker:
     def __init__(self, rank: int, cfg: RunConfig, shards: list, queue,
-                 dense_state: dict | None = None, step_index: int = 0):
+                 dense_state: dict | None = None, step_index: int = 0,
+                 mode: str | None = None):
         """``dense_state`` (from another replica's ``dense_state()``) and ``step_index`` let a
-        rebuilt sync group continue where the old one stopped."""
+        rebuilt sync group continue where the old one stopped; ``mode``: the run's mode now
+        (default ``cfg.mode``; it differs after a switch)."""
         torch.set_num_threads(cfg.train.threads)
         self.rank, self.cfg, self.queue = rank, cfg, queue
         self.ds = Dataset(cfg.data.path)
         torch.manual_seed(cfg.train.seed)  # every replica starts from the driver's parameters
         self.model, tables = build_model(cfg.model, self.ds.meta["num_dense"], self.ds.table_names,
                                          table_rows_for(cfg.model, self.ds.table_rows))
-        self.client = PSClient(shards, [t.dim for t in tables],
-                               dense_shard=0 if cfg.mode in PS_DENSE_MODES else None,
-                               push_window=cfg.cluster.push_window)
+        self.mode_name = mode or cfg.mode
+        self.client = PSClient(shards, [t.dim for t in tables], push_window=cfg.cluster.push_window)
         self.optimizer = None
-        if cfg.mode == "sync":
+        if cfg.mode == "sync" or cfg.switching.enabled:
             self.optimizer = DENSE_OPTIMIZERS[cfg.train.dense_optimizer](
                 self.model.parameters(), lr=cfg.train.dense_lr)
         if dense_state is not None:
-            with torch.no_grad():
-                vector_to_parameters(torch.tensor(dense_state["params"]),
-                                     list(self.model.parameters()))
-            if self.optimizer is not None:
-                self.optimizer.load_state_dict(dense_state["optimizer"])
+            self._load_dense(dense_state)
         self.step_index = step_index
         self.mode = None
         self.state, self.error = "created", None
         self.steps = self.samples = 0
         self._interval = {"loss_sum": 0.0, "loss_samples": 0, "step_s": 0.0,
-                          "interval_steps": 0, "straggle_s": 0.0}
+                          "interval_steps": 0, "straggle_s": 0.0, "compute_s": 0.0}
+        self._pause_requested = threading.Event()
+        self._resumed = threading.Event()
+        self._resume_args: tuple = ()
         self._lock = threading.Lock()
         self._thread = None
         self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
@@ -111,6 +117,24 @@ class Worker:
             raise RuntimeError(f"worker {self.rank} has not started")
         return self.mode.dense_states()
 
+    def request_pause(self) -> None:
+        """Pause after a step (see the module docstring); ``status`` then says "paused"."""
+        self._pause_requested.set()
+
+    def dense_handover(self) -> dict:
+        """While paused in sync: the replica's dense parameters and optimizer state in the
+        PS's flat layout (sync/handover.py)."""
+        shapes = [p.shape for p in self.model.parameters()]
+        return {"params": self.dense_vector().copy(),
+                "optimizer": to_flat(self.optimizer.state_dict(), shapes)}
+
+    def resume(self, mode: str, dense_state: dict | None = None, step_index: int = 0) -> None:
+        """Go on training in ``mode``; to sync: from ``dense_state`` (the PS's flat layout) at
+        global step ``step_index``."""
+        self._resume_args = (mode, dense_state, step_index)
+        self._pause_requested.clear()
+        self._resumed.set()
+
     def die(self) -> None:
         """Fault injection: the process exits at once, as a crashed machine would."""
         os._exit(1)
@@ -127,26 +151,54 @@ class Worker:
             yield from self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch)
             ray.get(self.queue.done.remote(self.rank, item))  # its last step is done
 
-    def _make_mode(self):
-        from recsync.sync import SYNC_MODES
-        if self.cfg.mode == "sync":
-            return SYNC_MODES["sync"](self.model, self.client, self.optimizer, self.step_index)
-        return SYNC_MODES[self.cfg.mode](self.model, self.client)
+    def _load_dense(self, dense_state: dict, flat: bool = False) -> None:
+        with torch.no_grad():
+            vector_to_parameters(torch.tensor(dense_state["params"]),
+                                 list(self.model.parameters()))
+        if self.optimizer is not None:
+            state = dense_state["optimizer"]
+            if flat:
+                state = from_flat(state, [p.shape for p in self.model.parameters()])
+            self.optimizer.load_state_dict(state)
 
-    def _slow_down(self, compute_s: float) -> None:
-        """Emulated straggler: between computing a step and sending it, sleep (factor - 1) x
-        the compute time, as a machine ``factor`` times slower would take."""
+    def _make_mode(self):
+        self.client.dense_shard = 0 if self.mode_name in PS_DENSE_MODES else None
+        if self.mode_name == "sync":
+            mode = SYNC_MODES["sync"](self.model, self.client, self.optimizer, self.step_index)
+        else:
+            mode = SYNC_MODES[self.mode_name](self.model, self.client)
+        mode.slow_down = self._after_compute
+        mode.pause_requested = self._pause_requested.is_set
+        return mode
+
+    def _after_compute(self, compute_s: float) -> None:
+        """Called by the mode between computing a step and sending it: counts compute time
+        (what the mode controller compares) and emulates a straggler, which sleeps
+        (factor - 1) x the compute time, as a machine ``factor`` times slower would take."""
         factor = straggle_factor(self.cfg, self.rank, time.time() - self.start_time)
         if factor > 1.0:
             time.sleep((factor - 1.0) * compute_s)
-            with self._lock:
-                self._interval["straggle_s"] += (factor - 1.0) * compute_s
+        with self._lock:
+            self._interval["straggle_s"] += (factor - 1.0) * compute_s
+            self._interval["compute_s"] += factor * compute_s
+
+    def _pause(self, mode):
+        """Pause until ``resume``; returns the mode to go on with."""
+        mode.finish()  # every push applied: nothing in flight crosses a switch
+        self.state = "paused"
+        self._resumed.wait()
+        self._resumed.clear()
+        self.mode_name, dense_state, step_index = self._resume_args
+        if self.mode_name == "sync":
+            self._load_dense(dense_state, flat=True)
+            self.step_index = step_index
+        self.mode = mode = self._make_mode()
+        self.state = "running"
+        return mode
 
     def _run(self) -> None:
         try:
             self.mode = mode = self._make_mode()
-            if self.cfg.faults.stragglers:
-                mode.slow_down = self._slow_down
             batches = self._batches()
             max_steps = self.cfg.train.max_steps
             while True:
@@ -164,6 +216,8 @@ class Worker:
                         self.samples += n
                         self._interval["loss_sum"] += loss * n
                         self._interval["loss_samples"] += n
+                if mode.agreed_pause():
+                    mode = self._pause(mode)
             mode.finish()
             self.state = "done"
         except Exception as e:  # reported through status(); the driver decides what to do

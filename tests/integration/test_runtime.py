@@ -166,3 +166,28 @@ def test_ctrl_c_stops_within_10_s_writes_the_summary_and_leaves_no_ray_process(d
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["samples"] > 0
     assert _wait_gone(proc.pid) == []
+
+
+def test_switching_sync_gba_sync_loses_nothing_and_applies_nothing_twice(ray_cluster, data,
+                                                                        tmp_path):
+    """Switches while gba pushes are in flight: every sample's gradient reaches every shard's
+    updates exactly once (no decay, so none is dropped), and every chunk completes once."""
+    cfg = config(data, 'mode="sync"', "cluster.workers=2", "cluster.ps_shards=2",
+                 f"data.chunk_rows={2 * B}", "train.epochs=8", 'gba.decay="none"',
+                 'switching.schedule=[{to="gba", at_step=20}, {to="sync", at_step=120}]')
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    assert [m["mode"] for m in summary["modes"]] == ["sync", "gba", "sync"]
+    assert all(m["cause"].startswith("schedule") for m in summary["modes"][1:])
+    assert summary["mode"] == "sync"
+    ds = Dataset(data)
+    assert summary["samples"] == 8 * ds.rows("train")
+    assert summary["queue"]["completed"] == 8 * len(ds.chunks("train", 2 * B))
+    assert summary["queue"]["completed_more_than_once"] == 0
+    for shard in summary["per_shard"]:
+        assert shard["samples_applied"] == summary["samples"]
+    assert summary["gba"]["applied"] > 0 and summary["gba"]["dropped"] == 0
+    events = [json.loads(line)["events"] for line in (tmp_path / "metrics.jsonl").open()]
+    switched = [e["event"] for ev in events for e in ev if e["event"].startswith("switched")]
+    assert switched == ["switched sync -> gba", "switched gba -> sync"]
+    assert 0.5 < summary["eval"]["auc"] <= 1.0

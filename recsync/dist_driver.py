@@ -47,6 +47,7 @@ from recsync.worker.queue import WorkQueue
 from recsync.worker.worker import Worker
 
 POLL_S = 0.5
+SWITCH_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
 MAX_WORKER_RESTARTS = 20  # per run: a crash loop must end in an error, not go on forever
 
 
@@ -159,14 +160,21 @@ class DistributedRun:
         for r in range(len(self.workers)):
             self._retire(r)
         ray.get([s.drop_pending.remote() for s in self.shards])
-        step = ray.get(self.shards[0].stats.remote())["version"]
+        # A worker that dies between its pushes to the shards leaves its last step complete on
+        # some shards only. The group goes on after that step (the dense replicas took it);
+        # the shards that missed it skip it, losing that step's row update.
+        versions = [st["version"] for st in ray.get([s.stats.remote() for s in self.shards])]
+        step = max(versions)
         if step not in states:
             raise RunFailed(f"cannot rebuild the sync group: the PS completed step {step}, "
                             f"worker {live[0]}'s replica knows steps {sorted(states)}")
-        state = states[step]
-        self.start_workers(list(range(len(self.workers))), state, step)
+        lagging = [i for i, v in enumerate(versions) if v < step]
+        ray.get([self.shards[i].begin_sync.remote(step) for i in lagging])
+        self.start_workers(list(range(len(self.workers))), states[step], step)
         return (f"worker(s) {dead} died; sync group rebuilt at step {step} from worker "
-                f"{live[0]}'s replica, chunks requeued")
+                f"{live[0]}'s replica, chunks requeued"
+                + (f"; shard(s) {lagging} had not completed step {step - 1} and skip its row "
+                   f"update" if lagging else ""))
 
     def dead_shards(self) -> dict[int, str]:
         """{shard: why it is gone} for every shard that does not answer."""
@@ -183,7 +191,12 @@ class DistributedRun:
         Returns False (and resumes in the same mode) if a worker finished meanwhile: the run
         is ending, and a sync group cannot be formed without it."""
         ray.get([w.request_pause.remote() for w in self.workers])
+        states: list[str] = []
+        deadline = time.time() + SWITCH_TIMEOUT_S
         while True:
+            if time.time() > deadline:
+                raise RunFailed(f"switching to {to}: the workers did not all pause within "
+                                f"{SWITCH_TIMEOUT_S} s (states: {states})")
             states = [s["state"] for s in ray.get([w.status.remote() for w in self.workers],
                                                    timeout=60)]
             if "error" in states or "done" in states:

@@ -6,14 +6,17 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from recsync.config import load_config
+from recsync.config import ClusterConfig, RunConfig, load_config
 from recsync.data.synthetic import SynthSpec, generate
 
-QUICKSTART_ROWS = 6_000_000
-QUICKSTART_OVERRIDES = [
-    "model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]",
-    "train.batch_size=1024", "train.threads=2",
+QUICKSTART_ROWS = 1_500_000
+QUICKSTART_OVERRIDES = [  # 4 workers x batch 1024 = the global batch the defaults are tuned for
+    'mode="sync"', "cluster.workers=4", "cluster.ps_shards=2", "train.batch_size=1024",
+    "model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]", "train.threads=1",
+    "data.chunk_rows=4096",
 ]
+STRAGGLER_FACTOR = 4.0
+CALIBRATION_STEPS = 60
 
 
 def ensure_synthetic(out: Path, rows: int, spec: SynthSpec = SynthSpec()) -> Path:
@@ -31,9 +34,46 @@ def ensure_synthetic(out: Path, rows: int, spec: SynthSpec = SynthSpec()) -> Pat
     return out
 
 
+def straggler_in_the_middle(cfg: RunConfig, out: Path) -> tuple[float, float, float]:
+    """(start_s, end_s, samples/s): a short calibration run of ``cfg`` without stragglers
+    measures this machine's speed, which gives the time T one pass takes; an emulated straggler
+    then comes at T/3 and goes at 2T/3."""
+    from recsync.driver import run
+    from recsync.metrics import read_jsonl
+    calib = cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"max_steps": CALIBRATION_STEPS}), "output": cfg.output.model_copy(
+        update={"plot": False, "progress": False, "log_every_steps": 1})})
+    run(calib, out, overwrite=True)
+    records = [r for r in read_jsonl(out / "metrics.jsonl") if r["samples"] > 0]
+    first, last = records[len(records) // 4], records[-1]  # past the workers' warm-up
+    rate = (last["samples"] - first["samples"]) / (last["time_s"] - first["time_s"])
+    horizon_s = cfg.train.epochs * _train_rows(cfg) / rate
+    return horizon_s / 3, 2 * horizon_s / 3, rate
+
+
+def _train_rows(cfg: RunConfig) -> int:
+    return json.loads((Path(cfg.data.path) / "meta.json").read_text())["splits"]["train"]["rows"]
+
+
 def quickstart(out: Path) -> dict:
-    """Synthetic data with a known Bayes AUC, then DLRM trained locally for one pass."""
+    """Synthetic data with a known Bayes AUC; then 4 workers, one of them emulated 4x slower
+    for the middle third of the run, trained in sync only and with the mode controller
+    switching to gba and back (both on the embedded Ray instance)."""
+    from recsync.cluster import ray_session
     from recsync.driver import run
     data = ensure_synthetic(out / "data", QUICKSTART_ROWS)
-    cfg = load_config(None, [f"data.path={json.dumps(str(data))}", *QUICKSTART_OVERRIDES])
-    return run(cfg, out / "run", overwrite=True)  # rerunning the quickstart replaces it
+    base = load_config(None, [f"data.path={json.dumps(str(data))}", *QUICKSTART_OVERRIDES])
+    with ray_session(ClusterConfig()):  # one Ray instance for the three runs
+        print("measuring this machine's speed (sync, 60 steps) ...", flush=True)
+        start_s, end_s, rate = straggler_in_the_middle(base, out / "calibration")
+        straggler = (f"faults.stragglers=[{{ worker = 0, factor = {STRAGGLER_FACTOR}, "
+                     f"start_s = {start_s:.1f}, end_s = {end_s:.1f} }}]")
+        print(f"{rate:,.0f} samples/s: worker 0 will be {STRAGGLER_FACTOR:g}x slower (EMULATED) "
+              f"from {start_s:.0f} s to {end_s:.0f} s of each run", flush=True)
+        results = {}
+        for name, extra in (("sync_only", []), ("auto", ["switching.auto=true"])):
+            print(f"run {name} ...", flush=True)
+            cfg = load_config(None, [f"data.path={json.dumps(str(data))}",
+                                     *QUICKSTART_OVERRIDES, straggler, *extra])
+            results[name] = run(cfg, out / name, overwrite=True)
+    return results

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set up, then generate synthetic data and train DLRM locally (about 2 minutes).
+# The main job: set up, generate synthetic data, then train DLRM on 4 workers (embedded Ray) with an
+# emulated straggler in the middle third: sync only, and with sync <-> gba switching (~4 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -15,7 +15,6 @@ summary.json: the whole run, switches and their pauses included), ``auto_minus_s
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -23,21 +22,9 @@ from pathlib import Path
 from recsync.bench import overhead as ov
 from recsync.bench import stragglers as st
 from recsync.plot import plot_runs
-from recsync.metrics import read_jsonl
+from recsync.recipes import straggler_in_the_middle
 
 ROWS = 3_000_000  # training rows at --scale 1
-CALIBRATION_STEPS = 60  # per worker
-
-
-def calibrate(data: Path, out: Path) -> float:
-    """Samples/s of sync without a straggler on this machine (a short run)."""
-    cfg = st.arm_config(data, ['mode="sync"', f"train.max_steps={CALIBRATION_STEPS}"])
-    with ov.embedded_ray():
-        from recsync.driver import run as run_training
-        run_training(cfg, out, overwrite=True)
-    rate = ov.steady_rate(read_jsonl(out / "metrics.jsonl"),
-                          ov.WARMUP_STEPS * st.WORKERS * st.BATCH)
-    return rate["samples_per_s"]
 
 
 def run(out: Path, scale: float) -> dict:
@@ -45,9 +32,10 @@ def run(out: Path, scale: float) -> dict:
     rows = max(300_000, round(ROWS * scale))
     data = st.make_data(out / "data", rows)
     print("calibrating: sync without a straggler ...", flush=True)
-    rate = calibrate(data, out / "calibration")
-    horizon_s = rows / rate
-    t1, t2 = horizon_s / 3, 2 * horizon_s / 3
+    with ov.embedded_ray():
+        t1, t2, rate = straggler_in_the_middle(st.arm_config(data, ['mode="sync"']),
+                                               out / "calibration")
+    horizon_s = 3 * t1
     straggler = (f"faults.stragglers=[{{ worker = 0, factor = {st.FACTOR}, start_s = {t1:.1f}, "
                  f"end_s = {t2:.1f} }}]")
     print(f"  {rate:,.0f} samples/s: T = {horizon_s:.0f} s; worker 0 {st.FACTOR:g}x slower "

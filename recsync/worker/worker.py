@@ -188,11 +188,13 @@ class Worker:
         self.state = "paused"
         self._resumed.wait()
         self._resumed.clear()
-        self.mode_name, dense_state, step_index = self._resume_args
-        if self.mode_name == "sync":
-            self._load_dense(dense_state, flat=True)
-            self.step_index = step_index
-        self.mode = mode = self._make_mode()
+        mode_name, dense_state, step_index = self._resume_args
+        if mode_name != self.mode_name:  # else the switch was called off: go on as before
+            self.mode_name = mode_name
+            if mode_name == "sync":
+                self._load_dense(dense_state, flat=True)
+                self.step_index = step_index
+            self.mode = mode = self._make_mode()
         self.state = "running"
         return mode
 

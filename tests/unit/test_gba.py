@@ -226,3 +226,35 @@ def test_gba_with_m_equal_n_and_no_staleness_equals_one_step_on_the_global_batch
     ids = torch.cat([p.sparse for p in batches[:12]])
     torch.testing.assert_close(workers[0].client.pull(ids).embeddings(),
                                local.lookup.pull(ids).embeddings(), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------ switching
+
+def test_dense_state_moves_to_the_ps_and_back_whole():
+    c = gba_core(num_workers=2)
+    opt = torch.optim.Adagrad([torch.zeros(2, requires_grad=True)], lr=0.1).state_dict()
+    opt["state"] = {0: {"sum": torch.tensor([4.0, 9.0]), "step": torch.tensor(3.0)}}
+    c.install_dense(f32([1.0, 2.0]), "adagrad", 0.1, opt)
+    c.push_gba(*NO_ROWS, f32([2.0, 3.0]), token=0, samples=1)
+    c.push_gba(*NO_ROWS, f32([2.0, 3.0]), token=0, samples=1)
+    out = c.take_dense()
+    # Adagrad continued from the handed state: sum 4 + 2² = 8, 9 + 3² = 18
+    torch.testing.assert_close(out["optimizer"]["state"][0]["sum"], torch.tensor([8.0, 18.0]))
+    expected = [1.0 - 0.1 * 2 / (8 ** 0.5 + 1e-10), 2.0 - 0.1 * 3 / (18 ** 0.5 + 1e-10)]
+    np.testing.assert_allclose(out["params"], expected, rtol=1e-6)
+    assert c.pull([i64(), i64()])[1] is None  # the shard holds no dense vector any more
+    with pytest.raises(ValueError, match="no dense"):
+        c.take_dense()
+
+
+def test_begin_sync_aligns_versions_and_refuses_buffered_gradients():
+    c = gba_core(num_workers=2)
+    c.push_gba(*one_row(1.0), None, token=0, samples=1)
+    with pytest.raises(ValueError, match="flush_gba"):
+        c.begin_sync(5)
+    c.flush_gba()
+    with pytest.raises(ValueError, match="step 0"):
+        c.begin_sync(0)
+    c.begin_sync(5)
+    assert c.version == 5
+    assert c.push_sync(5, *NO_ROWS, None, 0) is False  # sync steps count on from there

@@ -176,8 +176,6 @@ def quickstart(out):
     except USER_ERRORS as e:
         _fail(e)
     auto = runs["auto"]
-    for m in auto["modes"][1:]:
-        click.echo(f"auto: switched to {m['mode']} at {m['from_s']:.1f} s ({m['cause']})")
     bayes = auto["eval"]["bayes_auc"]
     click.echo(f"\n{'run':<12}{'status':<11}{'samples/s':>10}{'eval AUC':>10}  modes")
     for name, s in runs.items():

@@ -381,4 +381,4 @@ def _log_switch(run: DistributedRun, to: str, cause: str, elapsed_s: float) -> N
     progress.modes.append({"mode": to, "from_s": at, "to_s": None, "cause": cause})
     progress.events.append({"time_s": elapsed_s, "event": f"switched {frm} -> {to}",
                             "cause": cause})
-    print(f"switched {frm} -> {to} at {elapsed_s:.1f} s: {cause}", flush=True)
+    print(f"switched {frm} -> {to} at {elapsed_s:.1f} s of training: {cause}", flush=True)

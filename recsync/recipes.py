@@ -9,7 +9,7 @@ from pathlib import Path
 from recsync.config import ClusterConfig, RunConfig, load_config
 from recsync.data.synthetic import SynthSpec, generate
 
-QUICKSTART_ROWS = 1_500_000
+QUICKSTART_ROWS = 3_000_000  # long enough that the straggler outlasts the controller's 5 s window
 QUICKSTART_OVERRIDES = [  # 4 workers x batch 1024 = the global batch the defaults are tuned for
     'mode="sync"', "cluster.workers=4", "cluster.ps_shards=2", "train.batch_size=1024",
     "model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]", "train.threads=1",

@@ -49,7 +49,7 @@ class SyncAllReduce(Mode):
             out = self.model(batch.dense, pulled.embeddings())
             loss = F.binary_cross_entropy_with_logits(out, batch.label)
             loss.backward()
-            self.slow_down(self.clock() - begin)
+            self.after_compute(self.clock() - begin)
             grads = parameters_to_vector([p.grad for p in self.params])
         else:
             grads = torch.zeros(sum(p.numel() for p in self.params))

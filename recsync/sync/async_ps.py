@@ -32,7 +32,7 @@ class AsyncPS(Mode):
         loss = F.binary_cross_entropy_with_logits(self.model(batch.dense, pulled.embeddings()),
                                                   batch.label)
         loss.backward()
-        self.slow_down(self.clock() - begin)
+        self.after_compute(self.clock() - begin)
         dense_grad = parameters_to_vector([p.grad for p in self.params]).numpy()
         self._push(pulled, dense_grad, len(batch))
         return loss.item()

@@ -10,14 +10,14 @@ an ``object()``: Ray may serialize the worker class by value, and identity does 
 class Mode:
     """A sync mode: ``step(batch | None) -> loss | None | STOP`` and ``finish()``.
 
-    ``slow_down(compute_s)`` is called between computing a step's gradients and sending them
-    (push or all-reduce), with the time forward and backward took; the worker replaces it to
-    count compute time and to emulate a straggler, whose gradients then arrive late and stale
-    as a slow machine's would. ``pause_requested()`` says whether the driver asked this worker
+    ``after_compute(compute_s)`` is called between computing a step's gradients and sending
+    them (push or all-reduce), with the time forward and backward took; the worker replaces it
+    to count compute time and to emulate a straggler, whose gradients then arrive late and
+    stale as a slow machine's would. ``pause_requested()`` says whether the driver asked this worker
     to pause (the worker replaces it too).
     """
 
-    def slow_down(self, compute_s: float) -> None:
+    def after_compute(self, compute_s: float) -> None:
         pass
 
     def pause_requested(self) -> bool:

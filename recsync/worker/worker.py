@@ -167,7 +167,7 @@ class Worker:
             mode = SYNC_MODES["sync"](self.model, self.client, self.optimizer, self.step_index)
         else:
             mode = SYNC_MODES[self.mode_name](self.model, self.client)
-        mode.slow_down = self._after_compute
+        mode.after_compute = self._after_compute
         mode.pause_requested = self._pause_requested.is_set
         return mode
 

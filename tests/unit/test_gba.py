@@ -161,13 +161,13 @@ def test_an_emulated_straggler_is_slow_between_computing_and_pushing(tiny, monke
     batches = list(tiny.batches(tiny.chunks("train", 256)[0], 32))
     seen = []
 
-    def slow_down(compute_s):  # while the straggler "sleeps", the other worker makes 2 updates
+    def after_compute(compute_s):  # while the straggler "sleeps", the other makes 2 updates
         assert compute_s > 0 and model.bottom[0].weight.grad is not None  # after backward
         seen.append(c.stats()["pushes"])  # the straggler's push is not sent yet
         for b in batches[1:5]:
             other.step(b)
 
-    straggler.slow_down = slow_down
+    straggler.after_compute = after_compute
     straggler.step(batches[0])
     assert seen == [0]
     assert c.staleness == {0: 4, 2: 1}  # the straggler's gradient: pulled at 0, applied at 2

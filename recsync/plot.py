@@ -21,6 +21,16 @@ def _load(run: Path) -> tuple[list[dict], dict | None]:
     return read_jsonl(metrics), json.loads(summary.read_text()) if summary.is_file() else None
 
 
+def _shade_switched_modes(ax, summary: dict | None, color, label: str) -> None:
+    """On the loss-against-seconds panel, shade the periods a run that switched modes spent in
+    each mode other than its first (e.g. gba between two periods of sync)."""
+    modes = (summary or {}).get("modes") or []
+    for m in modes[1:]:
+        if m["mode"] != modes[0]["mode"]:
+            ax.axvspan(m["from_s"], m["to_s"], color=color, alpha=0.12, lw=0,
+                       label=f"{label}: {m['mode']}")
+
+
 def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) -> Path:
     """Draw every run into one 2x2 figure (loss and AUC, against samples and seconds)."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
@@ -45,6 +55,7 @@ def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) 
             if bayes is not None and not bayes_drawn:
                 axes[1, col].axhline(bayes, ls="--", color="gray", lw=1, label="Bayes-optimal")
         bayes_drawn = bayes_drawn or bool((summary or {}).get("eval", {}).get("bayes_auc"))
+        _shade_switched_modes(axes[0, 1], summary, line.get_color(), label)
     for col, xlabel in enumerate(("training samples", "seconds since start")):
         axes[0, col].set(xlabel=xlabel, ylabel="training log loss (interval mean)")
         axes[1, col].set(xlabel=xlabel, ylabel="eval AUC")

@@ -209,3 +209,18 @@ def test_plot_without_metrics(run2, tmp_path):
     assert result.exit_code == 2
     assert "error:" in result.output and str(empty / "metrics.jsonl") in result.output
     assert not (tmp_path / "y.png").exists()
+
+
+def test_the_plot_shades_the_periods_a_run_spent_in_another_mode():
+    import matplotlib.pyplot as plt
+
+    from recsync.plot import _shade_switched_modes
+    fig, ax = plt.subplots()
+    modes = [{"mode": "sync", "from_s": 0.0, "to_s": 30.0, "cause": "config"},
+             {"mode": "gba", "from_s": 30.0, "to_s": 60.0, "cause": "auto: ..."},
+             {"mode": "sync", "from_s": 60.0, "to_s": 90.0, "cause": "auto: ..."}]
+    _shade_switched_modes(ax, {"modes": modes}, "tab:blue", "auto")
+    _shade_switched_modes(ax, {"modes": modes[:1]}, "tab:red", "sync_only")  # never switched
+    assert len(ax.patches) == 1
+    assert ax.patches[0].get_x() == 30.0 and ax.patches[0].get_width() == 30.0
+    plt.close(fig)

@@ -145,10 +145,10 @@ def run(out: Path, scale: float) -> dict:
 
 
 # -- shared with the scaling scenario ----------------------------------------------------------
-def make_data(path: Path, rows: int, max_table_rows: int) -> Path:
-    print(f"generating {rows:,} synthetic rows (tables up to {max_table_rows:,} rows) ...",
-          flush=True)
-    generate(path, rows=rows, eval_rows=50_000, overwrite=True, progress=False,
+def make_data(path: Path, rows: int, max_table_rows: int, eval_rows: int = 50_000) -> Path:
+    print(f"generating {rows:,} + {eval_rows:,} synthetic rows (tables up to "
+          f"{max_table_rows:,} rows) ...", flush=True)
+    generate(path, rows=rows, eval_rows=eval_rows, overwrite=True, progress=False,
              spec=SynthSpec(max_table_rows=max_table_rows))
     return path
 

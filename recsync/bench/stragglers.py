@@ -6,8 +6,8 @@ on dense parameters, the project's defaults, which are tuned for a batch of 4096
 4 workers x 1024), never retuned for async or gba.
 
 Arms:
-- ``sync``, ``async``, ``gba``: worker 0 runs 4x slower throughout (emulated: after each step it
-  sleeps 3x that step's compute time);
+- ``sync``, ``async``, ``gba``: worker 0 runs 4x slower throughout (emulated: between computing
+  each step and sending it, it sleeps 3x that step's compute time);
 - ``sync_nostraggler``, ``gba_nostraggler``: no straggler;
 - ``gba_threshold_1``: gba with the straggler and staleness threshold 1 instead of the default
   4, so that the straggler's gradients are decayed: the evidence for the default.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from recsync.bench import overhead as ov
 from recsync.config import RunConfig, load_config
-from recsync.data.synthetic import SynthSpec, generate
+from recsync.data.synthetic import SynthSpec
 from recsync.plot import plot_runs
 
 WORKERS, SHARDS, BATCH = 4, 2, 1024
@@ -36,8 +36,8 @@ FACTOR = 4.0
 CHUNK_BATCHES = 4  # small chunks: the run ends with the straggler's last chunk, 4x slow
 ROWS = 1_500_000  # training rows at --scale 1
 EVAL_ROWS = 200_000
-COMMON = [
-    'mode="sync"', f"cluster.workers={WORKERS}", f"cluster.ps_shards={SHARDS}",
+COMMON = [  # every arm adds its mode
+    f"cluster.workers={WORKERS}", f"cluster.ps_shards={SHARDS}",
     f"train.batch_size={BATCH}", "model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]",
     f"data.chunk_rows={CHUNK_BATCHES * BATCH}",
     "train.threads=1", "output.progress=false", "output.plot=false", "output.log_every_steps=1",
@@ -61,10 +61,8 @@ def ideal_speed_ratio(factors: list[float]) -> float:
 
 
 def make_data(path: Path, rows: int) -> Path:
-    print(f"generating {rows:,} + {EVAL_ROWS:,} synthetic rows ...", flush=True)
-    generate(path, rows=rows, eval_rows=EVAL_ROWS, overwrite=True, progress=False,
-             spec=SynthSpec())
-    return path
+    """The default synthetic set (SynthSpec()), with EVAL_ROWS eval rows."""
+    return ov.make_data(path, rows, SynthSpec().max_table_rows, EVAL_ROWS)
 
 
 def arm_config(data: Path, extra: list[str]) -> RunConfig:

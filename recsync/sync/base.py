@@ -1,7 +1,5 @@
 """What every sync mode shares."""
 
-import time
-
 STOP = "stop"
 """returned by ``step`` when no worker has data left: the run is over for everyone. A value, not
 an ``object()``: Ray may serialize the worker class by value, and identity does not survive."""
@@ -13,8 +11,8 @@ class Mode:
     ``after_compute(compute_s)`` is called between computing a step's gradients and sending
     them (push or all-reduce), with the time forward and backward took; the worker replaces it
     to count compute time and to emulate a straggler, whose gradients then arrive late and
-    stale as a slow machine's would. ``pause_requested()`` says whether the driver asked this worker
-    to pause (the worker replaces it too).
+    stale as a slow machine's would. ``pause_requested()`` says whether the driver asked this
+    worker to pause (the worker replaces it too).
     """
 
     def after_compute(self, compute_s: float) -> None:
@@ -26,7 +24,3 @@ class Mode:
     def agreed_pause(self) -> bool:
         """After a step: whether to pause now. PS modes: as soon as asked."""
         return self.pause_requested()
-
-    @staticmethod
-    def clock() -> float:
-        return time.perf_counter()

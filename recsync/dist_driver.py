@@ -1,4 +1,5 @@
-"""A distributed run (modes sync, async and gba): PS shards, a work queue and workers on Ray.
+"""A distributed run (modes sync, async, gba, shadow, foreground): PS shards, a work queue and
+workers on Ray.
 
 The driver builds everything, then watches: it polls worker status for metrics and progress,
 injects configured faults, and decides what a failure means:
@@ -8,6 +9,9 @@ injects configured faults, and decides what a failure means:
 - a worker died, sync: the group is rebuilt. The dense parameters and optimizer state are taken
   from a live replica, the PS forgets the incomplete step, every lease goes back to the queue,
   and fresh workers start at the PS's step on a new gloo group.
+- a worker died, shadow or foreground: the dense replicas restart from a live one's (their
+  optimizer state starts afresh); with "ma" and "bmuf" every worker restarts on a new group
+  (a replacement cannot join the old one), with "easgd" and "none" only the dead one.
 - a PS shard died: there is no checkpoint to restore it from yet, so the run stops with an
   error naming the shard.
 
@@ -40,7 +44,7 @@ from recsync.ps.client import PSClient
 from recsync.ps.aggregation import StalenessDecay, as_tensor
 from recsync.ps.core import DenseState, ShardCore
 from recsync.ps.shard import PSShard
-from recsync.sync import PS_DENSE_MODES
+from recsync.sync import HOGWILD_MODES, PS_DENSE_MODES
 from recsync.sync.controller import ModeController
 from recsync.trainer import LocalModel, evaluate, table_rows_for
 from recsync.worker.queue import WorkQueue
@@ -55,16 +59,32 @@ class RunFailed(RuntimeError):
     """The run cannot go on (e.g. a PS shard died without a checkpoint); says which and why."""
 
 
+def _needs_group(cfg: RunConfig) -> bool:
+    """Whether the workers form a gloo group: sync, switching, and the averaging shadow modes."""
+    return (cfg.mode == "sync" or cfg.switching.enabled
+            or (cfg.mode in HOGWILD_MODES and cfg.shadow.algorithm in ("ma", "bmuf")))
+
+
+def _holds_center(cfg: RunConfig) -> bool:
+    return cfg.mode in HOGWILD_MODES and cfg.shadow.algorithm == "easgd"
+
+
 def _make_core(tables, cfg: RunConfig, shard: int, dense_init: np.ndarray | None) -> ShardCore:
+    """Shard ``shard``'s core; ``dense_init`` (given to shard 0 only) becomes its dense
+    parameters in PS modes, or EASGD's center copy."""
     t = cfg.train
-    dense = (DenseState(as_tensor(dense_init), t.dense_optimizer, t.dense_lr)
-             if dense_init is not None else None)
+    dense = center = None
+    if dense_init is not None and cfg.mode in PS_DENSE_MODES:
+        dense = DenseState(as_tensor(dense_init), t.dense_optimizer, t.dense_lr)
+    elif dense_init is not None and _holds_center(cfg):
+        center = as_tensor(dense_init)
     return ShardCore(tables, make_row_optimizer(t.embedding_optimizer, t.embedding_lr),
                      shard=shard, num_shards=cfg.cluster.ps_shards,
                      num_workers=cfg.cluster.workers, seed=t.seed,
                      init_scale=cfg.model.embedding_init_scale, dense=dense,
                      gba_gradients=cfg.gba.gradients_per_update,
-                     decay=StalenessDecay(cfg.gba.staleness_threshold, cfg.gba.decay))
+                     decay=StalenessDecay(cfg.gba.staleness_threshold, cfg.gba.decay),
+                     center=center)
 
 
 class DistributedRun:
@@ -80,7 +100,7 @@ class DistributedRun:
         dense_init = parameters_to_vector(self.dense_model.parameters()).detach().numpy()
         self.shards = [PSShard.remote(functools.partial(
             _make_core, self.tables, cfg, s,
-            dense_init if (cfg.mode in PS_DENSE_MODES and s == 0) else None))
+            dense_init if s == 0 else None))
             for s in range(c.ps_shards)]
         chunks = ds.chunks("train", cfg.data.chunk_rows or 16 * t.batch_size)
         seed = t.seed if cfg.data.shuffle else None
@@ -100,7 +120,7 @@ class DistributedRun:
         for r in ranks:
             self.workers[r] = Worker.remote(r, self.cfg, self.shards, self.queue, dense_state,
                                             step_index, self.mode)
-        if self.mode == "sync" or self.cfg.switching.enabled:
+        if _needs_group(self.cfg):
             host, port = ray.get(self.workers[0].address.remote())
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
         ray.get([self.workers[r].start.remote(self.start) for r in ranks])
@@ -139,6 +159,8 @@ class DistributedRun:
         if self.restarts > MAX_WORKER_RESTARTS:
             raise RunFailed(f"workers died {self.restarts} times; giving up (the last: "
                             f"{dead}). Check the worker logs for the cause.")
+        if self.mode in HOGWILD_MODES:
+            return self._recover_hogwild(dead)
         if self.mode in PS_DENSE_MODES and not self.cfg.switching.enabled:
             for r in dead:
                 self._retire(r)
@@ -175,6 +197,18 @@ class DistributedRun:
                 f"{live[0]}'s replica, chunks requeued"
                 + (f"; shard(s) {lagging} had not completed step {step - 1} and skip its row "
                    f"update" if lagging else ""))
+
+    def _recover_hogwild(self, dead: list[int]) -> str:
+        live = [r for r in range(len(self.workers)) if r not in dead]
+        if not live:
+            raise RunFailed("every worker died at once; the dense replicas are lost")
+        params = ray.get(self.workers[live[0]].dense_vector.remote(), timeout=30)
+        ranks = list(range(len(self.workers))) if _needs_group(self.cfg) else dead
+        for r in ranks:
+            self._retire(r)
+        self.start_workers(ranks, {"params": params, "optimizer": None})
+        return (f"worker(s) {dead} died; worker(s) {ranks} restarted from worker {live[0]}'s "
+                f"dense replica (dense optimizer state reset), chunks requeued")
 
     def dead_shards(self) -> dict[int, str]:
         """{shard: why it is gone} for every shard that does not answer."""
@@ -232,7 +266,13 @@ class DistributedRun:
         if self.mode == "gba":  # the last, partial global batch: nothing is left unapplied
             ray.get([s.flush_gba.remote() for s in self.shards])
         shard_stats = ray.get([s.stats.remote() for s in self.shards])
-        if self.mode == "sync":
+        shadow = None
+        if self.mode in HOGWILD_MODES:
+            shadow = ray.get([w.shadow_stats.remote() for w in self.workers])
+        if _holds_center(self.cfg):  # EASGD's model is its center copy
+            final_dense = ray.get(self.shards[0].easgd_center.remote())
+        elif self.mode in ("sync", *HOGWILD_MODES):  # ma, bmuf: all replicas are alike now;
+            # none: worker 0's own
             final_dense = ray.get(self.workers[0].dense_vector.remote())
         else:
             final_dense = ray.get(self.shards[0].pull.remote(
@@ -242,7 +282,7 @@ class DistributedRun:
         model = LocalModel(self.dense_model, PSClient(self.shards, [tb.dim for tb in self.tables]),
                            None)
         final_eval = evaluate(model, self.ds, self.ds.rows("eval"), t.eval_batch_size)
-        return {"eval": final_eval, "shards": shard_stats,
+        return {"eval": final_eval, "shards": shard_stats, "shadow": shadow,
                 "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
                 "model": model}  # its lookup serves the trained rows while the session lasts
 

@@ -197,6 +197,7 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
         "staleness": staleness,
         "gba": (_gba_counts(result.get("shards", []))
                 if any(m["mode"] == "gba" for m in modes) else None),
+        "shadow": _shadow_summary(cfg, result.get("shadow")),
         "per_worker": _per_worker(result),
         "per_shard": [{k: st[k] for k in ("version", "pulls", "pushes", "rows_touched",
                                           "samples_applied")}
@@ -207,6 +208,32 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
                      "checkpoints": 0},
         "stragglers_emulated": bool(cfg.faults.stragglers),
         "data": str(cfg.data.path),
+    }
+
+
+def _shadow_summary(cfg: RunConfig, per_worker: list[dict] | None) -> dict | None:
+    """Modes shadow and foreground: how often the replicas were synchronized while training.
+    ``sync_gap``: a trainer's training iterations (all its threads') between two syncs."""
+    if not per_worker:
+        return None
+    sh = cfg.shadow
+    gaps: dict[int, int] = {}
+    for w in per_worker:
+        for gap, n in w["gaps"].items():
+            gaps[int(gap)] = gaps.get(int(gap), 0) + n
+    rounds = sum(w["rounds"] + w["final_rounds"] for w in per_worker)
+    return {
+        "algorithm": sh.algorithm, "background": cfg.mode == "shadow",
+        "hogwild_threads": sh.hogwild_threads,
+        "min_interval_s": sh.min_interval_s if cfg.mode == "shadow" else None,
+        "foreground_every": sh.foreground_every if cfg.mode == "foreground" else None,
+        "syncs": [w["rounds"] for w in per_worker],
+        "syncs_per_s": [w["rounds"] / w["train_s"] if w["train_s"] > 0 else None
+                        for w in per_worker],
+        "final_syncs": [w["final_rounds"] for w in per_worker],
+        "sync_gap": _distribution(gaps),
+        "sync_s_mean": (sum(w["round_s"] for w in per_worker) / rounds) if rounds else None,
+        "threads_left_running": sum(w["threads_alive"] for w in per_worker),
     }
 
 
@@ -225,6 +252,11 @@ def _staleness(shard_stats: list[dict]) -> dict:
     for st in shard_stats:
         for k, n in st["staleness"].items():
             counts[int(k)] = counts.get(int(k), 0) + n
+    return _distribution(counts)
+
+
+def _distribution(counts: dict[int, int]) -> dict:
+    """Mean, p99 and max of integer values given as {value: how many times}."""
     if not counts:
         return {"mean": None, "p99": None, "max": None}
     values = sorted(counts)

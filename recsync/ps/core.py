@@ -14,6 +14,8 @@ torch optimizer. ``version`` counts the updates the shard has applied:
   step they belong to; when it holds ``gba_gradients`` of them their sample-weighted mean is
   applied (the global batch of sync) and the version moves on. Gradients staler than the
   threshold are decayed or dropped (aggregation.py).
+- shadow/foreground with EASGD: shard 0 holds the center copy of the dense parameters, which
+  the trainers' elastic moves ``d`` pull towards them (``easgd_push``: center += d).
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ class ShardCore:
     def __init__(self, tables: list[TableSpec], row_optimizer, *, shard: int, num_shards: int,
                  num_workers: int, seed: int = 0, init_scale: float = 0.05,
                  dense: DenseState | None = None, gba_gradients: int = 0,
-                 decay: StalenessDecay = StalenessDecay(0, "none")):
+                 decay: StalenessDecay = StalenessDecay(0, "none"),
+                 center: torch.Tensor | None = None):
         """``gba_gradients``: gradients per GBA update (M; 0: ``num_workers``); ``decay``: how
-        GBA weighs stale gradients."""
+        GBA weighs stale gradients; ``center``: EASGD's center copy (flat), if this shard
+        holds it."""
         self.store = EmbeddingStore(tables, row_optimizer, seed=seed, init_scale=init_scale,
                                     shard=shard, num_shards=num_shards)
         self.dense, self.num_workers = dense, num_workers
@@ -68,6 +72,8 @@ class ShardCore:
         self._gba = GradientBuffer(len(tables))
         self.gba_counts = {"applied": 0, "decayed": 0, "dropped": 0, "updates": 0}
         self.samples_applied = 0  # sync and gba: samples whose gradients went into an update
+        self.center = None if center is None else center.detach().clone()
+        self.easgd_pushes = 0
 
     def pull(self, ids: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
         """Rows of each table's ``ids`` (int64, owned here), the dense vector if held, version."""
@@ -147,6 +153,22 @@ class ShardCore:
             self._apply(*mean, 1.0)
         self.version += 1
 
+    # -- EASGD's center copy (modes shadow and foreground) -----------------------------------
+    def easgd_center(self) -> np.ndarray:
+        if self.center is None:
+            raise ValueError("this shard holds no EASGD center copy")
+        return self.center.numpy().copy()
+
+    def easgd_push(self, d: np.ndarray) -> None:
+        """A trainer moved by -d towards the center: the center moves by +d."""
+        if self.center is None:
+            raise ValueError("this shard holds no EASGD center copy")
+        if d.shape != self.center.shape:
+            raise ValueError(f"EASGD move of shape {d.shape}, the center has "
+                             f"{tuple(self.center.shape)}")
+        self.center.add_(as_tensor(d))
+        self.easgd_pushes += 1
+
     # -- switching between sync and gba (the driver pauses every worker first) ---------------
     def install_dense(self, params: np.ndarray, optimizer: str, lr: float,
                       optimizer_state: dict) -> None:
@@ -197,4 +219,4 @@ class ShardCore:
         return {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "rows_touched": self.store.num_initialized(),
                 "staleness": dict(self.staleness), "gba": dict(self.gba_counts),
-                "samples_applied": self.samples_applied}
+                "samples_applied": self.samples_applied, "easgd_pushes": self.easgd_pushes}

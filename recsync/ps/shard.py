@@ -67,6 +67,12 @@ class PSShard:
         self.core.begin_sync(step)
         await self._notify()
 
+    async def easgd_center(self):
+        return self.core.easgd_center()
+
+    async def easgd_push(self, d) -> None:
+        self.core.easgd_push(d)
+
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()

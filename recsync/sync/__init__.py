@@ -13,3 +13,5 @@ SYNC_MODES = {
     "gba": GBA,             # PS aggregates a global batch of gradients, decays stale ones
 }
 PS_DENSE_MODES = ("async", "gba")  # dense parameters live on PS shard 0
+HOGWILD_MODES = ("shadow", "foreground")  # a dense replica per worker, Hogwild threads on it,
+# synchronized in the background (shadow) or every k iterations (foreground): sync/shadow.py

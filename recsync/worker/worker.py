@@ -2,6 +2,10 @@
 step function of its sync mode. Training runs on a thread of its own, so ``status`` is answered
 even in the middle of a step.
 
+Modes shadow and foreground run a HogwildTrainer instead (worker/hogwild.py): several training
+threads, each with its own PS client and chunk lease, on one dense replica, and the rounds that
+keep the replicas of all workers in step.
+
 Switching between sync and gba: the driver asks every worker to pause (``request_pause``). A
 worker pauses after a step, with its pushes applied: in gba at its next step, in sync after the
 step whose all-reduce carried the request (so all pause after the same step). The driver moves
@@ -11,6 +15,7 @@ the dense parameters, then ``resume`` starts the new mode where the batches left
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import socket
 import threading
@@ -26,10 +31,16 @@ from recsync.config import RunConfig
 from recsync.data.reader import Dataset
 from recsync.model.registry import build_model
 from recsync.ps.client import PSClient
-from recsync.sync import PS_DENSE_MODES, SYNC_MODES
+from recsync.sync import HOGWILD_MODES, PS_DENSE_MODES, SYNC_MODES
 from recsync.sync.base import STOP
 from recsync.sync.handover import from_flat, to_flat
+from recsync.sync.shadow import AveragingSync, DenseReplica, ElasticSync, HogwildStep
+from recsync.sync.shadow_rules import BMUF
 from recsync.trainer import DENSE_OPTIMIZERS, table_rows_for
+from recsync.worker.hogwild import HogwildTrainer
+
+
+SHADOW_TIMEOUT_S = 300  # a shadow round waits this long for the other trainers before failing
 
 
 def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:
@@ -56,13 +67,17 @@ class Worker:
         self.model, tables = build_model(cfg.model, self.ds.meta["num_dense"], self.ds.table_names,
                                          table_rows_for(cfg.model, self.ds.table_rows))
         self.mode_name = mode or cfg.mode
-        self.client = PSClient(shards, [t.dim for t in tables], push_window=cfg.cluster.push_window)
-        self.optimizer = None
+        self.shards, self.dims = shards, [t.dim for t in tables]
+        self.client = PSClient(shards, self.dims, push_window=cfg.cluster.push_window)
+        self.optimizer = self.replica = self.hogwild = None
         if cfg.mode == "sync" or cfg.switching.enabled:
             self.optimizer = DENSE_OPTIMIZERS[cfg.train.dense_optimizer](
                 self.model.parameters(), lr=cfg.train.dense_lr)
         if dense_state is not None:
             self._load_dense(dense_state)
+        if cfg.mode in HOGWILD_MODES:
+            self.replica = DenseReplica(self.model, DENSE_OPTIMIZERS[cfg.train.dense_optimizer],
+                                        cfg.train.dense_lr)
         self.step_index = step_index
         self.mode = None
         self.state, self.error = "created", None
@@ -139,23 +154,34 @@ class Worker:
         """Fault injection: the process exits at once, as a crashed machine would."""
         os._exit(1)
 
-    def _batches(self):
+    def shadow_stats(self) -> dict:
+        """Modes shadow and foreground: the sync rounds of this trainer (worker/hogwild.py)."""
+        h = self.hogwild
+        if h is None:
+            raise RuntimeError(f"worker {self.rank} runs no Hogwild trainer (mode "
+                               f"{self.mode_name})")
+        return {"rounds": h.stats.rounds, "final_rounds": h.stats.final_rounds,
+                "round_s": h.stats.round_s, "gaps": dict(h.stats.gaps),
+                "iterations": h.iterations, "train_s": h.train_s(),
+                "threads_alive": h.threads_alive()}
+
+    def _batches(self, slot: int = 0):
         t = self.cfg.train
         seed = t.seed if self.cfg.data.shuffle else None
         while True:
-            item = ray.get(self.queue.take.remote(self.rank))
+            item = ray.get(self.queue.take.remote(self.rank, slot))
             if item is None:
                 return
             epoch, chunk = item
             self.taken.append(item)
             yield from self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch)
-            ray.get(self.queue.done.remote(self.rank, item))  # its last step is done
+            ray.get(self.queue.done.remote(self.rank, item, slot))  # its last step is done
 
     def _load_dense(self, dense_state: dict, flat: bool = False) -> None:
         with torch.no_grad():
             vector_to_parameters(torch.tensor(dense_state["params"]),
                                  list(self.model.parameters()))
-        if self.optimizer is not None:
+        if self.optimizer is not None and dense_state.get("optimizer") is not None:
             state = dense_state["optimizer"]
             if flat:
                 state = from_flat(state, [p.shape for p in self.model.parameters()])
@@ -198,30 +224,83 @@ class Worker:
         self.state = "running"
         return mode
 
+    def _next_batch(self, batches):
+        max_steps = self.cfg.train.max_steps
+        return next(batches, None) if not max_steps or self.steps < max_steps else None
+
+    def _record(self, batch, loss: float | None, step_s: float) -> None:
+        with self._lock:
+            self._interval["step_s"] += step_s
+            self._interval["interval_steps"] += 1
+            if loss is not None:
+                n = len(batch)
+                self.steps += 1
+                self.samples += n
+                self._interval["loss_sum"] += loss * n
+                self._interval["loss_samples"] += n
+
     def _run(self) -> None:
         try:
-            self.mode = mode = self._make_mode()
-            batches = self._batches()
-            max_steps = self.cfg.train.max_steps
-            while True:
-                batch = next(batches, None) if not max_steps or self.steps < max_steps else None
-                begin = time.perf_counter()
-                loss = mode.step(batch)
-                if loss == STOP:
-                    break
-                with self._lock:
-                    self._interval["step_s"] += time.perf_counter() - begin
-                    self._interval["interval_steps"] += 1
-                    if loss is not None:
-                        n = len(batch)
-                        self.steps += 1
-                        self.samples += n
-                        self._interval["loss_sum"] += loss * n
-                        self._interval["loss_samples"] += n
-                if mode.agreed_pause():
-                    mode = self._pause(mode)
-            mode.finish()
+            if self.mode_name in HOGWILD_MODES:
+                self._run_hogwild()
+            else:
+                self._run_mode()
             self.state = "done"
         except Exception as e:  # reported through status(); the driver decides what to do
             self.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
             self.state = "error"
+
+    def _run_mode(self) -> None:
+        self.mode = mode = self._make_mode()
+        batches = self._batches()
+        while True:
+            batch = self._next_batch(batches)
+            begin = time.perf_counter()
+            loss = mode.step(batch)
+            if loss == STOP:
+                break
+            self._record(batch, loss, time.perf_counter() - begin)
+            if mode.agreed_pause():
+                mode = self._pause(mode)
+        mode.finish()
+
+    def _run_hogwild(self) -> None:
+        """Modes shadow and foreground: ``shadow.hogwild_threads`` training threads (each with
+        its own PS client and chunk lease) and the synchronizer of ``shadow.algorithm``."""
+        sh = self.cfg.shadow
+
+        def one_step(step: HogwildStep, batches) -> bool:
+            batch = self._next_batch(batches)
+            begin = time.perf_counter()
+            loss = step.step(batch)
+            if loss == STOP:
+                step.finish()  # every row push applied
+                return False
+            self._record(batch, loss, time.perf_counter() - begin)
+            return True
+
+        steps = []
+        for slot in range(sh.hogwild_threads):
+            step = HogwildStep(self.replica, PSClient(self.shards, self.dims,
+                                                      push_window=self.cfg.cluster.push_window))
+            step.after_compute = self._after_compute
+            steps.append(functools.partial(one_step, step, self._batches(slot)))
+        self.hogwild = HogwildTrainer(steps, self._make_synchronizer(),
+                                      background=self.mode_name == "shadow",
+                                      every=sh.foreground_every,
+                                      min_interval_s=sh.min_interval_s)
+        self.hogwild.run()
+
+    def _make_synchronizer(self):
+        sh, trainers = self.cfg.shadow, self.cfg.cluster.workers
+        if sh.algorithm == "none":
+            return None
+        if sh.algorithm == "easgd":
+            return ElasticSync(self.replica, self.shards[0], sh.alpha(trainers))
+        import torch.distributed as dist
+        group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=SHADOW_TIMEOUT_S))
+        bmuf = None
+        if sh.algorithm == "bmuf":
+            bmuf = BMUF(self.replica.vector(), sh.momentum(trainers), sh.bmuf_lr,
+                        sh.bmuf_nesterov)
+        return AveragingSync(self.replica, group, trainers, bmuf)

@@ -66,10 +66,11 @@ def test_sync_two_workers_equal_local_with_the_global_batch(ray_cluster, data, t
     assert sync_rows.abs().sum() > 0 and not torch.equal(sync_rows, torch.zeros_like(sync_rows))
 
 
-@pytest.mark.parametrize("mode", ["async", "gba"])
+@pytest.mark.parametrize("mode", ["async", "gba", "shadow", "foreground"])
 def test_ps_modes_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path, mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
-                 f"data.chunk_rows={4 * B}", "train.epochs=2")
+                 f"data.chunk_rows={4 * B}", "train.epochs=2", "shadow.hogwild_threads=2",
+                 "shadow.foreground_every=3")
     summary = run(cfg, tmp_path)
     ds = Dataset(data)
     chunks = len(ds.chunks("train", 4 * B))
@@ -84,6 +85,12 @@ def test_ps_modes_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path,
         assert gba["applied"] + gba["dropped"] == 2 * steps
         for shard in gba["per_shard"]:  # M = 2 gradients an update, the last one partial
             assert shard["updates"] == -(-shard["applied"] // 2)
+    if mode in ("shadow", "foreground"):  # 2 Hogwild threads a worker, MA between workers
+        sh = summary["shadow"]
+        assert sh["threads_left_running"] == 0 and sh["hogwild_threads"] == 2
+        assert all(n > 0 for n in sh["syncs"]) and sh["sync_gap"]["mean"] is not None
+        if mode == "foreground":
+            assert sh["sync_gap"]["max"] == 3
 
 
 def test_a_dead_ps_shard_stops_the_run_with_a_clear_error(ray_cluster, data, tmp_path):
@@ -124,7 +131,7 @@ def test_an_embedded_run_leaves_no_ray_process(data, tmp_path):
     assert _wait_gone(proc.pid) == []
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "gba"])
+@pytest.mark.parametrize("mode", ["async", "sync", "gba", "shadow"])
 def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster, data, tmp_path,
                                                                       mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
@@ -140,11 +147,15 @@ def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster,
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 
 
-def test_ctrl_c_stops_within_10_s_writes_the_summary_and_leaves_no_ray_process(data, tmp_path):
+@pytest.mark.parametrize("mode", ["async", "shadow"])
+def test_ctrl_c_stops_within_10_s_writes_the_summary_and_leaves_no_ray_process(data, tmp_path,
+                                                                              mode):
+    """(shadow: with 2 Hogwild threads and the shadow thread in its all-reduce rounds)"""
     import signal
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "recsync", "train", "--out", str(out),
-           "--set", f"data.path={json.dumps(str(data))}", "--set", 'mode="async"',
+           "--set", f"data.path={json.dumps(str(data))}", "--set", f'mode="{mode}"',
+           "--set", "shadow.hogwild_threads=2",
            "--set", "cluster.workers=2", "--set", "model.bottom_mlp=[8]",
            "--set", "model.top_mlp=[8]", "--set", "model.embedding_dim=4",
            "--set", "train.epochs=1000", "--set", "output.plot=false",
@@ -191,3 +202,42 @@ def test_switching_sync_gba_sync_loses_nothing_and_applies_nothing_twice(ray_clu
     switched = [e["event"] for ev in events for e in ev if e["event"].startswith("switched")]
     assert switched == ["switched sync -> gba", "switched gba -> sync"]
     assert 0.5 < summary["eval"]["auc"] <= 1.0
+
+
+@pytest.mark.parametrize("algorithm", ["ma", "easgd", "bmuf"])
+def test_shadow_replicas_that_start_apart_converge_while_training(ray_cluster, data, tmp_path,
+                                                                   algorithm):
+    """Two trainers start from different dense parameters; with the shadow thread running,
+    their distance falls below 2% of where it started while both are still training."""
+    from recsync.dist_driver import DistributedRun
+    from recsync.worker.worker import Worker
+    import ray
+    cfg = config(data, 'mode="shadow"', f'shadow.algorithm="{algorithm}"', "cluster.workers=2",
+                 "cluster.ps_shards=2", "train.epochs=200", "train.dense_lr=0.001",
+                 "shadow.min_interval_s=0.01")
+    run_ = DistributedRun(cfg, Dataset(data), Progress())
+    start = parameters_to_vector(run_.dense_model.parameters()).detach().numpy()
+    apart = [start, start + np.random.default_rng(0).normal(0, 0.5, len(start)).astype(np.float32)]
+    run_.workers = [Worker.remote(r, cfg, run_.shards, run_.queue, {"params": apart[r]})
+                    for r in range(2)]
+    try:
+        host, port = ray.get(run_.workers[0].address.remote())
+        ray.get([w.join_group.remote(host, port, 2) for w in run_.workers])
+        ray.get([w.start.remote(time.time()) for w in run_.workers])
+        initial = np.linalg.norm(apart[0] - apart[1])
+        deadline = time.time() + 60
+        while True:
+            a, b = ray.get([w.dense_vector.remote() for w in run_.workers])
+            states = [s["state"] for s in ray.get([w.status.remote() for w in run_.workers])]
+            assert states == ["running", "running"], states
+            if np.linalg.norm(a - b) < 0.02 * initial:
+                break
+            assert time.time() < deadline, f"distance {np.linalg.norm(a - b)} of {initial}"
+            time.sleep(0.2)
+        assert min(ray.get(w.shadow_stats.remote())["rounds"] for w in run_.workers) > 0
+    finally:
+        for w in run_.workers:
+            ray.kill(w)
+        for s in run_.shards:
+            ray.kill(s)
+        ray.kill(run_.queue)

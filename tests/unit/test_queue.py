@@ -78,7 +78,7 @@ def test_release_puts_the_item_back_at_the_front():
     q = ChunkQueue(its)
     assert q.take(0) == its[0]
     assert q.take(1) == its[1]
-    assert q.release(1) == its[1]
+    assert q.release(1) == [its[1]]
     assert q.summary()["leased"] == 1 and q.summary()["pending"] == 3
     assert q.take(2) == its[1]  # the next taker gets the released item, not its[2]
     assert q.take(3) == its[2]
@@ -87,8 +87,20 @@ def test_release_puts_the_item_back_at_the_front():
 def test_release_of_a_worker_without_a_lease_is_a_no_op():
     its = items(epochs=1, chunks=2)
     q = ChunkQueue(its)
-    assert q.release(5) is None
+    assert q.release(5) == []
     assert q.take(0) == its[0]
+
+
+def test_a_worker_holds_one_lease_per_thread_and_its_death_releases_all_of_them():
+    its = items(epochs=1, chunks=4)
+    q = ChunkQueue(its)
+    a, b = q.take(0, slot=0), q.take(0, slot=1)
+    with pytest.raises(RuntimeError):
+        q.take(0, slot=1)  # slot 1 already holds b
+    with pytest.raises(RuntimeError):
+        q.done(0, a, slot=1)  # a is slot 0's
+    assert q.release(0) == [a, b]
+    assert [q.take(1), q.take(2)] == [a, b]  # back at the front, in their order
 
 
 def test_worker_death_mid_run_still_completes_every_item_exactly_once():
@@ -100,7 +112,7 @@ def test_worker_death_mid_run_still_completes_every_item_exactly_once():
             q.done(w, q.take(w))
     q.done(0, q.take(0))
     lost = q.take(1)
-    assert q.release(1) == lost  # the driver saw worker 1 die
+    assert q.release(1) == [lost]  # the driver saw worker 1 die
     survivor_chunks = []
     while (item := q.take(0)) is not None:
         survivor_chunks.append(item)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from recsync.data.reader import Batch
+from recsync.ps.aggregation import as_tensor
 from recsync.ps.client import PSClient
 from recsync.sync.base import STOP, Mode
 from recsync.sync.shadow_rules import BMUF, easgd_delta, mean_of
@@ -98,7 +99,7 @@ class ElasticSync:
         self.replica, self.shard, self.alpha = replica, shard, alpha
 
     def round(self, done: bool) -> bool:
-        center = torch.from_numpy(ray.get(self.shard.easgd_center.remote()))
+        center = as_tensor(ray.get(self.shard.easgd_center.remote()))
         d = easgd_delta(self.replica.vector(), center, self.alpha)
         self.replica.add_(-d)
         ray.get(self.shard.easgd_push.remote(d.numpy()))

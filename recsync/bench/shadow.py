@@ -2,20 +2,23 @@
 against the same algorithms run in the foreground every k iterations.
 
 T = 2 trainers, S = 2 PS shards, one pass over the same synthetic data, the default DLRM
-(MLPs [512, 256, 64] and [512, 256]), batch 4096 per trainer, chunks of 4 batches, the default
-learning rates, one Hogwild thread per trainer and one intra-op thread, in every arm:
+(MLPs [512, 256, 64] and [512, 256]), batch 4096 per trainer, chunks of 4 batches, the
+default optimizers and learning rates, one Hogwild thread per trainer and one intra-op thread,
+in every arm:
 
 - ``none``: mode shadow with ``shadow.algorithm = "none"``: each trainer trains its own dense
   replica, never synchronized (the throughput ceiling);
-- ``s_ma``, ``s_easgd``, ``s_bmuf``: mode shadow, the shadow thread syncing as fast as the
-  default ``shadow.min_interval_s`` (0.1 s) lets it;
+- ``s_ma``, ``s_easgd``, ``s_bmuf``: mode shadow, the shadow thread syncing as fast as it can
+  but at most once per ``shadow.min_interval_s``, set to the median step time of a trainer in
+  round 1's ``none`` arm: about one background sync per training iteration;
 - ``fr_ma``, ``fr_easgd``, ``fr_bmuf``: mode foreground, syncing inside the training loop every
   k iterations. k is chosen so that the sync frequency is comparable: it is the mean realised
   sync gap (training iterations between two syncs) of the background arm of the same algorithm
-  in round 1, rounded, and at least 1 (the foreground cannot sync more often than once per
-  iteration);
+  in round 1, rounded, and at least 1. (The foreground cannot sync more often than once per
+  iteration; that is why the background interval is one step time: at the default 0.1 s the
+  shadow thread synced 2.5 times per iteration here, and no k could match it.)
 - ``s_ma_h1``, ``s_ma_h2``: one trainer with 1 and 2 Hogwild threads (the Hogwild speed-up; MA
-  among one trainer runs its rounds but moves nothing).
+  among one trainer runs its rounds but moves nothing), with the same interval.
 
 The arms alternate over ``ROUNDS`` rounds. samples/s counts the steps after a warm-up (from the
 metrics logs, as in scenario `overhead`), the median of the rounds; AUC is the whole eval split's
@@ -37,8 +40,8 @@ from recsync.config import RunConfig, load_config
 from recsync.data.synthetic import SynthSpec
 from recsync.plot import plot_runs
 
-ROUNDS = 2
-ROWS = 1_000_000  # training rows at --scale 1
+ROUNDS = 3
+ROWS = 800_000  # training rows at --scale 1
 EVAL_ROWS = 100_000
 TRAINERS, SHARDS, BATCH = 2, 2, 4096
 CHUNK_BATCHES = 4  # small chunks: at the end, one trainer (or thread) runs alone for little time
@@ -50,17 +53,19 @@ COMMON = [
 ]
 
 
-def arm_args(name: str, k: dict[str, int]) -> list[str]:
-    """The config overrides of arm ``name`` (``k``: foreground k per algorithm)."""
+def arm_args(name: str, k: dict[str, int], interval_s: float | None) -> list[str]:
+    """The config overrides of arm ``name`` (``k``: foreground k per algorithm;
+    ``interval_s``: the background arms' least time between syncs)."""
+    interval = [] if interval_s is None else [f"shadow.min_interval_s={interval_s}"]
     if name in ("s_ma_h1", "s_ma_h2"):
         return ['mode="shadow"', 'shadow.algorithm="ma"', "cluster.workers=1",
-                f"shadow.hogwild_threads={name[-1]}"]
+                f"shadow.hogwild_threads={name[-1]}", *interval]
     base = [f"cluster.workers={TRAINERS}", "shadow.hogwild_threads=1"]
     if name == "none":
         return [*base, 'mode="shadow"', 'shadow.algorithm="none"']
     kind, algorithm = name.split("_")
     if kind == "s":
-        return [*base, 'mode="shadow"', f'shadow.algorithm="{algorithm}"']
+        return [*base, 'mode="shadow"', f'shadow.algorithm="{algorithm}"', *interval]
     return [*base, 'mode="foreground"', f'shadow.algorithm="{algorithm}"',
             f"shadow.foreground_every={k[algorithm]}"]
 
@@ -83,14 +88,19 @@ def run(out: Path, scale: float) -> dict:
     hogwild = ["s_ma_h1", "s_ma_h2"]
     runs: dict[str, list[dict]] = {n: [] for n in background + foreground + hogwild}
     k: dict[str, int] = {}
+    interval_s = None
     cfgs: dict[str, RunConfig] = {}
     for r in range(ROUNDS):
         for name in background + foreground + hogwild:
+            if name != "none" and interval_s is None:  # after round 1's none arm
+                interval_s = round(runs["none"][0]["worker_step_s_median"], 2)
+                print(f"shadow.min_interval_s = {interval_s} (a trainer's median step time in "
+                      f"arm none)", flush=True)
             if name in foreground and not k:  # after round 1's background arms
                 k = {a: k_from_gap(runs[f"s_{a}"][0]["shadow"]["sync_gap"]["mean"])
                      for a in ALGORITHMS}
                 print(f"foreground k (mean sync gap of the background arms): {k}", flush=True)
-            cfgs[name] = arm_config(out / "data", arm_args(name, k))
+            cfgs[name] = arm_config(out / "data", arm_args(name, k, interval_s))
             print(f"round {r + 1}/{ROUNDS}: {name} ...", flush=True)
             runs[name].append(ov.run_arm(cfgs[name], out / "arms" / name / f"round{r + 1}",
                                          name))
@@ -128,8 +138,8 @@ def run(out: Path, scale: float) -> dict:
             f"{TRAINERS} trainers x batch {BATCH}, {SHARDS} PS shards, one pass over "
             f"{arms['none']['samples']:,} synthetic rows in every arm (the Hogwild pair: 1 "
             f"trainer); default DLRM and optimizers; 1 Hogwild thread per trainer except in "
-            f"s_ma_h2; shadow.min_interval_s at its default "
-            f"({cfgs['s_ma'].shadow.min_interval_s:g} s); foreground k = "
+            f"s_ma_h2; shadow.min_interval_s {interval_s:g} s (a trainer's median step time "
+            f"in round 1 of arm none); foreground k = "
             + ", ".join(f"{a} {v}" for a, v in k.items())
             + f" (the mean sync gap of the background arm of the same algorithm in round 1, "
               f"rounded, at least 1). All processes share the machine's {os.cpu_count()} "

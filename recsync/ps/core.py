@@ -28,6 +28,7 @@ import torch
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
 from recsync.ps.aggregation import GradientBuffer, StalenessDecay, as_tensor
+from recsync.sync.shadow_rules import easgd_delta
 
 
 class DenseState:
@@ -168,6 +169,13 @@ class ShardCore:
                              f"{tuple(self.center.shape)}")
         self.center.add_(as_tensor(d))
         self.easgd_pushes += 1
+
+    def easgd_exchange(self, replica: np.ndarray, alpha: float) -> np.ndarray:
+        """One EASGD round in one call: d = alpha (w - c) from a trainer's replica w; the
+        center moves by +d here, and the trainer moves by -d with the d returned."""
+        d = easgd_delta(as_tensor(replica), torch.from_numpy(self.easgd_center()), alpha)
+        self.easgd_push(d.numpy())
+        return d.numpy()
 
     # -- switching between sync and gba (the driver pauses every worker first) ---------------
     def install_dense(self, params: np.ndarray, optimizer: str, lr: float,

@@ -10,7 +10,8 @@ dense replica, and the synchronization that keeps the trainers' replicas in step
 - ``HogwildStep``: one thread's step: pull the batch's rows from the PS, forward, backward (the
   gradients returned, not accumulated in shared ``.grad``), update the replica, push the row
   gradients (embeddings are trained asynchronously on the PS, as in mode async).
-- Synchronizers, one round each: ``ElasticSync`` (EASGD; the center copy lives on PS shard 0),
+- Synchronizers, one round each: ``ElasticSync`` (EASGD; the center copy lives on PS shard 0,
+  which computes the move),
   ``AveragingSync`` (MA, and BMUF with its block momentum) over a process group of their own.
   ``round(done)`` carries whether this trainer has finished training; the all-reduce adds the
   flags up, so every trainer learns in the same round that all are done and stops after it:
@@ -31,7 +32,7 @@ from recsync.data.reader import Batch
 from recsync.ps.aggregation import as_tensor
 from recsync.ps.client import PSClient
 from recsync.sync.base import STOP, Mode
-from recsync.sync.shadow_rules import BMUF, easgd_delta, mean_of
+from recsync.sync.shadow_rules import BMUF, mean_of
 
 
 class DenseReplica:
@@ -92,17 +93,16 @@ class HogwildStep(Mode):
 
 
 class ElasticSync:
-    """EASGD: pull the center c from PS shard 0, d = alpha (w - c), w -= d, push d (c += d).
-    Needs no agreement between trainers: each stops when it is done."""
+    """EASGD against the center c on PS shard 0: d = alpha (w - c), c += d there, w -= d here.
+    One call a round (the shard computes d from the replica sent: pulling c and pushing d would
+    move the vector three times). Needs no agreement between trainers: each stops when done."""
 
     def __init__(self, replica: DenseReplica, shard, alpha: float):
         self.replica, self.shard, self.alpha = replica, shard, alpha
 
     def round(self, done: bool) -> bool:
-        center = as_tensor(ray.get(self.shard.easgd_center.remote()))
-        d = easgd_delta(self.replica.vector(), center, self.alpha)
-        self.replica.add_(-d)
-        ray.get(self.shard.easgd_push.remote(d.numpy()))
+        d = ray.get(self.shard.easgd_exchange.remote(self.replica.vector().numpy(), self.alpha))
+        self.replica.add_(-as_tensor(d))
         return done
 
 

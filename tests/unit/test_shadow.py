@@ -91,8 +91,7 @@ class FakeShard:
     """A PS shard handle holding EASGD's center; ``.remote`` runs at once (ray.get patched)."""
 
     def __init__(self, core):
-        self.easgd_center = type("M", (), {"remote": staticmethod(core.easgd_center)})
-        self.easgd_push = type("M", (), {"remote": staticmethod(core.easgd_push)})
+        self.easgd_exchange = type("M", (), {"remote": staticmethod(core.easgd_exchange)})
 
 
 def test_easgd_round_moves_replica_and_the_shards_center_by_d(monkeypatch):

@@ -61,6 +61,30 @@ def _print_summary(summary: dict, out: Path) -> None:
     click.echo(f"{summary['status']}: {summary['samples']:,} samples in {summary['steps']:,} "
                f"steps, {summary['samples_per_s']:,.0f} samples/s (measured)")
     click.echo(line)
+    emulated = []
+    if summary.get("stragglers_emulated"):
+        emulated.append("stragglers")
+    if summary.get("network_emulated"):
+        net = summary["network_emulated"]
+        emulated.append(f"network delay ({net['latency_ms']:g} ms per PS call, "
+                        f"{net['ms_per_mb']:g} ms per MB)")
+    if emulated:
+        click.echo("EMULATED: " + ", ".join(emulated) + "; the figures above ran under them")
+    sh = summary.get("shadow")
+    if sh and sh["algorithm"] != "none":
+        rates = [r for r in sh["syncs_per_s"] if r is not None]
+        gap = sh["sync_gap"]
+        click.echo(f"{'background' if sh['background'] else 'foreground'} {sh['algorithm']}: "
+                   f"{sum(rates) / max(len(rates), 1):.1f} syncs/s per worker, sync gap "
+                   + (f"{gap['mean']:.2f} iterations (p99 {gap['p99']})" if gap["mean"] is not None
+                      else "n/a"))
+    eager = summary.get("eager")
+    if eager and eager["iteration_s"]:
+        it, tau = eager["iteration_s"], eager["tau"]
+        click.echo(f"step {it['step']:.3f} s: compute {it['compute']:.3f}, waiting for pull "
+                   f"{it['pull_wait']:.3f}, for push {it['push_wait']:.3f}; staleness known "
+                   f"to workers: mean {tau['mean']:.2f}, max {tau['max']}; lr x "
+                   f"{eager['multiplier']['mean']:.3f} on average")
     click.echo(f"outputs: {out}/summary.json, metrics.jsonl, config.toml"
                + (", training.png" if (out / 'training.png').exists() else ""))
 

@@ -142,6 +142,29 @@ class ShadowConfig(Section):
         return self.bmuf_momentum if self.bmuf_momentum >= 0 else 1.0 - 1.0 / trainers
 
 
+class EagerConfig(Section):
+    overlap: bool = True
+    """send the next batch's pull before computing this one, and push without waiting (false:
+    pull, compute, push, each waited for: the baseline)"""
+    lr_modulation: Literal["inverse", "inverse_sqrt", "none"] = "inverse"
+    """m(τ), the learning-rate multiplier of an update whose worker knew it missed τ updates:
+    "inverse" 1 / max(1, τ), "inverse_sqrt" 1 / sqrt(max(1, τ)), "none" 1"""
+
+
+class NetworkConfig(Section):
+    """EMULATED network delay on every call to a PS shard (pull, push), for experiments; every
+    report of a run with it says so."""
+
+    latency_ms: float = Field(0.0, ge=0)
+    """added to each call, half on the way there and half on the way back"""
+    ms_per_mb: float = Field(0.0, ge=0)
+    """added per MB a call carries (request and answer), e.g. 8 for 1 Gbit/s"""
+
+    @property
+    def enabled(self) -> bool:
+        return self.latency_ms > 0 or self.ms_per_mb > 0
+
+
 class SwitchConfig(Section):
     to: Literal["sync", "gba"]
     """the mode to switch to"""
@@ -210,13 +233,15 @@ class FaultsConfig(Section):
 
 
 class RunConfig(Section):
-    mode: Literal["local", "sync", "async", "gba", "shadow", "foreground"] = "local"
+    mode: Literal["local", "sync", "async", "gba", "shadow", "foreground", "eager"] = "local"
     """how workers synchronize: "local" (one process, the baseline), "sync" (all-reduce dense
     gradients, PS applies row gradients once all workers' arrived), "async" (PS applies every
     gradient as it arrives), "gba" (PS applies the mean of a global batch of gradients, decaying
     stale ones; no worker waits), "shadow" (each worker trains its own dense replica with
     Hogwild threads, a background thread keeps the replicas in step: [shadow]), "foreground"
-    (the same, synchronizing every shadow.foreground_every iterations inside training)"""
+    (the same, synchronizing every shadow.foreground_every iterations inside training),
+    "eager" (async with the next batch's pull sent before this one is computed, and learning
+    rates scaled down for stale updates: [eager])"""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
@@ -225,6 +250,8 @@ class RunConfig(Section):
     gba: GBAConfig = GBAConfig()
     switching: SwitchingConfig = SwitchingConfig()
     shadow: ShadowConfig = ShadowConfig()
+    eager: EagerConfig = EagerConfig()
+    network: NetworkConfig = NetworkConfig()
     faults: FaultsConfig = FaultsConfig()
 
     @model_validator(mode="after")
@@ -244,7 +271,10 @@ class RunConfig(Section):
         if self.mode == "local" and (self.faults.stragglers or self.faults.kills
                                      or self.faults.kill_mean_s):
             raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\", "
-                             "\"gba\", \"shadow\" or \"foreground\")")
+                             "\"gba\", \"shadow\", \"foreground\" or \"eager\")")
+        if self.mode == "local" and self.network.enabled:
+            raise ValueError("network: the emulated network delays calls to PS shards; mode "
+                             "\"local\" has none (choose a distributed mode)")
         return self
 
     def to_toml(self) -> str:

@@ -98,9 +98,11 @@ class DistributedRun:
                                                     ds.table_names,
                                                     table_rows_for(cfg.model, ds.table_rows))
         dense_init = parameters_to_vector(self.dense_model.parameters()).detach().numpy()
+        net = cfg.network
+        network = (net.latency_ms / 1e3, net.ms_per_mb / 1e3 / 2**20) if net.enabled else None
         self.shards = [PSShard.remote(functools.partial(
             _make_core, self.tables, cfg, s,
-            dense_init if s == 0 else None))
+            dense_init if s == 0 else None), network)
             for s in range(c.ps_shards)]
         chunks = ds.chunks("train", cfg.data.chunk_rows or 16 * t.batch_size)
         seed = t.seed if cfg.data.shuffle else None
@@ -135,7 +137,8 @@ class DistributedRun:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 out.append({"rank": r, "state": "dead", "error": None, **self.last[r],
                             "loss_sum": 0.0, "loss_samples": 0, "step_s": 0.0,
-                            "interval_steps": 0, "straggle_s": 0.0, "compute_s": 0.0})
+                            "interval_steps": 0, "straggle_s": 0.0, "compute_s": 0.0,
+                            "pull_wait_s": 0.0, "push_wait_s": 0.0})
         for s in out:
             self.last[s["rank"]] = {"samples": s["samples"], "steps": s["steps"]}
         return [{**s, "samples": s["samples"] + self.done_before[s["rank"]]["samples"],
@@ -266,9 +269,11 @@ class DistributedRun:
         if self.mode == "gba":  # the last, partial global batch: nothing is left unapplied
             ray.get([s.flush_gba.remote() for s in self.shards])
         shard_stats = ray.get([s.stats.remote() for s in self.shards])
-        shadow = None
+        shadow = eager = None
         if self.mode in HOGWILD_MODES:
             shadow = ray.get([w.shadow_stats.remote() for w in self.workers])
+        if self.mode == "eager":
+            eager = ray.get([w.eager_stats.remote() for w in self.workers])
         if _holds_center(self.cfg):  # EASGD's model is its center copy
             final_dense = ray.get(self.shards[0].easgd_center.remote())
         elif self.mode in ("sync", *HOGWILD_MODES):  # ma, bmuf: all replicas are alike now;
@@ -282,7 +287,7 @@ class DistributedRun:
         model = LocalModel(self.dense_model, PSClient(self.shards, [tb.dim for tb in self.tables]),
                            None)
         final_eval = evaluate(model, self.ds, self.ds.rows("eval"), t.eval_batch_size)
-        return {"eval": final_eval, "shards": shard_stats, "shadow": shadow,
+        return {"eval": final_eval, "shards": shard_stats, "shadow": shadow, "eager": eager,
                 "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
                 "model": model}  # its lookup serves the trained rows while the session lasts
 
@@ -380,6 +385,15 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                                      else None for s in statuses],
                 "staleness": None, "events": progress.events[progress.logged_events:],
                 "eval": None}
+            if cfg.mode == "eager":  # where a step's time went, per worker
+                for key in ("pull_wait_s", "push_wait_s"):
+                    record[f"worker_{key}"] = [s[key] / s["interval_steps"]
+                                               if s["interval_steps"] else None
+                                               for s in statuses]
+                for key in ("step_s", "compute_s", "pull_wait_s", "push_wait_s",
+                            "interval_steps"):
+                    progress.split[key] = progress.split.get(key, 0) + sum(s[key]
+                                                                           for s in statuses)
             progress.samples, progress.steps = samples, record["step"]
             progress.logged_events = len(progress.events)
             last = now

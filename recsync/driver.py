@@ -36,6 +36,7 @@ class Progress:
     events: list[dict] = field(default_factory=list)
     logged_events: int = 0
     modes: list[dict] = field(default_factory=list)  # {mode, from_s, to_s, cause}, in order
+    split: dict = field(default_factory=dict)  # eager: step, compute, wait totals (all workers)
     status: str = "running"
     error: str | None = None
 
@@ -198,6 +199,10 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
         "gba": (_gba_counts(result.get("shards", []))
                 if any(m["mode"] == "gba" for m in modes) else None),
         "shadow": _shadow_summary(cfg, result.get("shadow")),
+        "eager": _eager_summary(cfg, result.get("eager"), progress.split),
+        "network_emulated": ({"latency_ms": cfg.network.latency_ms,
+                              "ms_per_mb": cfg.network.ms_per_mb}
+                             if cfg.network.enabled and distributed else None),
         "per_worker": _per_worker(result),
         "per_shard": [{k: st[k] for k in ("version", "pulls", "pushes", "rows_touched",
                                           "samples_applied")}
@@ -234,6 +239,30 @@ def _shadow_summary(cfg: RunConfig, per_worker: list[dict] | None) -> dict | Non
         "sync_gap": _distribution(gaps),
         "sync_s_mean": (sum(w["round_s"] for w in per_worker) / rounds) if rounds else None,
         "threads_left_running": sum(w["threads_alive"] for w in per_worker),
+    }
+
+
+def _eager_summary(cfg: RunConfig, per_worker: list[dict] | None, split: dict) -> dict | None:
+    """Mode eager: the staleness τ each update's worker knew of, the learning-rate multipliers
+    m(τ) applied, and where a step's time went (means per step over all workers' steps)."""
+    if not per_worker:
+        return None
+    taus: dict[int, int] = {}
+    for w in per_worker:
+        for tau, n in w["taus"].items():
+            taus[int(tau)] = taus.get(int(tau), 0) + n
+    updates = sum(w["updates"] for w in per_worker)
+    steps = split.get("interval_steps", 0)
+    return {
+        "overlap": cfg.eager.overlap, "lr_modulation": cfg.eager.lr_modulation,
+        "tau": _distribution(taus),
+        "multiplier": {"mean": sum(w["multiplier_sum"] for w in per_worker) / updates
+                       if updates else None,
+                       "min": min(w["multiplier_min"] for w in per_worker) if updates else None,
+                       "updates": updates},
+        "iteration_s": {k.removesuffix("_s"): split[k] / steps
+                        for k in ("step_s", "compute_s", "pull_wait_s", "push_wait_s")}
+                       if steps else None,
     }
 
 

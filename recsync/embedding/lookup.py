@@ -27,6 +27,7 @@ class PulledBatch:
     rows: torch.Tensor        # float32 [Σ u_t, dim], a leaf that collects the row gradients
     index: torch.Tensor       # int64 [B, T]: sample i's row of table t is rows[index[i, t]]
     placement: Any = None     # where the ids live, for a sharded lookup's push
+    versions: list[int] | None = None  # a sharded lookup: the version each shard read
 
     def embeddings(self) -> torch.Tensor:
         """The model's input, [B, T, dim]; gradients flow back into ``rows``."""

@@ -28,6 +28,15 @@ class Placement:
         return [ids[t][p[shard]].numpy() for t, p in enumerate(self.positions)]
 
 
+@dataclass
+class PendingPull:
+    """A pull sent to every shard, not yet waited for."""
+
+    tables: list[tuple[torch.Tensor, torch.Tensor]]  # per table: (unique ids, inverse)
+    placement: Placement
+    refs: list  # one answer per shard
+
+
 class PSClient:
     """Not thread-safe: one per worker thread."""
 
@@ -40,6 +49,7 @@ class PSClient:
         self.staleness: list[int] = []
         self.last_dense: np.ndarray | None = None
         self.last_versions: list[int] = []
+        self.seen_versions: list[int] = []  # per shard, the newest version any answer carried
 
     def pull(self, sparse: torch.Tensor, min_version: int = 0) -> PulledBatch:
         """Rows for a batch's ids (int64 [B, T]). Blocks until every shard answered.
@@ -48,35 +58,65 @@ class PSClient:
         The dense vector (if a shard holds it) and each shard's version are kept in
         ``last_dense`` and ``last_versions``; the batch also carries its placement for push.
         """
+        return self.complete(self.pull_async(sparse, min_version))
+
+    def pull_async(self, sparse: torch.Tensor, min_version: int = 0) -> PendingPull:
+        """Send a batch's pull to every shard and return at once; ``complete`` waits for it."""
         tables = dedup(sparse)
         ids = [u for u, _ in tables]
         placement = Placement([split_by_shard(u, len(self.shards)) for u in ids])
         refs = [s.pull.remote(placement.ids_for(ids, i), min_version)
                 for i, s in enumerate(self.shards)]
-        answers = ray.get(refs)
+        return PendingPull(tables, placement, refs)
+
+    def complete(self, pending: PendingPull) -> PulledBatch:
+        """Wait for a pull's answers and merge them. The batch carries the version each shard
+        read (``versions``), whatever order pulls complete in."""
+        answers = ray.get(pending.refs)
+        ids = [u for u, _ in pending.tables]
         # merged in numpy: Ray hands back read-only arrays, which numpy copies from freely
         rows = [np.empty((len(u), d), np.float32) for u, d in zip(ids, self.dims)]
         for s, (shard_rows, dense, _) in enumerate(answers):
             for t, r in enumerate(shard_rows):
-                rows[t][placement.positions[t][s].numpy()] = r
+                rows[t][pending.placement.positions[t][s].numpy()] = r
             if dense is not None:
                 self.last_dense = dense
         self.last_versions = [a[2] for a in answers]
-        pulled = fuse([(u, inv, torch.from_numpy(r)) for (u, inv), r in zip(tables, rows)])
-        pulled.placement = placement
+        self._see(self.last_versions)
+        pulled = fuse([(u, inv, torch.from_numpy(r)) for (u, inv), r in
+                       zip(pending.tables, rows)])
+        pulled.placement = pending.placement
+        pulled.versions = list(self.last_versions)
         return pulled
+
+    def known_versions(self, pending: PendingPull | None = None) -> list[int]:
+        """The newest version of each shard this client has seen, counting the answers of
+        ``pending`` that have already arrived (without waiting for the others)."""
+        if pending is not None:
+            self._see([ray.get(r)[2] if ray.wait([r], num_returns=1, timeout=0)[0] else -1
+                       for r in pending.refs])
+        return list(self.seen_versions)
+
+    def _see(self, versions: list[int]) -> None:
+        if not self.seen_versions:
+            self.seen_versions = [-1] * len(self.shards)
+        self.seen_versions = [max(a, b) for a, b in zip(self.seen_versions, versions)]
 
     def _grads_for(self, pulled: PulledBatch, shard: int, scale: float) -> list[np.ndarray]:
         grads = pulled.row_grads()
         out = [g[p[shard]] for g, p in zip(grads, pulled.placement.positions)]  # gathers: copies
         return [(g * scale if scale != 1.0 else g).numpy() for g in out]
 
-    def push(self, pulled: PulledBatch, dense_grad: np.ndarray | None = None) -> None:
+    def push(self, pulled: PulledBatch, dense_grad: np.ndarray | None = None,
+             lr_scales: list[float] | None = None) -> None:
         """Async: send each shard its rows' gradients (and the dense one to its shard) with the
         version read at pull. Returns at once unless ``push_window`` pushes are in flight, in
-        which case it first waits for the oldest (and records its staleness)."""
+        which case it first waits for the oldest (and records its staleness). ``lr_scales``:
+        a learning-rate multiplier per shard for this update (eager)."""
+        versions = getattr(pulled, "versions", None) or self.last_versions
         self._push_each(lambda s, shard, ids, grads, dense: shard.push.remote(
-            ids, grads, dense, self.last_versions[s]), pulled, dense_grad, 1.0)
+            ids, grads, dense, versions[s], 1.0 if lr_scales is None else lr_scales[s]),
+            pulled, dense_grad, 1.0)
 
     def push_gba(self, pulled: PulledBatch, dense_grad: np.ndarray, samples: int) -> None:
         """GBA: like ``push``, with gradients x ``samples`` and the version read at pull as the

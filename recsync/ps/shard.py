@@ -16,39 +16,66 @@ import ray
 from recsync.ps.core import ShardCore
 
 
+def nbytes(x) -> int:
+    """Bytes of the arrays in a call's arguments or answer (lists and tuples of arrays)."""
+    if isinstance(x, np.ndarray):
+        return x.nbytes
+    if isinstance(x, (list, tuple)):
+        return sum(nbytes(v) for v in x)
+    return 0
+
+
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class PSShard:
-    def __init__(self, build_core):
-        """``build_core()`` returns this shard's ShardCore (built here, in the actor)."""
+    def __init__(self, build_core, network: tuple[float, float] | None = None):
+        """``build_core()`` returns this shard's ShardCore (built here, in the actor).
+        ``network``: (latency s, s per byte) of an EMULATED network: every pull and push waits
+        half the latency plus its request's bytes before it is served, and half the latency
+        (plus the answer's bytes) before it answers. Other calls are served meanwhile."""
         self.core: ShardCore = build_core()
         self._changed = asyncio.Condition()
+        self.network = network
+
+    async def _travel(self, payload) -> None:
+        if self.network is not None:
+            latency_s, s_per_byte = self.network
+            await asyncio.sleep(latency_s / 2 + nbytes(payload) * s_per_byte)
 
     async def pull(self, ids: list[np.ndarray], min_version: int = 0):
         """Rows of ``ids`` per table (int64, unique, owned here), dense vector or None, version.
 
         Waits until the shard's version is at least ``min_version`` (sync mode).
         """
+        await self._travel(ids)
         if self.core.version < min_version:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.core.version >= min_version)
-        return self.core.pull(ids)
+        answer = self.core.pull(ids)
+        await self._travel(answer)
+        return answer
 
     async def push(self, ids, grads, dense_grad, version_read: int, lr_scale: float = 1.0) -> int:
+        await self._travel((ids, grads, dense_grad))
         staleness = self.core.push(ids, grads, dense_grad, version_read, lr_scale)
         await self._notify()
+        await self._travel(None)
         return staleness
 
     async def push_sync(self, step: int, ids, grads, dense_grad, samples: int) -> bool:
+        await self._travel((ids, grads, dense_grad))
         applied = self.core.push_sync(step, ids, grads, dense_grad, samples)
         if applied:
             await self._notify()
+        await self._travel(None)
         return applied
 
     async def push_gba(self, ids, grads, dense_grad, token: int, samples: int) -> int:
+        await self._travel((ids, grads, dense_grad))
         version = self.core.version
         staleness = self.core.push_gba(ids, grads, dense_grad, token, samples)
         if self.core.version != version:
             await self._notify()
+        await self._travel(None)
         return staleness
 
     async def flush_gba(self) -> int:
@@ -70,8 +97,8 @@ class PSShard:
     async def easgd_center(self):
         return self.core.easgd_center()
 
-    async def easgd_push(self, d) -> None:
-        self.core.easgd_push(d)
+    async def easgd_exchange(self, replica, alpha: float):
+        return self.core.easgd_exchange(replica, alpha)
 
     async def _notify(self) -> None:
         async with self._changed:

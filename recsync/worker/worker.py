@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import itertools
 import os
 import socket
 import threading
@@ -83,7 +84,8 @@ class Worker:
         self.state, self.error = "created", None
         self.steps = self.samples = 0
         self._interval = {"loss_sum": 0.0, "loss_samples": 0, "step_s": 0.0,
-                          "interval_steps": 0, "straggle_s": 0.0, "compute_s": 0.0}
+                          "interval_steps": 0, "straggle_s": 0.0, "compute_s": 0.0,
+                          "pull_wait_s": 0.0, "push_wait_s": 0.0}
         self._pause_requested = threading.Event()
         self._resumed = threading.Event()
         self._resume_args: tuple = ()
@@ -166,16 +168,40 @@ class Worker:
                 "threads_alive": h.threads_alive()}
 
     def _batches(self, slot: int = 0):
+        """Batches of the chunks this worker's thread ``slot`` leases, one chunk at a time;
+        a chunk is reported done when the next batch is asked for after its last one (whose
+        step is then done)."""
+        for batch, finished in self._leased_batches((slot,)):
+            yield batch
+            if finished is not None:
+                self._chunk_done(*finished)
+
+    def _leased_batches(self, slots: tuple[int, ...]):
+        """(batch, finished): ``finished`` is (chunk, slot) on the last batch of a chunk, for
+        the caller to report done once that batch's step is done. Successive chunks take
+        turns in ``slots``: with two, a caller may look a batch ahead into the next chunk
+        while the last step of the current one is under way."""
         t = self.cfg.train
         seed = t.seed if self.cfg.data.shuffle else None
-        while True:
+        for k in itertools.count():
+            slot = slots[k % len(slots)]
             item = ray.get(self.queue.take.remote(self.rank, slot))
             if item is None:
                 return
             epoch, chunk = item
             self.taken.append(item)
-            yield from self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch)
-            ray.get(self.queue.done.remote(self.rank, item, slot))  # its last step is done
+            previous = None
+            for batch in self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch):
+                if previous is not None:
+                    yield previous, None
+                previous = batch
+            if previous is None:
+                self._chunk_done(item, slot)
+            else:
+                yield previous, (item, slot)
+
+    def _chunk_done(self, item, slot: int) -> None:
+        ray.get(self.queue.done.remote(self.rank, item, slot))
 
     def _load_dense(self, dense_state: dict, flat: bool = False) -> None:
         with torch.no_grad():
@@ -191,6 +217,10 @@ class Worker:
         self.client.dense_shard = 0 if self.mode_name in PS_DENSE_MODES else None
         if self.mode_name == "sync":
             mode = SYNC_MODES["sync"](self.model, self.client, self.optimizer, self.step_index)
+        elif self.mode_name == "eager":
+            mode = SYNC_MODES["eager"](self.model, self.client, overlap=self.cfg.eager.overlap,
+                                       lr_modulation=self.cfg.eager.lr_modulation)
+            mode.add_waits = self._add_waits
         else:
             mode = SYNC_MODES[self.mode_name](self.model, self.client)
         mode.after_compute = self._after_compute
@@ -239,10 +269,17 @@ class Worker:
                 self._interval["loss_sum"] += loss * n
                 self._interval["loss_samples"] += n
 
+    def _add_waits(self, pull_s: float, push_s: float) -> None:
+        with self._lock:
+            self._interval["pull_wait_s"] += pull_s
+            self._interval["push_wait_s"] += push_s
+
     def _run(self) -> None:
         try:
             if self.mode_name in HOGWILD_MODES:
                 self._run_hogwild()
+            elif self.mode_name == "eager":
+                self._run_eager()
             else:
                 self._run_mode()
             self.state = "done"
@@ -263,6 +300,29 @@ class Worker:
             if mode.agreed_pause():
                 mode = self._pause(mode)
         mode.finish()
+
+    def _run_eager(self) -> None:
+        """Mode eager: the step is given the next batch too, so that it can send that batch's
+        pull before computing this one. A chunk is reported done after its last step."""
+        self.mode = mode = self._make_mode()
+        max_steps = self.cfg.train.max_steps
+        source = self._leased_batches((0, 1))  # the batch ahead may be the next chunk's
+        current = next(source, None)
+        while current is not None and not (max_steps and self.steps >= max_steps):
+            ahead = None if max_steps and self.steps + 1 >= max_steps else next(source, None)
+            begin = time.perf_counter()
+            loss = mode.step(current[0], ahead[0] if ahead else None)
+            self._record(current[0], loss, time.perf_counter() - begin)
+            if current[1] is not None:
+                self._chunk_done(*current[1])
+            current = ahead
+        mode.finish()
+
+    def eager_stats(self) -> dict:
+        """Mode eager: τ as this worker knew it, and the learning-rate multipliers applied."""
+        if self.mode_name != "eager" or self.mode is None:
+            raise RuntimeError(f"worker {self.rank} is not training in mode eager")
+        return self.mode.stats()
 
     def _run_hogwild(self) -> None:
         """Modes shadow and foreground: ``shadow.hogwild_threads`` training threads (each with

@@ -66,7 +66,7 @@ def test_sync_two_workers_equal_local_with_the_global_batch(ray_cluster, data, t
     assert sync_rows.abs().sum() > 0 and not torch.equal(sync_rows, torch.zeros_like(sync_rows))
 
 
-@pytest.mark.parametrize("mode", ["async", "gba", "shadow", "foreground"])
+@pytest.mark.parametrize("mode", ["async", "gba", "shadow", "foreground", "eager"])
 def test_ps_modes_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path, mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
                  f"data.chunk_rows={4 * B}", "train.epochs=2", "shadow.hogwild_threads=2",
@@ -85,6 +85,13 @@ def test_ps_modes_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path,
         assert gba["applied"] + gba["dropped"] == 2 * steps
         for shard in gba["per_shard"]:  # M = 2 gradients an update, the last one partial
             assert shard["updates"] == -(-shard["applied"] // 2)
+    if mode == "eager":  # every step's push reached every shard and was applied
+        steps = sum(w["steps"] for w in summary["per_worker"])
+        assert [sh["pushes"] for sh in summary["per_shard"]] == [steps, steps]
+        assert [sh["version"] for sh in summary["per_shard"]] == [steps, steps]
+        eager = summary["eager"]
+        assert eager["multiplier"]["updates"] == 2 * steps and eager["tau"]["max"] >= 1
+        assert eager["iteration_s"]["compute"] > 0
     if mode in ("shadow", "foreground"):  # 2 Hogwild threads a worker, MA between workers
         sh = summary["shadow"]
         assert sh["threads_left_running"] == 0 and sh["hogwild_threads"] == 2
@@ -131,7 +138,7 @@ def test_an_embedded_run_leaves_no_ray_process(data, tmp_path):
     assert _wait_gone(proc.pid) == []
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "gba", "shadow"])
+@pytest.mark.parametrize("mode", ["async", "sync", "gba", "shadow", "eager"])
 def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster, data, tmp_path,
                                                                       mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",

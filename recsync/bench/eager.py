@@ -1,0 +1,192 @@
+"""Scenario `eager`: decoupled push and pull against pull-compute-push, with and without
+staleness-aware learning rates, over an EMULATED network as slow as the computation.
+
+N = 2 workers, S = 2 PS shards, the default DLRM and optimizers, batch 4096 per worker, one
+intra-op thread, one pass over the same synthetic data in every arm. The network is EMULATED
+(``[network]``: every pull and push to a shard waits an added latency, half on the way there
+and half on the way back). How it is set: a calibration run (mode eager, ``overlap = false``,
+no emulation, ``CALIBRATION_STEPS`` steps per worker) measures a step's compute time c and its
+communication time k on this machine (waiting for the pull and for the push); the added
+latency is ``(c - k) / 2`` per call, so that a step's communication, a pull and a push,
+takes about c in the sequential arm.
+
+Arms (all with the same emulated network):
+- ``sequential``: mode eager with ``eager.overlap = false``: pull, compute, push, each waited for;
+- ``eager``: the next batch's pull sent before this one is computed, pushes not waited for
+  (``lr_modulation = "none"``);
+- ``eager_lr``: eager with the learning rate of each update x 1 / max(1, τ) (the default);
+- ``async``: the runtime's async mode (pull, compute, push without waiting for it), reference.
+
+Ratios: ``eager_vs_sequential_iter_time`` (time per iteration, workers x batch / samples per
+second after a warm-up, as in scenario `overhead`; lower is better), ``eager_lr_minus_eager_auc``,
+and ``eager_lr_vs_eager_iters_to_target``: iterations (steps of all workers) until the training
+loss, smoothed over ``LOSS_WINDOW`` records, first reaches a target, the higher of the two
+arms' final smoothed losses (so both reach it); lower is better. The arms alternate over
+``ROUNDS`` rounds: speed is the median, AUC and iterations the mean of the rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+from recsync.bench import overhead as ov
+from recsync.config import RunConfig, load_config
+from recsync.data.synthetic import SynthSpec
+from recsync.metrics import read_jsonl
+from recsync.plot import plot_runs
+
+ROUNDS = 2
+ROWS = 1_000_000  # training rows at --scale 1
+EVAL_ROWS = 100_000
+WORKERS, SHARDS, BATCH = 2, 2, 4096
+CHUNK_BATCHES = 4
+CALIBRATION_STEPS = 25  # per worker
+LOSS_WINDOW = 10  # metrics records (0.5 s polls) in the moving average of the training loss
+COMMON = [
+    f"cluster.workers={WORKERS}", f"cluster.ps_shards={SHARDS}", f"train.batch_size={BATCH}",
+    "train.threads=1", f"data.chunk_rows={CHUNK_BATCHES * BATCH}", "output.progress=false",
+    "output.plot=false", "output.log_every_steps=1",
+]
+ARMS = {
+    "sequential": ['mode="eager"', "eager.overlap=false", 'eager.lr_modulation="none"'],
+    "eager": ['mode="eager"', 'eager.lr_modulation="none"'],
+    "eager_lr": ['mode="eager"', 'eager.lr_modulation="inverse"'],
+    "async": ['mode="async"'],
+}
+
+
+def arm_config(data: Path, args: list[str]) -> RunConfig:
+    return load_config(None, [f"data.path={json.dumps(str(data))}", *COMMON, *args])
+
+
+def calibrate(data: Path, out: Path) -> dict:
+    """Compute and communication time of a sequential step on this machine, no emulation."""
+    cfg = arm_config(data, [*ARMS["sequential"], f"train.max_steps={CALIBRATION_STEPS}"])
+    summary = ov.run_arm(cfg, out, "calibration")
+    split = summary["eager"]["iteration_s"]
+    compute, comm = split["compute"], split["pull_wait"] + split["push_wait"]
+    latency_ms = max(0.0, (compute - comm) / 2 * 1e3)
+    return {"compute_s": compute, "communication_s": comm, "latency_ms": latency_ms}
+
+
+def smoothed(losses: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(losses)):
+        part = losses[max(0, i - window + 1):i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def loss_curve(out_dir: Path) -> list[tuple[int, float]]:
+    """(iterations of all workers, training loss smoothed over LOSS_WINDOW records)."""
+    records = [r for r in read_jsonl(out_dir / "metrics.jsonl") if r.get("loss") is not None]
+    losses = smoothed([r["loss"] for r in records], LOSS_WINDOW)
+    return [(r["samples"] // BATCH, loss) for r, loss in zip(records, losses)]
+
+
+def iters_to(curve: list[tuple[int, float]], target: float) -> int | None:
+    return next((it for it, loss in curve if loss <= target), None)
+
+
+def run(out: Path, scale: float) -> dict:
+    started = time.perf_counter()
+    data = ov.make_data(out / "data", max(200_000, round(ROWS * scale)),
+                        SynthSpec().max_table_rows, EVAL_ROWS)
+    print("calibrating: a sequential run without emulated network ...", flush=True)
+    cal = calibrate(data, out / "calibration")
+    network = [f"network.latency_ms={cal['latency_ms']:.1f}"]
+    print(f"  compute {cal['compute_s'] * 1e3:.0f} ms, communication "
+          f"{cal['communication_s'] * 1e3:.0f} ms per step: EMULATED latency "
+          f"{cal['latency_ms']:.1f} ms per call", flush=True)
+    cfgs = {name: arm_config(data, [*args, *network]) for name, args in ARMS.items()}
+    runs = ov.alternate(cfgs, out, ROUNDS)
+    arms = {}
+    for name, results in runs.items():
+        aucs = [r["eval"]["auc"] for r in results]
+        entry = ov.arm_entry(results)
+        arms[name] = {**entry, "eval": {**entry["eval"], "auc": statistics.mean(aucs)},
+                      "auc_rounds": aucs,
+                      "iter_time_s": WORKERS * BATCH / entry["samples_per_s"],
+                      "eager_rounds": [r["eager"] for r in results]}
+    plot_runs([out / "arms" / n / "round1" for n in arms], out / "quality.png",
+              labels=list(arms))
+    # iterations to a target loss, per round: the higher final smoothed loss of the two arms
+    to_target = {"eager": [], "eager_lr": []}
+    targets = []
+    for r in range(ROUNDS):
+        curves = {n: loss_curve(out / "arms" / n / f"round{r + 1}") for n in to_target}
+        target = max(c[-1][1] for c in curves.values())
+        targets.append(target)
+        for n, c in curves.items():
+            to_target[n].append(iters_to(c, target))
+    ratios = {
+        "eager_vs_sequential_iter_time": arms["eager"]["iter_time_s"]
+        / arms["sequential"]["iter_time_s"],
+        "eager_lr_vs_sequential_iter_time": arms["eager_lr"]["iter_time_s"]
+        / arms["sequential"]["iter_time_s"],
+        "async_vs_sequential_iter_time": arms["async"]["iter_time_s"]
+        / arms["sequential"]["iter_time_s"],
+        "eager_lr_minus_eager_auc": arms["eager_lr"]["eval"]["auc"] - arms["eager"]["eval"]["auc"],
+        "eager_lr_vs_eager_iters_to_target": statistics.mean(to_target["eager_lr"])
+        / statistics.mean(to_target["eager"]),
+        "async_minus_eager_auc": arms["async"]["eval"]["auc"] - arms["eager"]["eval"]["auc"],
+    }
+    wall_s = time.perf_counter() - started
+    return {
+        "scenario": "eager",
+        "description": (
+            f"{WORKERS} workers x batch {BATCH}, {SHARDS} PS shards, one pass over "
+            f"{arms['eager']['samples']:,} synthetic rows in every arm; default DLRM and "
+            f"optimizers, 1 intra-op thread, chunks of {CHUNK_BATCHES} batches. NETWORK "
+            f"EMULATED: {cal['latency_ms']:.1f} ms added to every PS call (half each way), "
+            f"set from a calibration run without emulation on this machine: compute "
+            f"{cal['compute_s'] * 1e3:.0f} ms and communication {cal['communication_s'] * 1e3:.0f}"
+            f" ms per sequential step, latency = (compute - communication) / 2 so that a "
+            f"sequential step's pull and push take about its compute time. All processes share "
+            f"the machine's {os.cpu_count()} cores. {ROUNDS} alternating rounds: time per "
+            f"iteration = workers x batch / samples per second after a warm-up of "
+            f"{ov.WARMUP_STEPS} steps per worker, median of rounds; AUC on the whole eval split "
+            f"({EVAL_ROWS:,} rows), mean of rounds (also in the table of arms). Iterations to "
+            f"target: the training loss smoothed over {LOSS_WINDOW} records (0.5 s polls), the "
+            f"target per round the higher final smoothed loss of eager and eager_lr ("
+            + ", ".join(f"{t:.4f}" for t in targets) + "); iterations: "
+            + "; ".join(f"{n} " + ", ".join(str(x) for x in v) for n, v in to_target.items())
+            + f". Scenario wall time {wall_s / 60:.1f} min."),
+        "arms": arms,
+        "ratios": ratios,
+        "calibration": cal,
+        "network_emulated": True,
+        "iters_to_target": {"targets": targets, **to_target},
+        "wall_s": wall_s,
+        "tables": {
+            "Time per iteration and where it goes": [
+                row for n, a in arms.items() for row in _arm_rows(n, a)],
+            "CPU used while measured (cores; 0.5 s polls of /proc)": ov.cpu_rows(arms),
+        },
+        "configs": {f"{name} (recsync config)": cfg.to_toml() for name, cfg in cfgs.items()},
+    }
+
+
+def _arm_rows(name: str, a: dict) -> list[list]:
+    rows = [[f"{name}: time per iteration (s)", a["iter_time_s"],
+             "samples/s per round: " + ", ".join(f"{x:,.0f}" for x in a["rounds_samples_per_s"])],
+            [f"{name}: eval AUC", a["eval"]["auc"],
+             "rounds: " + ", ".join(f"{x:.4f}" for x in a["auc_rounds"])]]
+    eager = a["eager_rounds"][-1]
+    if eager:
+        split = eager["iteration_s"]
+        rows.append([f"{name}: step (s): compute / waiting for pull / waiting for push",
+                     split["step"], f"{split['compute']:.3f} / {split['pull_wait']:.3f} / "
+                     f"{split['push_wait']:.3f} (last round, means over steps)"])
+        rows.append([f"{name}: τ known to the worker, mean (p99, max)", eager["tau"]["mean"],
+                     f"p99 {eager['tau']['p99']}, max {eager['tau']['max']}; lr multiplier "
+                     f"mean {eager['multiplier']['mean']:.3f}, min "
+                     f"{eager['multiplier']['min']:.3f}"])
+    if a["staleness"]["mean"] is not None:
+        rows.append([f"{name}: staleness at the shards, mean (p99, max)", a["staleness"]["mean"],
+                     f"p99 {a['staleness']['p99']}, max {a['staleness']['max']}"])
+    return rows

@@ -1,0 +1,152 @@
+"""Mode eager without Ray: the modulation function, the order of pulls and pushes (the next
+pull goes out before this step's push), versions tracked per pulled batch whatever order pulls
+complete in, the multiplier reaching the shard, the in-flight bound, and no push left behind."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.utils import parameters_to_vector
+
+import recsync.ps.client as client_mod
+from fake_ps import fake_shards, patch_ray_get
+from recsync.config import ModelConfig
+from recsync.data.reader import Dataset
+from recsync.data.synthetic import SynthSpec, generate
+from recsync.embedding.row_optim import RowSGD
+from recsync.model.registry import build_model
+from recsync.ps.client import PSClient
+from recsync.ps.core import DenseState, ShardCore
+from recsync.sync.eager import EagerPS, modulation
+from recsync.trainer import table_rows_for
+
+
+def test_modulation_functions():
+    inverse = modulation("inverse")
+    assert [inverse(t) for t in (0, 1, 2, 4)] == [1.0, 1.0, 0.5, 0.25]
+    assert modulation("none")(7) == 1.0
+    assert modulation("inverse_sqrt")(4) == 0.5
+    with pytest.raises(ValueError, match="valid"):
+        modulation("exp")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_eager")
+    generate(root, rows=1024, eval_rows=128, spec=SynthSpec(seed=8, max_table_rows=40),
+             processes=1, progress=False)
+    return Dataset(root)
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    patch_ray_get(monkeypatch)  # fake calls answer at once, so every answer has arrived
+    monkeypatch.setattr(client_mod.ray, "wait",
+                        lambda refs, num_returns=1, timeout=None: (list(refs), []))
+
+
+def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log=None):
+    model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8])
+    rows = table_rows_for(model_cfg, tiny.table_rows)
+    models = []
+    for _ in range(workers):
+        torch.manual_seed(0)
+        models.append(build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows))
+    tables = models[0][1]
+    init = parameters_to_vector(models[0][0].parameters()).detach().clone()
+    cores = [ShardCore(tables, RowSGD(lr=0.1), shard=s, num_shards=shards, num_workers=workers,
+                       dense=DenseState(init, "sgd", 0.1) if s == 0 else None)
+             for s in range(shards)]
+    handles = fake_shards(cores)
+    if log is not None:  # record every call in order: (kind, shard, lr_scale)
+        for s, h in enumerate(handles):
+            pull, push = h.pull.remote, h.push.remote
+            h.pull = SimpleNamespace(remote=lambda *a, f=pull, s=s, **k: (
+                log.append(("pull", s)), f(*a, **k))[1])
+            h.push = SimpleNamespace(remote=lambda *a, f=push, s=s: (
+                log.append(("push", s, a[4])), f(*a))[1])
+    modes = [EagerPS(m, PSClient(handles, [t.dim for t in tables], dense_shard=0),
+                     overlap=overlap, lr_modulation=lr_modulation) for m, _ in models]
+    batches = list(tiny.batches(tiny.chunks("train", 256)[0], 32))
+    return cores, modes, batches
+
+
+def _run(mode, batches):
+    for b, nxt in zip(batches, batches[1:] + [None]):
+        mode.step(b, nxt)
+    mode.finish()
+
+
+def test_eager_sends_the_next_pull_before_this_steps_push(tiny, no_ray):
+    log = []
+    cores, (mode,), batches = _setup(tiny, shards=1, log=log)
+    _run(mode, batches[:3])
+    assert [e[0] for e in log] == ["pull", "pull", "push", "pull", "push", "push"]
+
+
+def test_sequential_pulls_computes_and_pushes_in_turn(tiny, no_ray):
+    log = []
+    cores, (mode,), batches = _setup(tiny, shards=1, overlap=False, log=log)
+    _run(mode, batches[:3])
+    assert [e[0] for e in log] == ["pull", "push"] * 3
+    assert mode.taus == {0: 3}  # it never reads ahead: it knows of no update it missed
+
+
+def test_versions_follow_each_pulled_batch_whatever_order_pulls_complete_in(tiny, no_ray):
+    cores, (mode,), batches = _setup(tiny, shards=2)
+    client = mode.client
+    first = client.pull_async(batches[0].sparse)      # reads version 0 on both shards
+    update = client.pull(batches[1].sparse)
+    update.rows.grad = torch.zeros_like(update.rows)
+    client.push(update)                               # an update: both shards at version 1
+    second = client.pull_async(batches[2].sparse)     # reads version 1
+    late, early = client.complete(second), client.complete(first)  # completed in reverse
+    assert late.versions == [1, 1] and early.versions == [0, 0]
+    assert client.known_versions() == [1, 1]
+    late.rows.grad = torch.zeros_like(late.rows)
+    early.rows.grad = torch.zeros_like(early.rows)
+    client.push(early)
+    client.push(late)
+    client.flush()
+    # each push carried the version its own batch read: staleness 1 - 0 and 2 - 1
+    assert [c.staleness for c in cores] == [{0: 1, 1: 2}] * 2
+
+
+def test_a_stale_update_is_applied_with_a_smaller_learning_rate(tiny, no_ray):
+    """Worker a reads version 0, then worker b makes two updates before a pushes: a knows (from
+    its next pull) that it missed 2, and the shards apply its update with lr x 1/2."""
+    log = []
+    cores, (a, b), batches = _setup(tiny, shards=2, workers=2, log=log)
+    a_pull = a.client.pull_async(batches[0].sparse)
+    _run(b, batches[1:3])
+    a._next = a_pull
+    a.step(batches[0], batches[3])
+    a_scales = [e[2] for e in log if e[0] == "push"][-2:]
+    assert a_scales == [0.5, 0.5]
+    assert a.taus == {2: 2} and a.multiplier_min == 0.5
+    assert cores[0].staleness[2] == 1  # the shard saw it 2 updates stale as well
+
+
+def test_at_most_push_window_pushes_per_shard_are_in_flight(tiny, monkeypatch):
+    waited = []
+    monkeypatch.setattr(client_mod.ray, "get", lambda x: (waited.append(x), x)[1]
+                        if not isinstance(x, list) else x)
+    monkeypatch.setattr(client_mod.ray, "wait",
+                        lambda refs, num_returns=1, timeout=None: (list(refs), []))
+    cores, (mode,), batches = _setup(tiny, shards=2)
+    mode.client.push_window = 2
+    in_flight = []
+    for b, nxt in zip(batches[:6], batches[1:7]):
+        mode.step(b, nxt)
+        in_flight.append(len(mode.client._in_flight))
+    assert max(in_flight) == 2 * 2 and in_flight[-1] == 4
+    assert len([w for w in waited if isinstance(w, (int, np.integer))]) == 6 * 2 - 4
+
+
+def test_no_push_is_left_behind_at_the_end(tiny, no_ray):
+    cores, (mode,), batches = _setup(tiny, shards=2)
+    _run(mode, batches[:5])
+    assert len(mode.client._in_flight) == 0
+    assert [c.stats()["pushes"] for c in cores] == [5, 5]
+    assert [c.version for c in cores] == [5, 5]

@@ -71,6 +71,40 @@ class EmbeddingStore:
         self.optimizer.apply_to_table(self.weights[table], self.state[table], local, grads,
                                       lr_scale)
 
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Copies of every touched row, its optimizer state and its local index, per table
+        (untouched rows are their deterministic initial values: nothing to save)."""
+        out = {}
+        for t, (w, st, init) in enumerate(zip(self.weights, self.state, self.initialized)):
+            local = init.nonzero().squeeze(1)
+            out[f"t{t}.local"] = local.numpy()
+            out[f"t{t}.weights"] = w.index_select(0, local).numpy()
+            out[f"t{t}.state"] = st.index_select(0, local).numpy()
+        return out
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Make the store hold exactly what ``snapshot`` saved (rows it did not save are
+        untouched again, re-initialised on first use)."""
+        for t, (w, st, init) in enumerate(zip(self.weights, self.state, self.initialized)):
+            try:
+                local = torch.from_numpy(np.asarray(arrays[f"t{t}.local"], dtype=np.int64))
+                rows = torch.from_numpy(np.array(arrays[f"t{t}.weights"], dtype=np.float32))
+                state = torch.from_numpy(np.array(arrays[f"t{t}.state"], dtype=np.float32))
+            except KeyError as e:
+                raise ValueError(f"the snapshot lacks {e.args[0]} (table {t} of "
+                                 f"{len(self.weights)})") from None
+            if len(local) and (int(local.max()) >= len(w) or int(local.min()) < 0):
+                raise ValueError(f"table {t}: the snapshot has rows outside this store's "
+                                 f"{len(w)}")
+            if rows.shape != (len(local), w.shape[1]) or state.shape != (len(local),
+                                                                         st.shape[1]):
+                raise ValueError(f"table {t}: the snapshot's rows {tuple(rows.shape)} / state "
+                                 f"{tuple(state.shape)} do not fit this store")
+            init.fill_(False)
+            w.index_copy_(0, local, rows)
+            st.index_copy_(0, local, state)
+            init.index_fill_(0, local, True)
+
     def num_initialized(self) -> int:
         """How many rows have been touched (and so hold memory) so far."""
         return int(sum(int(m.sum()) for m in self.initialized))

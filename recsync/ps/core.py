@@ -223,6 +223,59 @@ class ShardCore:
         if dense_grad is not None:
             self.dense.apply(as_tensor(dense_grad), lr_scale)
 
+    # -- checkpoints -----------------------------------------------------------------------
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict]:
+        """(arrays, meta) of everything this shard has applied: touched rows and their state,
+        the dense parameters and their optimizer state, EASGD's center, the version and the
+        counters. Copies: training may go on while they are written. Gradients waiting in a
+        GBA buffer or an incomplete sync step are not applied yet, so not included."""
+        arrays = self.store.snapshot()
+        meta = {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
+                "samples_applied": self.samples_applied, "gba_counts": dict(self.gba_counts),
+                "staleness": {str(k): n for k, n in self.staleness.items()},
+                "easgd_pushes": self.easgd_pushes, "tables": len(self.store.tables),
+                "dense_optimizer": None}
+        if self.dense is not None:
+            arrays["dense.params"] = self.dense.params.detach().numpy().copy()
+            state = self.dense.optimizer.state_dict()
+            for key, value in state["state"].get(0, {}).items():
+                arrays[f"dense.opt.{key}"] = value.detach().numpy().copy()
+            meta["dense_optimizer"] = {"class": type(self.dense.optimizer).__name__,
+                                       "param_groups": state["param_groups"]}
+        if self.center is not None:
+            arrays["center"] = self.center.numpy().copy()
+        return arrays, meta
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        """Go back to a ``snapshot``: rows, dense state, center, version and counters."""
+        if meta["tables"] != len(self.store.tables):
+            raise ValueError(f"the snapshot has {meta['tables']} tables, this shard "
+                             f"{len(self.store.tables)}")
+        if (meta["dense_optimizer"] is None) != (self.dense is None):
+            raise ValueError("the snapshot and this shard disagree on holding the dense "
+                             "parameters")
+        self.store.restore(arrays)
+        if self.dense is not None:
+            opt = meta["dense_optimizer"]
+            if opt["class"] != type(self.dense.optimizer).__name__:
+                raise ValueError(f"the snapshot's dense optimizer is {opt['class']}, this "
+                                 f"shard's {type(self.dense.optimizer).__name__}")
+            with torch.no_grad():
+                self.dense.params.copy_(as_tensor(arrays["dense.params"]))
+            state = {k.removeprefix("dense.opt."): as_tensor(v) for k, v in arrays.items()
+                     if k.startswith("dense.opt.")}
+            self.dense.optimizer.load_state_dict({"state": {0: state} if state else {},
+                                                  "param_groups": opt["param_groups"]})
+        if "center" in arrays:
+            self.center = as_tensor(arrays["center"]).clone()
+        self.version, self.pulls, self.pushes = meta["version"], meta["pulls"], meta["pushes"]
+        self.samples_applied = meta["samples_applied"]
+        self.gba_counts = dict(meta["gba_counts"])
+        self.staleness = Counter({int(k): n for k, n in meta["staleness"].items()})
+        self.easgd_pushes = meta["easgd_pushes"]
+        self._gba = GradientBuffer(len(self.store.tables))
+        self._pending.clear()
+
     def stats(self) -> dict:
         return {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "rows_touched": self.store.num_initialized(),

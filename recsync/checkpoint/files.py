@@ -1,0 +1,182 @@
+"""Checkpoint files: written atomically with a checksum, loaded without unpickling anything.
+
+A checkpoint is two files in one directory:
+
+- ``ckpt-000012.npz``: the arrays (numpy's uncompressed zip of ``.npy`` members);
+- ``ckpt-000012.json``: its manifest: format, sequence number, the data file's name, size and
+  SHA-256, and the checkpoint's metadata (plain JSON).
+
+Each is written to a temporary name, flushed and fsynced, then renamed into place (and the
+directory fsynced), the data file first. So a checkpoint is complete if and only if its
+manifest exists and the data file matches it; a process killed while writing leaves at most a
+temporary file or a data file without a manifest, which loading ignores. Loading reads JSON and
+``np.load(allow_pickle=False)``: a checkpoint cannot run code. A corrupt or partial checkpoint
+raises CheckpointError naming the file and the problem; ``latest`` then falls back to the
+newest older checkpoint that is complete, and says what it skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "recsync-checkpoint"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^ckpt-(\d{6,})\.json$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, partial or corrupt; the message names the file and why."""
+
+
+@dataclass
+class Checkpoint:
+    sequence: int
+    arrays: dict[str, np.ndarray]
+    meta: dict
+    manifest_path: Path
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints ``latest`` passed over
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write(directory: str | Path, sequence: int, arrays: dict[str, np.ndarray],
+          meta: dict) -> Path:
+    """Write checkpoint ``sequence`` into ``directory``; returns the manifest's path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = f"ckpt-{sequence:06d}"
+    data = directory / f"{stem}.npz"
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray) or a.dtype == object:
+            raise TypeError(f"checkpoint array {name!r} must be a numeric numpy array, got "
+                            f"{type(a).__name__}")
+    _write_atomically(data, lambda f: np.savez(f, **arrays))
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "sequence": sequence,
+                "data_file": data.name, "bytes": data.stat().st_size, "sha256": _sha256(data),
+                "created_unix": time.time(), "meta": meta}
+    path = directory / f"{stem}.json"
+    _write_atomically(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    return path
+
+
+def load(manifest_path: str | Path) -> Checkpoint:
+    """Load one checkpoint, checking it whole; raises CheckpointError naming what is wrong."""
+    path = Path(manifest_path)
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint manifest") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: the manifest is not valid JSON ({e}); the checkpoint "
+                              f"is partial or corrupt") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a recsync checkpoint manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version "
+                              f"{manifest.get('format_version')}, this recsync reads "
+                              f"{FORMAT_VERSION}")
+    missing = [k for k in ("sequence", "data_file", "bytes", "sha256", "meta")
+               if k not in manifest]
+    if missing:
+        raise CheckpointError(f"{path}: the manifest lacks {', '.join(missing)}")
+    data = path.parent / manifest["data_file"]
+    if not data.exists():
+        raise CheckpointError(f"{data}: the data file of checkpoint {path.name} is missing")
+    size = data.stat().st_size
+    if size != manifest["bytes"]:
+        raise CheckpointError(f"{data}: {size} bytes, the manifest says {manifest['bytes']} "
+                              f"(truncated or overwritten)")
+    if _sha256(data) != manifest["sha256"]:
+        raise CheckpointError(f"{data}: checksum mismatch (SHA-256 differs from the "
+                              f"manifest's): the file is corrupt")
+    try:
+        with np.load(data, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (ValueError, OSError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{data}: cannot be read as numeric arrays ({e})") from None
+    return Checkpoint(manifest["sequence"], arrays, manifest["meta"], path)
+
+
+def manifests(directory: str | Path) -> list[Path]:
+    """The manifests in ``directory``, newest (highest sequence) first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest(directory: str | Path) -> Checkpoint | None:
+    """The newest complete checkpoint in ``directory`` (None if there is none). Newer ones that
+    fail to load are listed, with why, in ``skipped`` (and of the returned one)."""
+    skipped = []
+    for path in manifests(directory):
+        try:
+            ckpt = load(path)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        ckpt.skipped = skipped
+        return ckpt
+    if skipped:
+        raise CheckpointError(f"{directory}: no complete checkpoint; "
+                              + "; ".join(skipped))
+    return None
+
+
+def prune(directory: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (and other processes' temporary files);
+    returns the manifests deleted. Call it after writing a checkpoint, which is then the newest
+    and complete."""
+    directory = Path(directory)
+    removed = []
+    for path in manifests(directory)[keep:]:
+        data = path.with_suffix(".npz")
+        path.unlink(missing_ok=True)  # the manifest first: never a manifest without its data
+        data.unlink(missing_ok=True)
+        removed.append(path)
+    for tmp in directory.glob(".ckpt-*.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if pid != os.getpid():  # another (dead) writer's leftovers
+            tmp.unlink(missing_ok=True)
+    return removed

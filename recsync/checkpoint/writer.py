@@ -1,0 +1,75 @@
+"""CheckpointWriter: writes snapshots on a thread of its own, so that training blocks only for
+taking the snapshot (a copy of the arrays in memory), not for the disk.
+
+At most one snapshot waits while another is written: ``save`` blocks if two are pending, which
+bounds the memory snapshots take. A failed write is raised by the next ``save`` or by ``close``
+(nothing fails silently); the files of a failed or interrupted write are never a complete
+checkpoint (files.py).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from recsync.checkpoint import files
+
+
+class CheckpointWriter:
+    def __init__(self, directory: str | Path, keep: int = 3, first_sequence: int = 1):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory, self.keep = Path(directory), keep
+        self.sequence = first_sequence
+        self.written: list[dict] = []  # {sequence, bytes, write_s} per completed checkpoint
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def save(self, arrays: dict[str, np.ndarray], meta: dict) -> int:
+        """Queue a snapshot (arrays the caller will not modify: copies) for writing; returns
+        its sequence number."""
+        self._raise_error()
+        sequence = self.sequence
+        self.sequence += 1
+        self._queue.put((sequence, arrays, meta))
+        return sequence
+
+    def flush(self) -> None:
+        """Wait until every queued snapshot is written."""
+        self._queue.join()
+        self._raise_error()
+
+    def close(self) -> None:
+        self.flush()
+        self._queue.put(None)
+        self._thread.join()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing a checkpoint into {self.directory} failed: "
+                               f"{error}") from error
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                sequence, arrays, meta = item
+                begin = time.perf_counter()
+                path = files.write(self.directory, sequence, arrays, meta)
+                self.written.append({"sequence": sequence, "manifest": str(path),
+                                     "bytes": sum(a.nbytes for a in arrays.values()),
+                                     "write_s": time.perf_counter() - begin})
+                files.prune(self.directory, self.keep)
+            except BaseException as e:  # noqa: BLE001 - handed to the next save()
+                self._error = e
+            finally:
+                self._queue.task_done()

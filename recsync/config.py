@@ -165,6 +165,17 @@ class NetworkConfig(Section):
         return self.latency_ms > 0 or self.ms_per_mb > 0
 
 
+class RecoveryConfig(Section):
+    checkpoint_every_s: float = Field(0.0, ge=0)
+    """write a checkpoint of every PS shard this often, in seconds of training (0: never).
+    A shard blocks only while it copies its state; a thread of its own writes it"""
+    keep: int = Field(2, ge=1)
+    """checkpoints kept per shard (older ones are deleted once a newer one is complete)"""
+    dir: str = ""
+    """where checkpoints go (empty: the run's --out directory/checkpoints); on a cluster, a
+    directory every node can write to"""
+
+
 class SwitchConfig(Section):
     to: Literal["sync", "gba"]
     """the mode to switch to"""
@@ -252,6 +263,7 @@ class RunConfig(Section):
     shadow: ShadowConfig = ShadowConfig()
     eager: EagerConfig = EagerConfig()
     network: NetworkConfig = NetworkConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
     faults: FaultsConfig = FaultsConfig()
 
     @model_validator(mode="after")
@@ -272,6 +284,9 @@ class RunConfig(Section):
                                      or self.faults.kill_mean_s):
             raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\", "
                              "\"gba\", \"shadow\", \"foreground\" or \"eager\")")
+        if self.mode == "local" and self.recovery.checkpoint_every_s:
+            raise ValueError("recovery.checkpoint_every_s: checkpoints are of PS shards; mode "
+                             "\"local\" has none (choose a distributed mode)")
         if self.mode == "local" and self.network.enabled:
             raise ValueError("network: the emulated network delays calls to PS shards; mode "
                              "\"local\" has none (choose a distributed mode)")

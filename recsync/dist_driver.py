@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -90,7 +91,9 @@ def _make_core(tables, cfg: RunConfig, shard: int, dense_init: np.ndarray | None
 class DistributedRun:
     """The actors of one run and the few things the driver does with them."""
 
-    def __init__(self, cfg: RunConfig, ds: Dataset, progress):
+    def __init__(self, cfg: RunConfig, ds: Dataset, progress, checkpoint_root: Path | None = None):
+        """``checkpoint_root``: where the shards' checkpoints go if ``recovery`` asks for them
+        (``recovery.dir`` wins)."""
         self.cfg, self.ds, self.progress = cfg, ds, progress
         c, t = cfg.cluster, cfg.train
         torch.manual_seed(t.seed)
@@ -100,9 +103,18 @@ class DistributedRun:
         dense_init = parameters_to_vector(self.dense_model.parameters()).detach().numpy()
         net = cfg.network
         network = (net.latency_ms / 1e3, net.ms_per_mb / 1e3 / 2**20) if net.enabled else None
+        self.checkpoint_dir = None
+        if cfg.recovery.checkpoint_every_s:
+            root = Path(cfg.recovery.dir) if cfg.recovery.dir else checkpoint_root
+            if root is None:
+                raise ValueError("recovery.checkpoint_every_s is set but there is no directory "
+                                 "for checkpoints: set recovery.dir")
+            self.checkpoint_dir = root.resolve()
         self.shards = [PSShard.remote(functools.partial(
             _make_core, self.tables, cfg, s,
-            dense_init if s == 0 else None), network)
+            dense_init if s == 0 else None), network,
+            None if self.checkpoint_dir is None else str(self.checkpoint_dir / f"shard-{s}"),
+            cfg.recovery.keep)
             for s in range(c.ps_shards)]
         chunks = ds.chunks("train", cfg.data.chunk_rows or 16 * t.batch_size)
         seed = t.seed if cfg.data.shuffle else None
@@ -258,6 +270,13 @@ class DistributedRun:
         self.mode = to
         return True
 
+    def checkpoint(self) -> dict:
+        """A checkpoint of every shard now; returns how long training was blocked (the
+        slowest shard's snapshot: calls to it wait meanwhile)."""
+        done = ray.get([s.checkpoint.remote() for s in self.shards])
+        return {"sequence": done[0]["sequence"], "blocked_s": max(d["blocked_s"] for d in done),
+                "versions": [d["version"] for d in done]}
+
     def kill(self, target: str, index: int) -> None:
         (self.workers if target == "worker" else self.shards)[index].die.remote()
 
@@ -269,6 +288,7 @@ class DistributedRun:
         if self.mode == "gba":  # the last, partial global batch: nothing is left unapplied
             ray.get([s.flush_gba.remote() for s in self.shards])
         shard_stats = ray.get([s.stats.remote() for s in self.shards])
+        written = ray.get([s.checkpoints_written.remote() for s in self.shards])
         shadow = eager = None
         if self.mode in HOGWILD_MODES:
             shadow = ray.get([w.shadow_stats.remote() for w in self.workers])
@@ -288,13 +308,17 @@ class DistributedRun:
                            None)
         final_eval = evaluate(model, self.ds, self.ds.rows("eval"), t.eval_batch_size)
         return {"eval": final_eval, "shards": shard_stats, "shadow": shadow, "eager": eager,
+                "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
                 "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
                 "model": model}  # its lookup serves the trained rows while the session lasts
 
 
-def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, progress) -> dict:
-    """Train on Ray; returns what the summary needs beyond the local fields."""
-    run = DistributedRun(cfg, ds, progress)
+def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, progress,
+                    out_dir: Path | None = None) -> dict:
+    """Train on Ray; returns what the summary needs beyond the local fields. Checkpoints, if
+    any, go to ``recovery.dir`` or ``out_dir``/checkpoints."""
+    run = DistributedRun(cfg, ds, progress,
+                         None if out_dir is None else Path(out_dir) / "checkpoints")
     run.start = time.time()
     progress.train_start = time.perf_counter()
     progress.modes = [{"mode": cfg.mode, "from_s": progress.elapsed(), "to_s": None,
@@ -342,6 +366,8 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
     bar = tqdm(total=total, unit="sample", unit_scale=True, desc=f"train ({cfg.mode})",
                disable=None if cfg.output.progress else True, smoothing=0.1)
     kills = _fault_schedule(cfg)
+    every = cfg.recovery.checkpoint_every_s
+    next_checkpoint = every if every else float("inf")
     switches = list(cfg.switching.schedule)
     controller = ModeController(cfg.switching) if cfg.switching.auto else None
     last = time.perf_counter()
@@ -402,6 +428,13 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
             if all(s["state"] == "done" for s in statuses):
                 return statuses
+            if elapsed >= next_checkpoint:
+                ckpt = run.checkpoint()
+                progress.checkpoints.append({"time_s": elapsed, **ckpt})
+                progress.events.append({"time_s": elapsed, "event": (
+                    f"checkpoint {ckpt['sequence']}: shards at versions {ckpt['versions']}, "
+                    f"training blocked {ckpt['blocked_s'] * 1e3:.0f} ms")})
+                next_checkpoint = elapsed + every
             decision = _due_switch(run, switches, controller, statuses, elapsed, record["step"])
             if decision and run.switch(decision[0]):
                 _log_switch(run, *decision, elapsed)

@@ -7,6 +7,7 @@ interval), ``summary.json`` (at the end, also after Ctrl-C) and ``training.png``
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ class Progress:
     logged_events: int = 0
     modes: list[dict] = field(default_factory=list)  # {mode, from_s, to_s, cause}, in order
     split: dict = field(default_factory=dict)  # eager: step, compute, wait totals (all workers)
+    checkpoints: list[dict] = field(default_factory=list)  # {time_s, sequence, blocked_s, ...}
     status: str = "running"
     error: str | None = None
 
@@ -55,12 +57,15 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
     """Refuse to mix a new run into an earlier one's outputs, unless told to replace them."""
-    existing = [f for f in RUN_FILES if (out / f).exists()]
+    existing = [f for f in (*RUN_FILES, "checkpoints") if (out / f).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds the outputs of a run ({', '.join(existing)}); "
                               f"choose another --out or pass --overwrite to replace them")
     for f in existing:
-        (out / f).unlink()
+        if (out / f).is_dir():
+            shutil.rmtree(out / f)
+        else:
+            (out / f).unlink()
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -87,7 +92,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict
             from recsync.cluster import ray_session
             from recsync.dist_driver import run_distributed
             with ray_session(cfg.cluster):
-                result = run_distributed(cfg, ds, log, progress)
+                result = run_distributed(cfg, ds, log, progress, out)
         progress.status = "completed"
     except KeyboardInterrupt:
         progress.status = "interrupted"
@@ -209,11 +214,27 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
                       for st in result.get("shards", [])],
         "queue": {k: v for k, v in result.get("queue", {}).items() if k != "by_worker"},
         "failures": [e for e in progress.events if "killed" in e["event"]],
-        "recovery": {"kind": None, "pls": None, "checkpoint_overhead_frac": None,
-                     "checkpoints": 0},
+        "recovery": _recovery_summary(progress, result, train_s),
         "stragglers_emulated": bool(cfg.faults.stragglers),
         "data": str(cfg.data.path),
     }
+
+
+def _recovery_summary(progress: Progress, result: dict, train_s: float) -> dict:
+    """Checkpoints taken, the fraction of training time they blocked, and what was written.
+    (Recovery from them is not built yet: ``kind`` and ``pls`` stay null.)"""
+    blocked = sum(c["blocked_s"] for c in progress.checkpoints)
+    written = result.get("checkpoints_written") or []
+    return {"kind": None, "pls": None,
+            "checkpoints": len(progress.checkpoints),
+            "checkpoint_overhead_frac": blocked / train_s if progress.checkpoints and train_s
+            else None,
+            "checkpoint_blocked_s": blocked,
+            "checkpoint_dir": (str(result["checkpoint_dir"]) if result.get("checkpoint_dir")
+                               else None),
+            "written_per_shard": [len(w) for w in written],
+            "write_s_mean": (sum(x["write_s"] for w in written for x in w)
+                             / max(1, sum(len(w) for w in written))) if any(written) else None}
 
 
 def _shadow_summary(cfg: RunConfig, per_worker: list[dict] | None) -> dict | None:

@@ -20,11 +20,13 @@ from recsync.checkpoint import files
 
 
 class CheckpointWriter:
-    def __init__(self, directory: str | Path, keep: int = 3, first_sequence: int = 1):
+    def __init__(self, directory: str | Path, keep: int = 3):
+        """Sequence numbers continue after the newest checkpoint already in ``directory``."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory, self.keep = Path(directory), keep
-        self.sequence = first_sequence
+        newest = files.manifests(self.directory)
+        self.sequence = int(newest[0].stem.split("-")[1]) + 1 if newest else 1
         self.written: list[dict] = []  # {sequence, bytes, write_s} per completed checkpoint
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import numpy as np
 import ray
 
+from recsync.checkpoint.writer import CheckpointWriter
 from recsync.ps.core import ShardCore
 
 
@@ -27,14 +29,18 @@ def nbytes(x) -> int:
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class PSShard:
-    def __init__(self, build_core, network: tuple[float, float] | None = None):
+    def __init__(self, build_core, network: tuple[float, float] | None = None,
+                 checkpoint_dir: str | None = None, keep: int = 2):
         """``build_core()`` returns this shard's ShardCore (built here, in the actor).
         ``network``: (latency s, s per byte) of an EMULATED network: every pull and push waits
         half the latency plus its request's bytes before it is served, and half the latency
-        (plus the answer's bytes) before it answers. Other calls are served meanwhile."""
+        (plus the answer's bytes) before it answers. Other calls are served meanwhile.
+        ``checkpoint_dir``: where ``checkpoint`` writes this shard's checkpoints."""
         self.core: ShardCore = build_core()
         self._changed = asyncio.Condition()
         self.network = network
+        self.writer = (CheckpointWriter(checkpoint_dir, keep=keep)
+                       if checkpoint_dir is not None else None)
 
     async def _travel(self, payload) -> None:
         if self.network is not None:
@@ -103,6 +109,25 @@ class PSShard:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+    async def checkpoint(self) -> dict:
+        """Snapshot this shard's state (it serves no call meanwhile) and hand it to the
+        background writer. Returns the sequence number and how long the shard was blocked."""
+        if self.writer is None:
+            raise ValueError("this shard was started without a checkpoint directory")
+        begin = time.perf_counter()
+        arrays, meta = self.core.snapshot()
+        snapshot_s = time.perf_counter() - begin
+        sequence = self.writer.save(arrays, meta)  # waits only if two are already pending
+        return {"sequence": sequence, "snapshot_s": snapshot_s,
+                "blocked_s": time.perf_counter() - begin, "version": meta["version"]}
+
+    async def checkpoints_written(self) -> list[dict]:
+        """Wait until every checkpoint handed to the writer is on disk; what was written."""
+        if self.writer is None:
+            return []
+        self.writer.flush()
+        return list(self.writer.written)
 
     async def drop_pending(self) -> int:
         return self.core.drop_pending()

@@ -200,3 +200,7 @@ def test_the_writer_writes_in_the_background_keeps_the_newest_and_reports_failur
         writer.flush()
     writer.close()
     assert files.latest(tmp_path).sequence == 4
+    again = CheckpointWriter(tmp_path, keep=2)  # a new writer continues the numbering
+    assert again.save({"x": np.zeros(1, np.float32)}, {}) == 5  # after the newest on disk
+    again.close()
+    assert files.latest(tmp_path).sequence == 5

@@ -110,7 +110,10 @@ def test_summary_has_every_key(run2, data):
     assert ev["bayes_logloss"] == meta["synthetic"]["bayes_logloss"]
     assert summary["staleness"] == {"mean": None, "p99": None, "max": None}
     assert summary["failures"] == []
-    assert set(summary["recovery"]) == {"kind", "pls", "checkpoint_overhead_frac", "checkpoints"}
+    assert set(summary["recovery"]) == {"kind", "pls", "checkpoint_overhead_frac", "checkpoints",
+                                        "checkpoint_blocked_s", "checkpoint_dir",
+                                        "written_per_shard", "write_s_mean"}
+    assert summary["recovery"]["checkpoints"] == 0
     assert summary["recovery"]["checkpoints"] == 0
     assert summary["stragglers_emulated"] is False
 

@@ -166,6 +166,11 @@ class NetworkConfig(Section):
 
 
 class RecoveryConfig(Section):
+    kind: Literal["none", "partial"] = "none"
+    """what a PS shard's death does: "none" stops the run with an error; "partial" restarts
+    the shard alone from its own last checkpoint while the other shards and the workers go on
+    (the updates it applied since are lost, counted in summary recovery.pls); needs
+    checkpoint_every_s and a mode without lock-step PS versions (not "sync")"""
     checkpoint_every_s: float = Field(0.0, ge=0)
     """write a checkpoint of every PS shard this often, in seconds of training (0: never).
     A shard blocks only while it copies its state; a thread of its own writes it"""
@@ -284,6 +289,16 @@ class RunConfig(Section):
                                      or self.faults.kill_mean_s):
             raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\", "
                              "\"gba\", \"shadow\", \"foreground\" or \"eager\")")
+        if self.recovery.kind == "partial":
+            if not self.recovery.checkpoint_every_s:
+                raise ValueError("recovery.kind = \"partial\" restarts a shard from its last "
+                                 "checkpoint: set recovery.checkpoint_every_s > 0")
+            if self.mode in ("local", "sync") or self.switching.enabled:
+                raise ValueError(f"recovery.kind = \"partial\": mode {self.mode!r}"
+                                 + (" with switching" if self.switching.enabled else "")
+                                 + " steps the PS shards in lock-step, which a shard rolled "
+                                 "back alone would stall; use async, gba, eager, shadow or "
+                                 "foreground")
         if self.mode == "local" and self.recovery.checkpoint_every_s:
             raise ValueError("recovery.checkpoint_every_s: checkpoints are of PS shards; mode "
                              "\"local\" has none (choose a distributed mode)")

@@ -12,7 +12,9 @@ injects configured faults, and decides what a failure means:
 - a worker died, shadow or foreground: the dense replicas restart from a live one's (their
   optimizer state starts afresh); with "ma" and "bmuf" every worker restarts on a new group
   (a replacement cannot join the old one), with "easgd" and "none" only the dead one.
-- a PS shard died: there is no checkpoint to restore it from yet, so the run stops with an
+- a PS shard died: with ``recovery.kind = "partial"`` Ray restarts it, it reloads its own last
+  checkpoint, the workers' pulls wait for it and their pushes in flight to it are lost; the
+  driver logs the recovery and counts the lost samples (PLS). Otherwise the run stops with an
   error naming the shard.
 
 Switching between sync and gba (``[switching]``: a schedule, or the mode controller watching
@@ -54,6 +56,7 @@ from recsync.worker.worker import Worker
 POLL_S = 0.5
 SWITCH_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
 MAX_WORKER_RESTARTS = 20  # per run: a crash loop must end in an error, not go on forever
+MAX_SHARD_RESTARTS = 20  # per shard, partial recovery
 
 
 class RunFailed(RuntimeError):
@@ -110,7 +113,8 @@ class DistributedRun:
                 raise ValueError("recovery.checkpoint_every_s is set but there is no directory "
                                  "for checkpoints: set recovery.dir")
             self.checkpoint_dir = root.resolve()
-        self.shards = [PSShard.remote(functools.partial(
+        restarts = MAX_SHARD_RESTARTS if cfg.recovery.kind == "partial" else 0
+        self.shards = [PSShard.options(max_restarts=restarts).remote(functools.partial(
             _make_core, self.tables, cfg, s,
             dense_init if s == 0 else None), network,
             None if self.checkpoint_dir is None else str(self.checkpoint_dir / f"shard-{s}"),
@@ -127,6 +131,7 @@ class DistributedRun:
         self.restarts = 0
         self.start = 0.0  # epoch seconds when training starts: fault schedules count from it
         self.mode = cfg.mode  # the mode now: sync and gba switch during a run
+        self.shard_seen: dict[int, dict] = {}  # partial recovery: each shard's last incarnation
 
     # -- workers -------------------------------------------------------------------------
     def start_workers(self, ranks: list[int], dense_state: dict | None = None,
@@ -270,12 +275,40 @@ class DistributedRun:
         self.mode = to
         return True
 
+    def shard_restarts(self) -> list[tuple[int, dict, int]]:
+        """Partial recovery: (shard, what it reloaded, the last version the driver saw it at
+        before it died) for every shard that Ray restarted since the last call. A shard that is
+        restarting right now is looked at again next time."""
+        refs = [s.incarnation.remote() for s in self.shards]
+        found = []
+        for i, ref in enumerate(refs):
+            try:
+                inc = ray.get(ref, timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                continue
+            before = self.shard_seen.get(i)
+            if before is not None and before["pid"] != inc["pid"]:
+                found.append((i, inc["restored"], before["version"]))
+            self.shard_seen[i] = inc
+        return found
+
     def checkpoint(self) -> dict:
-        """A checkpoint of every shard now; returns how long training was blocked (the
-        slowest shard's snapshot: calls to it wait meanwhile)."""
-        done = ray.get([s.checkpoint.remote() for s in self.shards])
-        return {"sequence": done[0]["sequence"], "blocked_s": max(d["blocked_s"] for d in done),
-                "versions": [d["version"] for d in done]}
+        """A checkpoint of every shard now; returns each shard's sequence number and version
+        (None for a shard that is restarting: partial recovery; it is skipped this time) and
+        how long training was blocked (the slowest shard's snapshot: calls to it wait)."""
+        refs = [s.checkpoint.remote() for s in self.shards]
+        done = []
+        for ref in refs:
+            try:
+                done.append(ray.get(ref, timeout=120))
+            except ray.exceptions.RayActorError:
+                if self.cfg.recovery.kind != "partial":
+                    raise
+                done.append(None)
+        taken = [d for d in done if d is not None]
+        return {"sequences": [d and d["sequence"] for d in done],
+                "versions": [d and d["version"] for d in done],
+                "blocked_s": max((d["blocked_s"] for d in taken), default=0.0)}
 
     def kill(self, target: str, index: int) -> None:
         (self.workers if target == "worker" else self.shards)[index].die.remote()
@@ -323,6 +356,8 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, progress,
     progress.train_start = time.perf_counter()
     progress.modes = [{"mode": cfg.mode, "from_s": progress.elapsed(), "to_s": None,
                        "cause": "config"}]
+    if cfg.recovery.kind == "partial":
+        run.shard_restarts()  # the shards' first processes, to tell a restart by
     run.start_workers(list(range(cfg.cluster.workers)))
     statuses = _watch(run, log)
     progress.train_end = time.perf_counter()
@@ -375,6 +410,10 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
         while True:
             time.sleep(POLL_S)
             elapsed = time.time() - run.start
+            if cfg.recovery.kind == "partial":  # (before the kills: the versions just
+                # before an injected death are then known)
+                for shard, restored, version in run.shard_restarts():
+                    _log_partial_recovery(run, shard, restored, version, elapsed)
             while kills and kills[0][0] <= elapsed:
                 _, target, index = kills.pop(0)
                 run.kill(target, index)
@@ -387,10 +426,14 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                 dead_shards = run.dead_shards()
                 if dead_shards:
                     shard, cause = next(iter(dead_shards.items()))
+                    if cfg.recovery.kind == "partial":
+                        raise RunFailed(f"parameter-server shard {shard} {cause} and did not "
+                                        f"come back from its checkpoint in time")
                     raise RunFailed(
-                        f"parameter-server shard {shard} {cause}; there is no checkpoint to "
-                        f"restore it from, so the run stops here (re-run the job; partial "
-                        f"recovery from shard checkpoints is planned)")
+                        f"parameter-server shard {shard} {cause}; the run stops here "
+                        f"(recovery.kind = \"none\"; with recovery.kind = \"partial\" and "
+                        f"recovery.checkpoint_every_s > 0 the shard restarts from its last "
+                        f"checkpoint and the run goes on)")
                 if errors and not dead:
                     raise RunFailed(f"worker {errors[0]['rank']} failed: {errors[0]['error']}")
                 what = run.recover_workers(dead or [e["rank"] for e in errors])
@@ -430,10 +473,11 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                 return statuses
             if elapsed >= next_checkpoint:
                 ckpt = run.checkpoint()
-                progress.checkpoints.append({"time_s": elapsed, **ckpt})
+                progress.checkpoints.append({"time_s": elapsed, "samples": progress.samples,
+                                             **ckpt})
                 progress.events.append({"time_s": elapsed, "event": (
-                    f"checkpoint {ckpt['sequence']}: shards at versions {ckpt['versions']}, "
-                    f"training blocked {ckpt['blocked_s'] * 1e3:.0f} ms")})
+                    f"checkpoint of the shards: sequence numbers {ckpt['sequences']}, versions "
+                    f"{ckpt['versions']}, training blocked {ckpt['blocked_s'] * 1e3:.0f} ms")})
                 next_checkpoint = elapsed + every
             decision = _due_switch(run, switches, controller, statuses, elapsed, record["step"])
             if decision and run.switch(decision[0]):
@@ -458,6 +502,28 @@ def _due_switch(run: DistributedRun, switches: list, controller: ModeController 
         return None
     return controller.observe(elapsed_s, run.mode, [s["compute_s"] for s in statuses],
                               [s["interval_steps"] for s in statuses])
+
+
+def _log_partial_recovery(run: DistributedRun, shard: int, restored: dict, version: int,
+                          elapsed_s: float) -> None:
+    """A shard came back from its own last checkpoint: the updates it had applied since (from
+    the checkpoint's version to the last version the driver saw, at most half a second before
+    it died) are lost, each one batch of samples (gba: M batches): counted for PLS."""
+    progress, cfg = run.progress, run.cfg
+    per_update = cfg.train.batch_size * (
+        (cfg.gba.gradients_per_update or cfg.cluster.workers) if cfg.mode == "gba" else 1)
+    lost_updates = max(0, version - restored["version"])
+    lost = lost_updates * per_update
+    progress.recoveries.append({"time_s": elapsed_s, "shard": shard, "lost_updates": lost_updates,
+                                "lost_samples": lost, "version_before": version, **restored})
+    what = (f"checkpoint {restored['sequence']} (version {restored['version']})"
+            if restored["sequence"] is not None else "nothing (no checkpoint yet: from scratch)")
+    progress.events.append({"time_s": elapsed_s, "event": (
+        f"partial recovery: shard {shard} restarted from {what}; its {lost_updates:,} updates "
+        f"since (~{lost:,} samples) are lost")
+        + (f"; skipped: {restored['skipped']}" if restored["skipped"] else "")})
+    print(f"partial recovery: shard {shard} restarted from {what} at {elapsed_s:.1f} s",
+          flush=True)
 
 
 def _log_switch(run: DistributedRun, to: str, cause: str, elapsed_s: float) -> None:

@@ -39,6 +39,7 @@ class Progress:
     modes: list[dict] = field(default_factory=list)  # {mode, from_s, to_s, cause}, in order
     split: dict = field(default_factory=dict)  # eager: step, compute, wait totals (all workers)
     checkpoints: list[dict] = field(default_factory=list)  # {time_s, sequence, blocked_s, ...}
+    recoveries: list[dict] = field(default_factory=list)  # partial: {shard, lost_samples, ...}
     status: str = "running"
     error: str | None = None
 
@@ -214,18 +215,26 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
                       for st in result.get("shards", [])],
         "queue": {k: v for k, v in result.get("queue", {}).items() if k != "by_worker"},
         "failures": [e for e in progress.events if "killed" in e["event"]],
-        "recovery": _recovery_summary(progress, result, train_s),
+        "recovery": _recovery_summary(cfg, progress, result, train_s),
         "stragglers_emulated": bool(cfg.faults.stragglers),
         "data": str(cfg.data.path),
     }
 
 
-def _recovery_summary(progress: Progress, result: dict, train_s: float) -> dict:
-    """Checkpoints taken, the fraction of training time they blocked, and what was written.
-    (Recovery from them is not built yet: ``kind`` and ``pls`` stay null.)"""
+def _recovery_summary(cfg: RunConfig, progress: Progress, result: dict,
+                      train_s: float) -> dict:
+    """Checkpoints taken, the fraction of training time they blocked, what was written, and
+    (partial recovery) the portion of lost samples: for each shard failure, the samples
+    trained between its restored checkpoint and its death, over the samples of the run, over
+    the number of shards (each shard holds 1 / S of the model)."""
     blocked = sum(c["blocked_s"] for c in progress.checkpoints)
     written = result.get("checkpoints_written") or []
-    return {"kind": None, "pls": None,
+    partial = cfg.recovery.kind == "partial"
+    lost = sum(r["lost_samples"] for r in progress.recoveries)
+    pls = (lost / progress.samples / cfg.cluster.ps_shards
+           if partial and progress.samples else None)
+    return {"kind": cfg.recovery.kind if partial else None, "pls": pls,
+            "recoveries": progress.recoveries,
             "checkpoints": len(progress.checkpoints),
             "checkpoint_overhead_frac": blocked / train_s if progress.checkpoints and train_s
             else None,

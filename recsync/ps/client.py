@@ -7,6 +7,7 @@ It serves the same ``pull(sparse) -> PulledBatch`` as LocalLookup, so ``train_st
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -35,14 +36,23 @@ class PendingPull:
     tables: list[tuple[torch.Tensor, torch.Tensor]]  # per table: (unique ids, inverse)
     placement: Placement
     refs: list  # one answer per shard
+    min_version: int = 0
+
+
+SHARD_RESTART_TIMEOUT_S = 120  # partial recovery: how long a pull waits for a shard to return
 
 
 class PSClient:
     """Not thread-safe: one per worker thread."""
 
     def __init__(self, shards: list, dims: list[int], dense_shard: int | None = None,
-                 push_window: int = 2):
+                 push_window: int = 2, survive_shard_restarts: bool = False):
+        """``survive_shard_restarts`` (partial recovery): a pull from a shard that died waits
+        for Ray to restart it (it reloads its last checkpoint) and asks again; pushes that were
+        in flight to it are lost, and counted in ``lost_pushes``."""
         self.shards, self.dims = shards, dims
+        self.survive_shard_restarts = survive_shard_restarts
+        self.lost_pushes = 0
         self.dense_shard = dense_shard
         self.push_window = push_window
         self._in_flight: deque = deque()
@@ -67,12 +77,42 @@ class PSClient:
         placement = Placement([split_by_shard(u, len(self.shards)) for u in ids])
         refs = [s.pull.remote(placement.ids_for(ids, i), min_version)
                 for i, s in enumerate(self.shards)]
-        return PendingPull(tables, placement, refs)
+        return PendingPull(tables, placement, refs, min_version)
+
+    def _answers(self, pending: PendingPull) -> list:
+        if not self.survive_shard_restarts:
+            return ray.get(pending.refs)
+        ids = [u for u, _ in pending.tables]
+        answers = []
+        for i, ref in enumerate(pending.refs):
+            deadline = time.monotonic() + SHARD_RESTART_TIMEOUT_S
+            while True:
+                try:
+                    answers.append(ray.get(ref))
+                    break
+                except ray.exceptions.RayActorError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)  # Ray is restarting the shard: ask the new one
+                    ref = self.shards[i].pull.remote(pending.placement.ids_for(ids, i),
+                                                     pending.min_version)
+        return answers
+
+    def _wait_push(self, ref):
+        """The result of a push (its staleness, or whether a sync step completed); a push to
+        a shard that died is lost if partial recovery is on (None)."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError:
+            if not self.survive_shard_restarts:
+                raise
+            self.lost_pushes += 1
+            return None
 
     def complete(self, pending: PendingPull) -> PulledBatch:
         """Wait for a pull's answers and merge them. The batch carries the version each shard
         read (``versions``), whatever order pulls complete in."""
-        answers = ray.get(pending.refs)
+        answers = self._answers(pending)
         ids = [u for u, _ in pending.tables]
         # merged in numpy: Ray hands back read-only arrays, which numpy copies from freely
         rows = [np.empty((len(u), d), np.float32) for u, d in zip(ids, self.dims)]
@@ -134,7 +174,9 @@ class PSClient:
             self._in_flight.append(send(s, shard, pulled.placement.ids_for(pulled.ids, s),
                                         self._grads_for(pulled, s, scale), dense))
         while len(self._in_flight) > self.push_window * len(self.shards):
-            self.staleness.append(ray.get(self._in_flight.popleft()))
+            result = self._wait_push(self._in_flight.popleft())
+            if result is not None:
+                self.staleness.append(result)
 
     def push_sync(self, step: int, pulled: PulledBatch | None, samples: int) -> None:
         """Sync: contribute this worker's row gradients x ``samples`` to ``step`` on every shard.
@@ -154,8 +196,9 @@ class PSClient:
             self._in_flight.append(shard.push_sync.remote(step, ids, grads, None, samples))
 
     def flush(self) -> None:
-        """Wait until every push sent so far has been applied (raises if a shard died)."""
+        """Wait until every push sent so far has been applied (raises if a shard died, unless
+        partial recovery is on: then the pushes it lost are counted)."""
         while self._in_flight:
-            result = ray.get(self._in_flight.popleft())
-            if not isinstance(result, bool):
+            result = self._wait_push(self._in_flight.popleft())
+            if result is not None and not isinstance(result, bool):
                 self.staleness.append(result)

@@ -87,7 +87,8 @@ class ShardCore:
              version_read: int, lr_scale: float = 1.0) -> int:
         """Apply one worker's gradients now (async); return the staleness of this update."""
         self._check_dense(dense_grad)
-        staleness = self.version - version_read
+        # (after a partial recovery the shard may be behind the version a worker read: 0)
+        staleness = max(0, self.version - version_read)
         self._apply(ids, grads, dense_grad, lr_scale)
         self.staleness[staleness] += 1
         self.pushes += 1
@@ -122,7 +123,7 @@ class ShardCore:
         whichever gradients arrive.
         """
         self._check_dense(dense_grad)
-        staleness = self.version - token
+        staleness = max(0, self.version - token)  # (0 if the shard was rolled back since)
         weight = self.decay.weight(staleness)
         self.pushes += 1
         if weight == 0.0:

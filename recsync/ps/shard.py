@@ -14,6 +14,7 @@ import time
 import numpy as np
 import ray
 
+from recsync.checkpoint import files
 from recsync.checkpoint.writer import CheckpointWriter
 from recsync.ps.core import ShardCore
 
@@ -39,8 +40,23 @@ class PSShard:
         self.core: ShardCore = build_core()
         self._changed = asyncio.Condition()
         self.network = network
+        self.restored: dict | None = None
+        if checkpoint_dir is not None and ray.get_runtime_context().was_current_actor_reconstructed:
+            self.restored = self._restore(checkpoint_dir)  # partial recovery: Ray restarted us
         self.writer = (CheckpointWriter(checkpoint_dir, keep=keep)
                        if checkpoint_dir is not None else None)
+
+    def _restore(self, checkpoint_dir: str) -> dict:
+        ckpt = files.latest(checkpoint_dir)  # raises if none is complete: the restart fails
+        if ckpt is None:
+            return {"sequence": None, "version": 0, "skipped": []}
+        self.core.restore(ckpt.arrays, ckpt.meta)
+        return {"sequence": ckpt.sequence, "version": self.core.version,
+                "skipped": ckpt.skipped}
+
+    async def incarnation(self) -> dict:
+        """This process's pid and, if Ray restarted it, the checkpoint it reloaded."""
+        return {"pid": os.getpid(), "restored": self.restored, "version": self.core.version}
 
     async def _travel(self, payload) -> None:
         if self.network is not None:

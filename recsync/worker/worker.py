@@ -69,7 +69,7 @@ class Worker:
                                          table_rows_for(cfg.model, self.ds.table_rows))
         self.mode_name = mode or cfg.mode
         self.shards, self.dims = shards, [t.dim for t in tables]
-        self.client = PSClient(shards, self.dims, push_window=cfg.cluster.push_window)
+        self.client = self._ps_client()
         self.optimizer = self.replica = self.hogwild = None
         if cfg.mode == "sync" or cfg.switching.enabled:
             self.optimizer = DENSE_OPTIMIZERS[cfg.train.dense_optimizer](
@@ -92,6 +92,10 @@ class Worker:
         self._lock = threading.Lock()
         self._thread = None
         self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
+
+    def _ps_client(self) -> PSClient:
+        return PSClient(self.shards, self.dims, push_window=self.cfg.cluster.push_window,
+                        survive_shard_restarts=self.cfg.recovery.kind == "partial")
 
     def address(self) -> tuple[str, int]:
         """A host and free port for rank 0 to host the gloo group on."""
@@ -341,8 +345,7 @@ class Worker:
 
         steps = []
         for slot in range(sh.hogwild_threads):
-            step = HogwildStep(self.replica, PSClient(self.shards, self.dims,
-                                                      push_window=self.cfg.cluster.push_window))
+            step = HogwildStep(self.replica, self._ps_client())
             step.after_compute = self._after_compute
             steps.append(functools.partial(one_step, step, self._batches(slot)))
         self.hogwild = HogwildTrainer(steps, self._make_synchronizer(),

@@ -278,4 +278,25 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
         assert core.store.num_initialized() > 0
     events = [e["event"] for line in (tmp_path / "metrics.jsonl").open()
               for e in json.loads(line)["events"]]
-    assert sum(e.startswith("checkpoint ") for e in events) == rec["checkpoints"]
+    assert sum(e.startswith("checkpoint of the shards") for e in events) == rec["checkpoints"]
+
+
+def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_on(
+        ray_cluster, data, tmp_path):
+    cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+                 "train.epochs=30", 'recovery.kind="partial"',
+                 "recovery.checkpoint_every_s=1.0",
+                 'faults.kills=[{target="ps", index=1, at_s=10.0}]')  # (from before the
+    # workers start, ~6 s here)
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    rec = summary["recovery"]
+    assert rec["kind"] == "partial" and len(rec["recoveries"]) == 1
+    recovery = rec["recoveries"][0]
+    assert recovery["shard"] == 1 and recovery["sequence"] >= 1
+    assert 0 < rec["pls"] < 0.5
+    assert [f["event"] for f in summary["failures"]] == ["killed ps 1"]
+    queue = summary["queue"]
+    assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
+    assert summary["samples"] == 30 * Dataset(data).rows("train")
+    assert 0.5 < summary["eval"]["auc"] <= 1.0

@@ -217,3 +217,16 @@ def test_to_toml_round_trips_a_changed_config(tmp_path):
     assert back == cfg
     assert back.model.top_mlp == []
     assert back.train.seed == 7
+
+
+def test_partial_recovery_needs_checkpoints_and_a_mode_without_lock_step():
+    with pytest.raises(ConfigError, match="set recovery.checkpoint_every_s"):
+        load_config(None, ['mode="async"', 'recovery.kind="partial"'])
+    with pytest.raises(ConfigError, match="mode 'sync' steps the PS shards in lock-step"):
+        load_config(None, ['mode="sync"', 'recovery.kind="partial"',
+                           "recovery.checkpoint_every_s=5"])
+    cfg = load_config(None, ['mode="eager"', 'recovery.kind="partial"',
+                             "recovery.checkpoint_every_s=5"])
+    assert cfg.recovery.kind == "partial"
+    with pytest.raises(ConfigError, match="mode \"local\" has none"):
+        load_config(None, ["recovery.checkpoint_every_s=5"])

@@ -1,5 +1,5 @@
-"""A distributed run (modes sync, async, gba, shadow, foreground): PS shards, a work queue and
-workers on Ray.
+"""A distributed run (modes sync, async, gba, shadow, foreground, eager): PS shards, a work queue
+and workers on Ray.
 
 The driver builds everything, then watches: it polls worker status for metrics and progress,
 injects configured faults, and decides what a failure means:

@@ -133,9 +133,18 @@ class PSClient:
         """The newest version of each shard this client has seen, counting the answers of
         ``pending`` that have already arrived (without waiting for the others)."""
         if pending is not None:
-            self._see([ray.get(r)[2] if ray.wait([r], num_returns=1, timeout=0)[0] else -1
-                       for r in pending.refs])
+            self._see([self._arrived_version(r) for r in pending.refs])
         return list(self.seen_versions)
+
+    def _arrived_version(self, ref) -> int:
+        """The version in a pull answer if it has arrived, else -1 (also if its shard died:
+        ``complete`` asks again)."""
+        if not ray.wait([ref], num_returns=1, timeout=0)[0]:
+            return -1
+        try:
+            return ray.get(ref)[2]
+        except ray.exceptions.RayActorError:
+            return -1
 
     def _see(self, versions: list[int]) -> None:
         if not self.seen_versions:

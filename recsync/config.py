@@ -172,8 +172,16 @@ class RecoveryConfig(Section):
     (the updates it applied since are lost, counted in summary recovery.pls); needs
     checkpoint_every_s and a mode without lock-step PS versions (not "sync")"""
     checkpoint_every_s: float = Field(0.0, ge=0)
-    """write a checkpoint of every PS shard this often, in seconds of training (0: never).
-    A shard blocks only while it copies its state; a thread of its own writes it"""
+    """write a checkpoint of every PS shard this often, in seconds of training (0: never, or
+    chosen from mtbf_s). A shard blocks only while it copies its state; a thread of its own
+    writes it"""
+    mtbf_s: float = Field(0.0, ge=0)
+    """mean time between failures, for choosing the interval when checkpoint_every_s is 0:
+    the first checkpoint measures the save cost, then the longest interval whose expected
+    portion of lost samples stays under pls_target is used (docs: recsync/checkpoint/
+    interval.py); the inputs and the decision are logged"""
+    pls_target: float = Field(0.01, gt=0, lt=1)
+    """partial recovery: the expected portion of lost samples the interval may cost"""
     keep: int = Field(2, ge=1)
     """checkpoints kept per shard (older ones are deleted once a newer one is complete)"""
     dir: str = ""
@@ -290,16 +298,17 @@ class RunConfig(Section):
             raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\", "
                              "\"gba\", \"shadow\", \"foreground\" or \"eager\")")
         if self.recovery.kind == "partial":
-            if not self.recovery.checkpoint_every_s:
+            if not (self.recovery.checkpoint_every_s or self.recovery.mtbf_s):
                 raise ValueError("recovery.kind = \"partial\" restarts a shard from its last "
-                                 "checkpoint: set recovery.checkpoint_every_s > 0")
+                                 "checkpoint: set recovery.checkpoint_every_s > 0, or "
+                                 "recovery.mtbf_s > 0 to have the interval chosen")
             if self.mode in ("local", "sync") or self.switching.enabled:
                 raise ValueError(f"recovery.kind = \"partial\": mode {self.mode!r}"
                                  + (" with switching" if self.switching.enabled else "")
                                  + " steps the PS shards in lock-step, which a shard rolled "
                                  "back alone would stall; use async, gba, eager, shadow or "
                                  "foreground")
-        if self.mode == "local" and self.recovery.checkpoint_every_s:
+        if self.mode == "local" and (self.recovery.checkpoint_every_s or self.recovery.mtbf_s):
             raise ValueError("recovery.checkpoint_every_s: checkpoints are of PS shards; mode "
                              "\"local\" has none (choose a distributed mode)")
         if self.mode == "local" and self.network.enabled:

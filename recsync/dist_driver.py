@@ -38,6 +38,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from tqdm import tqdm
 
+from recsync.checkpoint.interval import choose
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset, chunk_order
 from recsync.embedding.row_optim import make_row_optimizer
@@ -107,7 +108,7 @@ class DistributedRun:
         net = cfg.network
         network = (net.latency_ms / 1e3, net.ms_per_mb / 1e3 / 2**20) if net.enabled else None
         self.checkpoint_dir = None
-        if cfg.recovery.checkpoint_every_s:
+        if cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s:
             root = Path(cfg.recovery.dir) if cfg.recovery.dir else checkpoint_root
             if root is None:
                 raise ValueError("recovery.checkpoint_every_s is set but there is no directory "
@@ -402,7 +403,8 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                disable=None if cfg.output.progress else True, smoothing=0.1)
     kills = _fault_schedule(cfg)
     every = cfg.recovery.checkpoint_every_s
-    next_checkpoint = every if every else float("inf")
+    choosing = not every and cfg.recovery.mtbf_s > 0  # the first checkpoint measures the cost
+    next_checkpoint = every if every else (0.0 if choosing else float("inf"))
     switches = list(cfg.switching.schedule)
     controller = ModeController(cfg.switching) if cfg.switching.auto else None
     last = time.perf_counter()
@@ -471,13 +473,16 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
             if all(s["state"] == "done" for s in statuses):
                 return statuses
-            if elapsed >= next_checkpoint:
+            if elapsed >= next_checkpoint and any(s["samples"] for s in statuses):
                 ckpt = run.checkpoint()
                 progress.checkpoints.append({"time_s": elapsed, "samples": progress.samples,
                                              **ckpt})
                 progress.events.append({"time_s": elapsed, "event": (
                     f"checkpoint of the shards: sequence numbers {ckpt['sequences']}, versions "
                     f"{ckpt['versions']}, training blocked {ckpt['blocked_s'] * 1e3:.0f} ms")})
+                if choosing:
+                    every = _choose_interval(run, ckpt["blocked_s"], elapsed)
+                    choosing = False
                 next_checkpoint = elapsed + every
             decision = _due_switch(run, switches, controller, statuses, elapsed, record["step"])
             if decision and run.switch(decision[0]):
@@ -502,6 +507,23 @@ def _due_switch(run: DistributedRun, switches: list, controller: ModeController 
         return None
     return controller.observe(elapsed_s, run.mode, [s["compute_s"] for s in statuses],
                               [s["interval_steps"] for s in statuses])
+
+
+def _choose_interval(run: DistributedRun, save_cost_s: float, elapsed_s: float) -> float:
+    """The checkpoint interval from the measured save cost and recovery.mtbf_s; the inputs
+    and the decision go into the events and the summary."""
+    r = run.cfg.recovery
+    decision = choose(save_cost_s, r.mtbf_s, run.cfg.cluster.ps_shards, r.pls_target)
+    text = decision.text()
+    interval = decision.interval_s
+    if decision.kind == "full":  # the run is configured for partial recovery
+        interval = decision.partial_interval_s
+        text += ("; full recovery is not built yet, so partial recovery goes on at its own "
+                 f"interval ({interval:.1f} s)")
+    run.progress.interval_decision = {**decision.as_dict(), "used_interval_s": interval}
+    run.progress.events.append({"time_s": elapsed_s, "event": text})
+    print(text, flush=True)
+    return interval
 
 
 def _log_partial_recovery(run: DistributedRun, shard: int, restored: dict, version: int,

@@ -40,6 +40,7 @@ class Progress:
     split: dict = field(default_factory=dict)  # eager: step, compute, wait totals (all workers)
     checkpoints: list[dict] = field(default_factory=list)  # {time_s, sequence, blocked_s, ...}
     recoveries: list[dict] = field(default_factory=list)  # partial: {shard, lost_samples, ...}
+    interval_decision: dict | None = None  # recovery.mtbf_s: how the interval was chosen
     status: str = "running"
     error: str | None = None
 
@@ -235,6 +236,7 @@ def _recovery_summary(cfg: RunConfig, progress: Progress, result: dict,
            if partial and progress.samples else None)
     return {"kind": cfg.recovery.kind if partial else None, "pls": pls,
             "recoveries": progress.recoveries,
+            "interval_decision": progress.interval_decision,
             "checkpoints": len(progress.checkpoints),
             "checkpoint_overhead_frac": blocked / train_s if progress.checkpoints and train_s
             else None,

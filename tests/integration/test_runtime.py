@@ -300,3 +300,20 @@ def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_o
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
     assert summary["samples"] == 30 * Dataset(data).rows("train")
     assert 0.5 < summary["eval"]["auc"] <= 1.0
+
+
+def test_the_checkpoint_interval_is_chosen_from_the_measured_save_cost_and_mtbf(
+        ray_cluster, data, tmp_path):
+    cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+                 "train.epochs=8", 'recovery.kind="partial"', "recovery.mtbf_s=100",
+                 "recovery.pls_target=0.01")
+    summary = run(cfg, tmp_path)
+    decision = summary["recovery"]["interval_decision"]
+    assert decision["inputs"]["mtbf_s"] == 100 and decision["inputs"]["shards"] == 2
+    assert decision["inputs"]["save_cost_s"] > 0
+    assert decision["partial_interval_s"] == pytest.approx(2 * 100 * 2 * 0.01)  # 4 s
+    assert decision["kind"] in ("partial", "full") and decision["used_interval_s"] == 4.0
+    events = [e["event"] for line in (tmp_path / "metrics.jsonl").open()
+              for e in json.loads(line)["events"]]
+    assert any(e.startswith("checkpoint interval: save cost") for e in events)
+    assert summary["recovery"]["checkpoints"] >= 1

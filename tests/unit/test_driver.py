@@ -112,7 +112,8 @@ def test_summary_has_every_key(run2, data):
     assert summary["failures"] == []
     assert set(summary["recovery"]) == {"kind", "pls", "checkpoint_overhead_frac", "checkpoints",
                                         "checkpoint_blocked_s", "checkpoint_dir",
-                                        "written_per_shard", "write_s_mean", "recoveries"}
+                                        "written_per_shard", "write_s_mean", "recoveries",
+                                        "interval_decision"}
     assert summary["recovery"]["checkpoints"] == 0
     assert summary["recovery"]["checkpoints"] == 0
     assert summary["stragglers_emulated"] is False

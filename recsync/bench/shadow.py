@@ -100,7 +100,7 @@ def run(out: Path, scale: float) -> dict:
                 k = {a: k_from_gap(runs[f"s_{a}"][0]["shadow"]["sync_gap"]["mean"])
                      for a in ALGORITHMS}
                 print(f"foreground k (mean sync gap of the background arms): {k}", flush=True)
-            cfgs[name] = arm_config(out / "data", arm_args(name, k, interval_s))
+            cfgs[name] = arm_config(data, arm_args(name, k, interval_s))
             print(f"round {r + 1}/{ROUNDS}: {name} ...", flush=True)
             runs[name].append(ov.run_arm(cfgs[name], out / "arms" / name / f"round{r + 1}",
                                          name))

@@ -5,7 +5,6 @@ scheduling (foreground every k, background, agreement on the last round, errors)
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -171,7 +170,7 @@ def test_bmuf_round_moves_every_replica_to_the_global_model(thread_group):
 
 # -- the Hogwild trainer ---------------------------------------------------------------------
 class CountingSync:
-    def __init__(self, all_done_after=None):
+    def __init__(self):
         self.calls, self.lock = [], threading.Lock()
 
     def round(self, done):

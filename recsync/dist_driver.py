@@ -58,6 +58,7 @@ POLL_S = 0.5
 SWITCH_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
 MAX_WORKER_RESTARTS = 20  # per run: a crash loop must end in an error, not go on forever
 MAX_SHARD_RESTARTS = 20  # per shard, partial recovery
+SHARD_RESTART_WAIT_S = 60  # partial recovery: how long a restarting shard may take to answer
 
 
 class RunFailed(RuntimeError):
@@ -232,13 +233,21 @@ class DistributedRun:
                 f"dense replica (dense optimizer state reset), chunks requeued")
 
     def dead_shards(self) -> dict[int, str]:
-        """{shard: why it is gone} for every shard that does not answer."""
+        """{shard: why it is gone} for every shard that does not answer. With partial
+        recovery a shard that Ray is restarting is given ``SHARD_RESTART_WAIT_S`` to return."""
         dead = {}
+        patience = SHARD_RESTART_WAIT_S if self.cfg.recovery.kind == "partial" else 0.0
         for i, s in enumerate(self.shards):
-            try:
-                ray.get(s.stats.remote(), timeout=5)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-                dead[i] = _death_cause(e)
+            deadline = time.monotonic() + patience
+            while True:
+                try:
+                    ray.get(s.stats.remote(), timeout=5)
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                    if time.monotonic() >= deadline:
+                        dead[i] = _death_cause(e)
+                        break
+                    time.sleep(0.5)
         return dead
 
     def switch(self, to: str) -> bool:

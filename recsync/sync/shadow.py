@@ -97,11 +97,23 @@ class ElasticSync:
     One call a round (the shard computes d from the replica sent: pulling c and pushing d would
     move the vector three times). Needs no agreement between trainers: each stops when done."""
 
-    def __init__(self, replica: DenseReplica, shard, alpha: float):
+    def __init__(self, replica: DenseReplica, shard, alpha: float,
+                 survive_shard_restarts: bool = False):
+        """``survive_shard_restarts`` (partial recovery): a round whose shard died is skipped
+        (the shard comes back with its center from its last checkpoint)."""
         self.replica, self.shard, self.alpha = replica, shard, alpha
+        self.survive_shard_restarts = survive_shard_restarts
+        self.skipped = 0
 
     def round(self, done: bool) -> bool:
-        d = ray.get(self.shard.easgd_exchange.remote(self.replica.vector().numpy(), self.alpha))
+        try:
+            d = ray.get(self.shard.easgd_exchange.remote(self.replica.vector().numpy(),
+                                                         self.alpha))
+        except ray.exceptions.RayActorError:
+            if not self.survive_shard_restarts:
+                raise
+            self.skipped += 1
+            return done
         self.replica.add_(-as_tensor(d))
         return done
 

@@ -359,7 +359,8 @@ class Worker:
         if sh.algorithm == "none":
             return None
         if sh.algorithm == "easgd":
-            return ElasticSync(self.replica, self.shards[0], sh.alpha(trainers))
+            return ElasticSync(self.replica, self.shards[0], sh.alpha(trainers),
+                               survive_shard_restarts=self.cfg.recovery.kind == "partial")
         import torch.distributed as dist
         group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=SHADOW_TIMEOUT_S))
         bmuf = None

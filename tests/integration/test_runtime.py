@@ -281,21 +281,24 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
     assert sum(e.startswith("checkpoint of the shards") for e in events) == rec["checkpoints"]
 
 
+@pytest.mark.parametrize("mode, shard", [("async", 1), ("shadow", 0)])
 def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_on(
-        ray_cluster, data, tmp_path):
-    cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+        ray_cluster, data, tmp_path, mode, shard):
+    """(shadow: EASGD, whose center copy is on the shard killed)"""
+    cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
+                 'shadow.algorithm="easgd"',
                  "train.epochs=30", 'recovery.kind="partial"',
                  "recovery.checkpoint_every_s=1.0",
-                 'faults.kills=[{target="ps", index=1, at_s=10.0}]')  # (from before the
-    # workers start, ~6 s here)
+                 f'faults.kills=[{{target="ps", index={shard}, at_s=10.0}}]')  # (from before
+    # the workers start, ~6 s here)
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     rec = summary["recovery"]
     assert rec["kind"] == "partial" and len(rec["recoveries"]) == 1
     recovery = rec["recoveries"][0]
-    assert recovery["shard"] == 1 and recovery["sequence"] >= 1
+    assert recovery["shard"] == shard and recovery["sequence"] >= 1
     assert 0 < rec["pls"] < 0.5
-    assert [f["event"] for f in summary["failures"]] == ["killed ps 1"]
+    assert [f["event"] for f in summary["failures"]] == [f"killed ps {shard}"]
     queue = summary["queue"]
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
     assert summary["samples"] == 30 * Dataset(data).rows("train")

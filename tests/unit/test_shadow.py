@@ -108,6 +108,24 @@ def test_easgd_round_moves_replica_and_the_shards_center_by_d(monkeypatch):
     assert sync.round(done=True) is True  # EASGD needs no agreement: done is done
 
 
+def test_easgd_round_with_a_restarting_shard_is_skipped_under_partial_recovery():
+    import ray
+
+    class Restarting:
+        class easgd_exchange:  # noqa: N801 - shaped like a Ray actor method
+            @staticmethod
+            def remote(*args):
+                raise ray.exceptions.RayActorError()
+
+    r = _replica()
+    before = r.vector()
+    sync = ElasticSync(r, Restarting(), alpha=0.5, survive_shard_restarts=True)
+    assert sync.round(done=False) is False and sync.skipped == 1
+    torch.testing.assert_close(r.vector(), before)  # nothing moved
+    with pytest.raises(ray.exceptions.RayActorError):
+        ElasticSync(r, Restarting(), alpha=0.5).round(done=False)
+
+
 class ThreadGroup:
     """An all-reduce among threads (one per trainer), standing in for a gloo group."""
 

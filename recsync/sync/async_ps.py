@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
@@ -26,6 +27,12 @@ class AsyncPS(Mode):
         if batch is None:
             return STOP
         pulled = self.client.pull(batch.sparse)
+        loss, dense_grad = self._compute(batch, pulled)
+        self._push(pulled, dense_grad, len(batch))
+        return loss
+
+    def _compute(self, batch: Batch, pulled) -> tuple[float, np.ndarray]:
+        """Forward and backward on the dense vector last pulled; (loss, flat dense gradient)."""
         with torch.no_grad():
             vector_to_parameters(torch.tensor(self.client.last_dense), self.params)  # a copy
         for p in self.params:
@@ -35,9 +42,7 @@ class AsyncPS(Mode):
                                                   batch.label)
         loss.backward()
         self.after_compute(time.perf_counter() - begin)
-        dense_grad = parameters_to_vector([p.grad for p in self.params]).numpy()
-        self._push(pulled, dense_grad, len(batch))
-        return loss.item()
+        return loss.item(), parameters_to_vector([p.grad for p in self.params]).numpy()
 
     def _push(self, pulled, dense_grad, samples: int) -> None:
         self.client.push(pulled, dense_grad)

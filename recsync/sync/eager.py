@@ -29,12 +29,11 @@ import time
 from collections import Counter
 
 import torch
-import torch.nn.functional as F
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recsync.data.reader import Batch
 from recsync.ps.client import PSClient
-from recsync.sync.base import STOP, Mode
+from recsync.sync.async_ps import AsyncPS
+from recsync.sync.base import STOP
 
 MODULATIONS = {
     "none": lambda tau: 1.0,
@@ -50,12 +49,15 @@ def modulation(name: str):
     return MODULATIONS[name]
 
 
-class EagerPS(Mode):
+class EagerPS(AsyncPS):
+    """Async's forward and backward (``AsyncPS._compute``) with eager pulls and modulated
+    pushes around them."""
+
     def __init__(self, model: torch.nn.Module, client: PSClient, *, overlap: bool = True,
                  lr_modulation: str = "inverse"):
-        self.model, self.client, self.overlap = model, client, overlap
+        super().__init__(model, client)
+        self.overlap = overlap
         self.m = modulation(lr_modulation)
-        self.params = list(model.parameters())
         self._next = None  # the pull sent for the next batch
         self.taus: Counter = Counter()  # τ (as the worker knew it) -> updates
         self.multiplier_sum, self.multiplier_min, self.updates = 0.0, 1.0, 0
@@ -72,23 +74,14 @@ class EagerPS(Mode):
         pull_s = time.perf_counter() - begin
         if self.overlap and next_batch is not None:
             self._next = self.client.pull_async(next_batch.sparse)
-        with torch.no_grad():
-            vector_to_parameters(torch.tensor(self.client.last_dense), self.params)  # a copy
-        for p in self.params:
-            p.grad = None
-        begin = time.perf_counter()
-        loss = F.binary_cross_entropy_with_logits(self.model(batch.dense, pulled.embeddings()),
-                                                  batch.label)
-        loss.backward()
-        self.after_compute(time.perf_counter() - begin)
+        loss, dense_grad = self._compute(batch, pulled)
         scales = self._scales(pulled.versions)
         begin = time.perf_counter()
-        self.client.push(pulled, parameters_to_vector([p.grad for p in self.params]).numpy(),
-                         lr_scales=scales)
+        self.client.push(pulled, dense_grad, lr_scales=scales)
         if not self.overlap:
             self.client.flush()
         self.add_waits(pull_s, time.perf_counter() - begin)
-        return loss.item()
+        return loss
 
     def _scales(self, read: list[int]) -> list[float]:
         known = self.client.known_versions(self._next)

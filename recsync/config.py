@@ -178,8 +178,8 @@ class RecoveryConfig(Section):
     mtbf_s: float = Field(0.0, ge=0)
     """mean time between failures, for choosing the interval when checkpoint_every_s is 0:
     the first checkpoint measures the save cost, then the longest interval whose expected
-    portion of lost samples stays under pls_target is used (docs: recsync/checkpoint/
-    interval.py); the inputs and the decision are logged"""
+    portion of lost samples stays under pls_target is used (see
+    recsync/checkpoint/interval.py); the inputs and the decision are logged"""
     pls_target: float = Field(0.01, gt=0, lt=1)
     """partial recovery: the expected portion of lost samples the interval may cost"""
     keep: int = Field(2, ge=1)

@@ -254,10 +254,7 @@ def _shadow_summary(cfg: RunConfig, per_worker: list[dict] | None) -> dict | Non
     if not per_worker:
         return None
     sh = cfg.shadow
-    gaps: dict[int, int] = {}
-    for w in per_worker:
-        for gap, n in w["gaps"].items():
-            gaps[int(gap)] = gaps.get(int(gap), 0) + n
+    gaps = _merged_counts(w["gaps"] for w in per_worker)
     rounds = sum(w["rounds"] + w["final_rounds"] for w in per_worker)
     return {
         "algorithm": sh.algorithm, "background": cfg.mode == "shadow",
@@ -279,10 +276,7 @@ def _eager_summary(cfg: RunConfig, per_worker: list[dict] | None, split: dict) -
     m(τ) applied, and where a step's time went (means per step over all workers' steps)."""
     if not per_worker:
         return None
-    taus: dict[int, int] = {}
-    for w in per_worker:
-        for tau, n in w["taus"].items():
-            taus[int(tau)] = taus.get(int(tau), 0) + n
+    taus = _merged_counts(w["taus"] for w in per_worker)
     updates = sum(w["updates"] for w in per_worker)
     steps = split.get("interval_steps", 0)
     return {
@@ -309,11 +303,16 @@ def _gba_counts(shard_stats: list[dict]) -> dict:
 
 def _staleness(shard_stats: list[dict]) -> dict:
     """Mean, p99 and max staleness of every applied gradient, over all shards."""
+    return _distribution(_merged_counts(st["staleness"] for st in shard_stats))
+
+
+def _merged_counts(parts) -> dict[int, int]:
+    """{value: how many} summed over parts (keys may be strings: JSON and Ray hand them so)."""
     counts: dict[int, int] = {}
-    for st in shard_stats:
-        for k, n in st["staleness"].items():
+    for part in parts:
+        for k, n in part.items():
             counts[int(k)] = counts.get(int(k), 0) + n
-    return _distribution(counts)
+    return counts
 
 
 def _distribution(counts: dict[int, int]) -> dict:

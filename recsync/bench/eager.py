@@ -114,11 +114,8 @@ def run(out: Path, scale: float) -> dict:
     runs = ov.alternate(cfgs, out, ROUNDS)
     arms = {}
     for name, results in runs.items():
-        aucs = [r["eval"]["auc"] for r in results]
-        entry = ov.arm_entry(results)
-        arms[name] = {**entry, "eval": {**entry["eval"], "auc": statistics.mean(aucs)},
-                      "auc_rounds": aucs,
-                      "iter_time_s": WORKERS * BATCH / entry["samples_per_s"],
+        entry = ov.arm_entry_with_mean_auc(results)
+        arms[name] = {**entry, "iter_time_s": WORKERS * BATCH / entry["samples_per_s"],
                       "eager_rounds": [r["eager"] for r in results]}
     plot_runs([out / "arms" / n / "round1" for n in arms], out / "quality.png",
               labels=list(arms))

@@ -107,10 +107,7 @@ def run(out: Path, scale: float) -> dict:
             print(f"  eval AUC {runs[name][-1]['eval']['auc']:.4f}", flush=True)
     arms = {}
     for name, results in runs.items():
-        aucs = [x["eval"]["auc"] for x in results]
-        entry = ov.arm_entry(results)
-        arms[name] = {**entry, "eval": {**entry["eval"], "auc": statistics.mean(aucs)},
-                      "auc_rounds": aucs, "auc_mean": statistics.mean(aucs),
+        arms[name] = {**ov.arm_entry_with_mean_auc(results),
                       "shadow_rounds": [x["shadow"] for x in results]}
     plot_runs([out / "arms" / n / "round1" for n in arms], out / "quality.png",
               labels=list(arms))
@@ -119,7 +116,7 @@ def run(out: Path, scale: float) -> dict:
         return arms[name]["samples_per_s"]
 
     def auc(name):
-        return arms[name]["auc_mean"]
+        return arms[name]["eval"]["auc"]
 
     ratios = {}
     for a in ALGORITHMS:
@@ -167,7 +164,7 @@ def _arm_rows(name: str, a: dict) -> list[list]:
     sh = a["shadow"]  # the last round's
     rows = [[f"{name}: samples/s", a["samples_per_s"],
              "rounds: " + ", ".join(f"{x:,.0f}" for x in a["rounds_samples_per_s"])],
-            [f"{name}: eval AUC", a["auc_mean"],
+            [f"{name}: eval AUC", a["eval"]["auc"],
              "rounds: " + ", ".join(f"{x:.4f}" for x in a["auc_rounds"])]]
     if sh["algorithm"] != "none":
         gaps = [s["sync_gap"] for s in a["shadow_rounds"]]

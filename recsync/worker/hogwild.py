@@ -65,8 +65,8 @@ class HogwildTrainer:
         """Train until every thread is out of data, then finish the rounds; raises the first
         error of any thread."""
         self.train_start = time.perf_counter()
-        self._threads = [threading.Thread(target=self._train, args=(step,), daemon=True,
-                                          name=f"hogwild-{i}")
+        self._threads = [threading.Thread(target=self._guard, args=(self._train_loop, step),
+                                          daemon=True, name=f"hogwild-{i}")
                          for i, step in enumerate(self.steps)]
         shadow = None
         if self.background and self.sync is not None:
@@ -104,9 +104,6 @@ class HogwildTrainer:
             self._abort.set()
             with self._cond:
                 self._cond.notify_all()
-
-    def _train(self, step: Callable[[], bool]) -> None:
-        self._guard(self._train_loop, step)
 
     def _train_loop(self, step: Callable[[], bool]) -> None:
         while not self._abort.is_set():

@@ -28,21 +28,31 @@ def main():
               help="TOML config file (defaults apply to anything it leaves out).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one config key, e.g. --set train.batch_size=1024 (repeatable).")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", type=click.Path(file_okay=False),
               help="Directory for config.toml, metrics.jsonl, summary.json, training.png.")
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, exists=True),
+              help="Go on with the crashed run in this directory (its --out) from its newest "
+                   "complete checkpoint, with its config.toml.")
 @click.option("--address", default=None, metavar="ADDR",
               help="Join this Ray cluster (as `ray start --head` printed it, or \"auto\") "
                    "instead of starting a local one; same as --set cluster.address=ADDR.")
-def train(config_path, overrides, out, overwrite, address):
+def train(config_path, overrides, out, overwrite, resume_dir, address):
     """Train a model as the config says."""
     from recsync.driver import run
     from recsync.dist_driver import RunFailed
+    if resume_dir:
+        if config_path or overrides or overwrite or (out and Path(out) != Path(resume_dir)):
+            raise click.UsageError("--resume DIR goes on with DIR's own config.toml and "
+                                   "outputs: leave out --config, --set, --out and --overwrite")
+        config_path, out = str(Path(resume_dir) / "config.toml"), resume_dir
+    elif not out:
+        raise click.UsageError("Missing option '--out' (or --resume DIR).")
     if address:
         overrides = (*overrides, f"cluster.address={json.dumps(address)}")
     try:
         cfg = load_config(config_path, overrides)
-        summary = run(cfg, out, overwrite=overwrite)
+        summary = run(cfg, out, overwrite=overwrite, resume=bool(resume_dir))
     except RunFailed as e:
         click.echo(f"error: the run failed: {e}\n(summary.json in {out} has what was done)",
                    err=True)

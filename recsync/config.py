@@ -166,20 +166,40 @@ class NetworkConfig(Section):
 
 
 class RecoveryConfig(Section):
-    kind: Literal["none", "partial"] = "none"
-    """what a PS shard's death does: "none" stops the run with an error; "partial" restarts
-    the shard alone from its own last checkpoint while the other shards and the workers go on
-    (the updates it applied since are lost, counted in summary recovery.pls); needs
-    checkpoint_every_s and a mode without lock-step PS versions (not "sync")"""
+    kind: Literal["none", "full", "partial", "auto"] = "none"
+    """what a PS shard's death does: "none" stops the run with an error; "full" rolls every
+    shard, the workers and the data position back to the last checkpoint of the job (the
+    classic recovery: the work since is done again); "partial" restarts the shard alone from
+    its own last checkpoint while the other shards and the workers go on (the updates it
+    applied since are lost, counted in summary recovery.pls; not with mode "sync", whose
+    shards move in lock-step); "auto" chooses between the two at run time from mtbf_s and the
+    first checkpoint's measured cost (partial only if its expected overhead is lower; logged).
+    All need checkpoint_every_s or mtbf_s"""
+    rows: Literal["all", "mfu", "ssu"] = "all"
+    """what a partial-recovery checkpoint saves (CPR): "all" every row touched; "mfu" the
+    mfu_fraction most used rows since their last save, with a full save every full_every
+    checkpoints; "ssu" the rows touched by a sub-sample (ssu_rate) of the training samples,
+    at most ssu_max_rows per shard between saves, with a full save every full_every"""
+    mfu_fraction: float = Field(0.1, gt=0, le=1)
+    """rows = "mfu": the share of the rows used since their last save that a checkpoint saves"""
+    ssu_rate: float = Field(0.02, gt=0, le=1)
+    """rows = "ssu": the share of training samples whose rows are recorded"""
+    ssu_max_rows: int = Field(100_000, ge=1)
+    """rows = "ssu": at most this many rows recorded per shard between saves (bounded memory;
+    further rows wait for the next full save)"""
+    full_every: int = Field(4, ge=1)
+    """rows = "mfu" or "ssu": every this many checkpoints is a full one (the base the
+    partial ones after it apply to)"""
     checkpoint_every_s: float = Field(0.0, ge=0)
     """write a checkpoint of every PS shard this often, in seconds of training (0: never, or
     chosen from mtbf_s). A shard blocks only while it copies its state; a thread of its own
     writes it"""
     mtbf_s: float = Field(0.0, ge=0)
     """mean time between failures, for choosing the interval when checkpoint_every_s is 0:
-    the first checkpoint measures the save cost, then the longest interval whose expected
-    portion of lost samples stays under pls_target is used (see
-    recsync/checkpoint/interval.py); the inputs and the decision are logged"""
+    the first checkpoint measures the save cost; full recovery then uses Young's interval
+    sqrt(2 x cost x MTBF), partial recovery the longest interval whose expected portion of
+    lost samples stays under pls_target (recsync/checkpoint/interval.py); the inputs and the
+    decision are logged"""
     pls_target: float = Field(0.01, gt=0, lt=1)
     """partial recovery: the expected portion of lost samples the interval may cost"""
     keep: int = Field(2, ge=1)
@@ -297,17 +317,25 @@ class RunConfig(Section):
                                      or self.faults.kill_mean_s):
             raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\", "
                              "\"gba\", \"shadow\", \"foreground\" or \"eager\")")
-        if self.recovery.kind == "partial":
-            if not (self.recovery.checkpoint_every_s or self.recovery.mtbf_s):
-                raise ValueError("recovery.kind = \"partial\" restarts a shard from its last "
-                                 "checkpoint: set recovery.checkpoint_every_s > 0, or "
-                                 "recovery.mtbf_s > 0 to have the interval chosen")
-            if self.mode in ("local", "sync") or self.switching.enabled:
-                raise ValueError(f"recovery.kind = \"partial\": mode {self.mode!r}"
-                                 + (" with switching" if self.switching.enabled else "")
-                                 + " steps the PS shards in lock-step, which a shard rolled "
-                                 "back alone would stall; use async, gba, eager, shadow or "
-                                 "foreground")
+        r = self.recovery
+        if r.kind != "none" and not (r.checkpoint_every_s or r.mtbf_s):
+            raise ValueError(f"recovery.kind = \"{r.kind}\" restarts from checkpoints: set "
+                             f"recovery.checkpoint_every_s > 0, or recovery.mtbf_s > 0 to have "
+                             f"the interval chosen")
+        if r.kind != "none" and self.switching.enabled:
+            raise ValueError(f"recovery.kind = \"{r.kind}\" is not available with switching "
+                             f"(the dense state moves between the workers and the PS)")
+        if r.kind == "auto" and not r.mtbf_s:
+            raise ValueError("recovery.kind = \"auto\" chooses from the mean time between "
+                             "failures: set recovery.mtbf_s > 0")
+        if r.kind in ("partial", "auto") and self.mode in ("local", "sync"):
+            raise ValueError(f"recovery.kind = \"{r.kind}\": mode {self.mode!r} steps the PS "
+                             "shards in lock-step, which a shard rolled back alone would stall; "
+                             "use async, gba, eager, shadow or foreground (or kind = \"full\")")
+        if r.rows != "all" and r.kind != "partial":
+            raise ValueError(f"recovery.rows = \"{r.rows}\" saves part of the rows, which only "
+                             f"partial recovery can restart from: set recovery.kind = "
+                             f"\"partial\"")
         if self.mode == "local" and (self.recovery.checkpoint_every_s or self.recovery.mtbf_s):
             raise ValueError("recovery.checkpoint_every_s: checkpoints are of PS shards; mode "
                              "\"local\" has none (choose a distributed mode)")

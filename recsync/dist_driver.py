@@ -14,8 +14,16 @@ injects configured faults, and decides what a failure means:
   (a replacement cannot join the old one), with "easgd" and "none" only the dead one.
 - a PS shard died: with ``recovery.kind = "partial"`` Ray restarts it, it reloads its own last
   checkpoint, the workers' pulls wait for it and their pushes in flight to it are lost; the
-  driver logs the recovery and counts the lost samples (PLS). Otherwise the run stops with an
-  error naming the shard.
+  driver logs the recovery and counts the lost samples (PLS). With ``"full"`` Ray restarts it
+  and the driver rolls everything back to the last job checkpoint: every shard, the data
+  position, the counts and fresh workers (the work since is done again). Otherwise the run
+  stops with an error naming the shard.
+
+Checkpoint rounds (``recovery``): every shard writes its own checkpoint, and the driver a job
+checkpoint naming them with the data position and, where the workers hold them, the dense
+parameters (checkpoint/job.py). Sync pauses the workers after a step for it, so that replicas,
+shards and data position agree. A round at the start and one at the end (the trained model)
+make every run resumable: ``recsync train --resume DIR`` starts from the newest round.
 
 Switching between sync and gba (``[switching]``: a schedule, or the mode controller watching
 per-worker compute times): every worker pauses after a step with its pushes applied, the dense
@@ -30,6 +38,7 @@ from __future__ import annotations
 import functools
 import random
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +47,10 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from tqdm import tqdm
 
+from recsync.checkpoint import files, job
 from recsync.checkpoint.interval import choose
+from recsync.checkpoint.priority import MostUsed, SampledRows
+from recsync.checkpoint.writer import CheckpointWriter
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset, chunk_order
 from recsync.embedding.row_optim import make_row_optimizer
@@ -50,6 +62,7 @@ from recsync.ps.core import DenseState, ShardCore
 from recsync.ps.shard import PSShard
 from recsync.sync import HOGWILD_MODES, PS_DENSE_MODES
 from recsync.sync.controller import ModeController
+from recsync.sync.handover import from_flat
 from recsync.trainer import LocalModel, evaluate, table_rows_for
 from recsync.worker.queue import WorkQueue
 from recsync.worker.worker import Worker
@@ -59,6 +72,9 @@ SWITCH_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean i
 MAX_WORKER_RESTARTS = 20  # per run: a crash loop must end in an error, not go on forever
 MAX_SHARD_RESTARTS = 20  # per shard, partial recovery
 SHARD_RESTART_WAIT_S = 60  # partial recovery: how long a restarting shard may take to answer
+# A shard that dies loses at most two checkpoints not yet on disk (one being written, one
+# waiting: writer.py), which the newest job checkpoints may name: keep two more of those.
+JOB_KEEP_EXTRA = 2
 
 
 class RunFailed(RuntimeError):
@@ -84,13 +100,19 @@ def _make_core(tables, cfg: RunConfig, shard: int, dense_init: np.ndarray | None
         dense = DenseState(as_tensor(dense_init), t.dense_optimizer, t.dense_lr)
     elif dense_init is not None and _holds_center(cfg):
         center = as_tensor(dense_init)
-    return ShardCore(tables, make_row_optimizer(t.embedding_optimizer, t.embedding_lr),
+    r = cfg.recovery
+    core = ShardCore(tables, make_row_optimizer(t.embedding_optimizer, t.embedding_lr),
                      shard=shard, num_shards=cfg.cluster.ps_shards,
                      num_workers=cfg.cluster.workers, seed=t.seed,
                      init_scale=cfg.model.embedding_init_scale, dense=dense,
                      gba_gradients=cfg.gba.gradients_per_update,
                      decay=StalenessDecay(cfg.gba.staleness_threshold, cfg.gba.decay),
-                     center=center)
+                     center=center, full_every=r.full_every)
+    if r.rows == "mfu":
+        core.priority = MostUsed([len(w) for w in core.store.weights], r.mfu_fraction)
+    elif r.rows == "ssu":
+        core.priority = SampledRows(len(tables), r.ssu_max_rows)
+    return core
 
 
 class DistributedRun:
@@ -115,11 +137,15 @@ class DistributedRun:
                 raise ValueError("recovery.checkpoint_every_s is set but there is no directory "
                                  "for checkpoints: set recovery.dir")
             self.checkpoint_dir = root.resolve()
-        restarts = MAX_SHARD_RESTARTS if cfg.recovery.kind == "partial" else 0
-        self.shards = [PSShard.options(max_restarts=restarts).remote(functools.partial(
-            _make_core, self.tables, cfg, s,
-            dense_init if s == 0 else None), network,
-            None if self.checkpoint_dir is None else str(self.checkpoint_dir / f"shard-{s}"),
+        restarts = MAX_SHARD_RESTARTS if cfg.recovery.kind != "none" else 0
+        # The shards' constructor arguments, held here: Ray needs them again to restart a
+        # shard, and drops a large one (shard 0's dense parameters) once nothing refers to it.
+        self._builders = [ray.put(functools.partial(_make_core, self.tables, cfg, s,
+                                                    dense_init if s == 0 else None))
+                          for s in range(c.ps_shards)]
+        self.shards = [PSShard.options(max_restarts=restarts).remote(
+            self._builders[s], network,
+            None if self.checkpoint_dir is None else str(job.shard_dir(self.checkpoint_dir, s)),
             cfg.recovery.keep)
             for s in range(c.ps_shards)]
         chunks = ds.chunks("train", cfg.data.chunk_rows or 16 * t.batch_size)
@@ -134,6 +160,14 @@ class DistributedRun:
         self.start = 0.0  # epoch seconds when training starts: fault schedules count from it
         self.mode = cfg.mode  # the mode now: sync and gba switch during a run
         self.shard_seen: dict[int, dict] = {}  # partial recovery: each shard's last incarnation
+        self.killed_at: dict[int, float] = {}  # shard -> epoch seconds of an injected kill
+        self.recovery_kind = "partial" if cfg.recovery.kind == "auto" else cfg.recovery.kind
+        self.resumed_unix = 0.0  # when the last full-recovery rollback had workers going again
+        self.job_rounds: deque = deque(maxlen=cfg.recovery.keep + JOB_KEEP_EXTRA)  # their
+        # shards' sequence numbers, oldest first: the shards keep those checkpoints
+        self.job_writer = (None if self.checkpoint_dir is None else
+                           CheckpointWriter(job.job_dir(self.checkpoint_dir),
+                                            keep=cfg.recovery.keep + JOB_KEEP_EXTRA))
 
     # -- workers -------------------------------------------------------------------------
     def start_workers(self, ranks: list[int], dense_state: dict | None = None,
@@ -236,7 +270,7 @@ class DistributedRun:
         """{shard: why it is gone} for every shard that does not answer. With partial
         recovery a shard that Ray is restarting is given ``SHARD_RESTART_WAIT_S`` to return."""
         dead = {}
-        patience = SHARD_RESTART_WAIT_S if self.cfg.recovery.kind == "partial" else 0.0
+        patience = SHARD_RESTART_WAIT_S if self.cfg.recovery.kind != "none" else 0.0
         for i, s in enumerate(self.shards):
             deadline = time.monotonic() + patience
             while True:
@@ -254,21 +288,8 @@ class DistributedRun:
         """Pause every worker after a step, move the dense state, resume in mode ``to``.
         Returns False (and resumes in the same mode) if a worker finished meanwhile: the run
         is ending, and a sync group cannot be formed without it."""
-        ray.get([w.request_pause.remote() for w in self.workers])
-        states: list[str] = []
-        deadline = time.time() + SWITCH_TIMEOUT_S
-        while True:
-            if time.time() > deadline:
-                raise RunFailed(f"switching to {to}: the workers did not all pause within "
-                                f"{SWITCH_TIMEOUT_S} s (states: {states})")
-            states = [s["state"] for s in ray.get([w.status.remote() for w in self.workers],
-                                                   timeout=60)]
-            if "error" in states or "done" in states:
-                ray.get([w.resume.remote(self.mode) for w in self.workers])
-                return False
-            if all(s == "paused" for s in states):
-                break
-            time.sleep(0.05)
+        if not self._pause_all(f"switching to {to}"):
+            return False
         shard0 = self.shards[0]
         if to == "gba":
             dense = ray.get(self.workers[0].dense_handover.remote())
@@ -284,6 +305,37 @@ class DistributedRun:
             ray.get([w.resume.remote("sync", dense, step) for w in self.workers])
         self.mode = to
         return True
+
+    def _pause_all(self, why: str) -> bool:
+        """Ask every worker to pause after a step and wait until all have. Returns False (and
+        lets them go on) if a worker finished meanwhile: the run is ending."""
+        ray.get([w.request_pause.remote() for w in self.workers])
+        states: list[str] = []
+        deadline = time.time() + SWITCH_TIMEOUT_S
+        while True:
+            if time.time() > deadline:
+                raise RunFailed(f"{why}: the workers did not all pause within "
+                                f"{SWITCH_TIMEOUT_S} s (states: {states})")
+            states = [s["state"] for s in ray.get([w.status.remote() for w in self.workers],
+                                                   timeout=60)]
+            if ("error" in states or "done" in states
+                    or (self.cfg.recovery.kind != "none" and self._shard_changed())):
+                ray.get([w.resume.remote(self.mode) for w in self.workers])
+                return False
+            if all(s == "paused" for s in states):
+                return True
+            time.sleep(0.05)
+
+    def _shard_changed(self) -> bool:
+        """Whether a shard is dead or restarting, or restarted since the driver last looked
+        (then workers waiting for it cannot pause; the recovery comes first)."""
+        refs = [s.incarnation.remote() for s in self.shards]
+        try:
+            pids = [inc["pid"] for inc in ray.get(refs, timeout=1.0)]
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return True
+        return any(i in self.shard_seen and pid != self.shard_seen[i]["pid"]
+                   for i, pid in enumerate(pids))
 
     def shard_restarts(self) -> list[tuple[int, dict, int]]:
         """Partial recovery: (shard, what it reloaded, the last version the driver saw it at
@@ -302,25 +354,122 @@ class DistributedRun:
             self.shard_seen[i] = inc
         return found
 
-    def checkpoint(self) -> dict:
-        """A checkpoint of every shard now; returns each shard's sequence number and version
-        (None for a shard that is restarting: partial recovery; it is skipped this time) and
-        how long training was blocked (the slowest shard's snapshot: calls to it wait)."""
-        refs = [s.checkpoint.remote() for s in self.shards]
-        done = []
-        for ref in refs:
-            try:
-                done.append(ray.get(ref, timeout=120))
-            except ray.exceptions.RayActorError:
-                if self.cfg.recovery.kind != "partial":
-                    raise
-                done.append(None)
+    def checkpoint(self, final: bool = False) -> dict | None:
+        """A checkpoint round: every shard's own checkpoint and, if every shard took one, a job
+        checkpoint naming them. Sync pauses the workers after a step first (None if it cannot:
+        a worker finished); other modes do not pause, and a chunk leased at that moment is
+        trained again from its start after a rollback. ``final``: the workers are done.
+
+        Returns each shard's sequence number and version (None for a shard that is restarting
+        in partial recovery: it is skipped this time), the job checkpoint's sequence, and how
+        long training was blocked: sync, the pause; else the slowest shard's snapshot (calls to
+        it wait)."""
+        begin = time.perf_counter()
+        paused = self.mode == "sync" and not final and self.workers[0] is not None
+        if paused and not self._pause_all("checkpoint"):
+            return None
+        try:
+            started = self.workers[0] is not None
+            positions = {}
+            if started:
+                for p in ray.get([w.positions.remote() for w in self.workers]):
+                    positions.update(p)
+            counts = (self.poll() if started
+                      else [{"samples": 0, "steps": 0} for _ in self.workers])
+            # the data position before the shards' state: what completes in between is
+            # trained again after a rollback, never skipped
+            queue_state = ray.get(self.queue.state.remote(positions if paused else None))
+            if not paused:  # leased chunks start again: their batches are not done yet
+                counts = [dict(c) for c in counts]
+                for _, _, (w, slot) in queue_state["leased"]:
+                    n = positions.get((w, slot), 0)
+                    counts[w]["steps"] -= n
+                    counts[w]["samples"] -= n * self.cfg.train.batch_size
+            # keep what the job checkpoints kept after this round name (this one drops the
+            # oldest once the driver keeps as many as it may)
+            named = list(self.job_rounds)[1 - self.job_rounds.maxlen:]
+            floor = [min(r[i] for r in named) if named else None
+                     for i in range(len(self.shards))]
+            refs = [s.checkpoint.remote(floor[i]) for i, s in enumerate(self.shards)]
+            done = []
+            for ref in refs:
+                try:
+                    done.append(ray.get(ref, timeout=120))
+                except ray.exceptions.RayActorError:
+                    if self.cfg.recovery.kind == "none":
+                        raise
+                    done.append(None)
+            dense = self._dense_for_job(final)
+        finally:
+            if paused:
+                ray.get([w.resume.remote(self.mode) for w in self.workers])
         taken = [d for d in done if d is not None]
-        return {"sequences": [d and d["sequence"] for d in done],
-                "versions": [d and d["version"] for d in done],
-                "blocked_s": max((d["blocked_s"] for d in taken), default=0.0)}
+        sequences = [d and d["sequence"] for d in done]
+        # A shard that Ray restarted since the driver last looked answers too (calls wait for
+        # the restart), with the state it reloaded: such a round mixes old and new states, so
+        # it makes no job checkpoint (full recovery rolls back to the one before).
+        restarted = [i for i, d in enumerate(done) if d is not None and i in self.shard_seen
+                     and d["pid"] != self.shard_seen[i]["pid"]]
+        job_sequence = None
+        if len(taken) == len(done) and not restarted:
+            self.job_rounds.append(sequences)
+            job_sequence = self.job_writer.save(job.dense_arrays(dense), {
+                "final": final, "mode": self.mode, "shard_sequences": sequences,
+                "step_index": max(d["version"] for d in done) if self.mode == "sync" else 0,
+                "queue": queue_state, "unix": time.time(),
+                "done": [{"samples": c["samples"], "steps": c["steps"]} for c in counts],
+                "samples": sum(c["samples"] for c in counts),
+                "steps": max(c["steps"] for c in counts),
+                "train_s": time.time() - self.start, "dense_param_groups": job.dense_meta(dense)})
+        blocked = (time.perf_counter() - begin if paused
+                   else max((d["blocked_s"] for d in taken), default=0.0))
+        return {"sequences": sequences, "versions": [d and d["version"] for d in done],
+                "job_sequence": job_sequence, "blocked_s": blocked,
+                "partial": [d and d["partial"] for d in done],
+                "rows": [d and d["rows"] for d in done]}
+
+    def _dense_for_job(self, final: bool) -> dict | None:
+        """The dense state a job checkpoint holds where the workers hold it: sync, a replica's
+        parameters and optimizer state (the PS's flat layout); shadow and foreground, worker
+        0's parameters (a restart starts their optimizers afresh). PS modes: None (shard 0's
+        checkpoint has them)."""
+        if self.workers[0] is None:  # the round before the workers start: the initial model
+            if self.mode in PS_DENSE_MODES:
+                return None
+            return {"params": parameters_to_vector(self.dense_model.parameters())
+                    .detach().numpy().copy(), "optimizer": None}
+        if self.mode == "sync":
+            return ray.get(self.workers[0].dense_handover.remote(), timeout=60)
+        if self.mode in HOGWILD_MODES:
+            return {"params": ray.get(self.workers[0].dense_vector.remote(), timeout=60),
+                    "optimizer": None}
+        return None
+
+    def rollback(self, ckpt: files.Checkpoint) -> dict:
+        """Full recovery and resume: every shard back to its checkpoint of job checkpoint
+        ``ckpt``, the data position and the counts too, and fresh workers from its dense
+        state. Returns the shards' versions and the slowest load."""
+        for w in self.workers:
+            if w is not None:
+                ray.kill(w, no_restart=True)
+        meta = ckpt.meta
+        loaded = ray.get([s.rollback.remote(seq) for s, seq in
+                          zip(self.shards, meta["shard_sequences"])], timeout=300)
+        ray.get(self.queue.restore.remote(meta["queue"]))
+        self.done_before = [dict(d) for d in meta["done"]]
+        self.last = [{"samples": 0, "steps": 0} for _ in self.workers]
+        dense = job.dense_state(ckpt)
+        if dense is not None and dense["optimizer"] is not None:
+            dense["optimizer"] = from_flat(dense["optimizer"],
+                                           [p.shape for p in self.dense_model.parameters()])
+        self.workers = [None] * len(self.workers)
+        self.start_workers(list(range(len(self.workers))), dense, meta["step_index"])
+        return {"versions": [x["version"] for x in loaded],
+                "load_s": max(x["load_s"] for x in loaded)}
 
     def kill(self, target: str, index: int) -> None:
+        if target != "worker":
+            self.killed_at[index] = time.time()
         (self.workers if target == "worker" else self.shards)[index].die.remote()
 
     # -- the end ---------------------------------------------------------------------------
@@ -330,6 +479,10 @@ class DistributedRun:
             self.taken[r] += ray.get(w.taken_chunks.remote())
         if self.mode == "gba":  # the last, partial global batch: nothing is left unapplied
             ray.get([s.flush_gba.remote() for s in self.shards])
+        final_checkpoint = None
+        if self.checkpoint_dir is not None:  # the trained model, and a run that can be resumed
+            final_checkpoint = self.checkpoint(final=True)
+            self.job_writer.close()
         shard_stats = ray.get([s.stats.remote() for s in self.shards])
         written = ray.get([s.checkpoints_written.remote() for s in self.shards])
         shadow = eager = None
@@ -352,23 +505,37 @@ class DistributedRun:
         final_eval = evaluate(model, self.ds, self.ds.rows("eval"), t.eval_batch_size)
         return {"eval": final_eval, "shards": shard_stats, "shadow": shadow, "eager": eager,
                 "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
+                "final_checkpoint": final_checkpoint,
                 "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
                 "model": model}  # its lookup serves the trained rows while the session lasts
 
 
 def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, progress,
-                    out_dir: Path | None = None) -> dict:
+                    out_dir: Path | None = None, resume: files.Checkpoint | None = None) -> dict:
     """Train on Ray; returns what the summary needs beyond the local fields. Checkpoints, if
-    any, go to ``recovery.dir`` or ``out_dir``/checkpoints."""
+    any, go to ``recovery.dir`` or ``out_dir``/checkpoints. ``resume``: a job checkpoint of
+    an earlier run of this config to go on from."""
     run = DistributedRun(cfg, ds, progress,
                          None if out_dir is None else Path(out_dir) / "checkpoints")
-    run.start = time.time()
+    run.start = time.time() - (resume.meta["train_s"] if resume else 0.0)
     progress.train_start = time.perf_counter()
     progress.modes = [{"mode": cfg.mode, "from_s": progress.elapsed(), "to_s": None,
                        "cause": "config"}]
-    if cfg.recovery.kind == "partial":
+    if cfg.recovery.kind != "none":
         run.shard_restarts()  # the shards' first processes, to tell a restart by
-    run.start_workers(list(range(cfg.cluster.workers)))
+    if resume is not None:
+        loaded = run.rollback(resume)
+        progress.samples, progress.steps = resume.meta["samples"], resume.meta["steps"]
+        progress.train_s_before = resume.meta["train_s"]
+        text = (f"resumed from job checkpoint {resume.sequence} of {run.checkpoint_dir}: "
+                f"{progress.samples:,} samples done, shards at versions {loaded['versions']}"
+                + (f"; skipped newer: {resume.skipped}" if resume.skipped else ""))
+        progress.events.append({"time_s": time.time() - run.start, "event": text})
+        print(text, flush=True)
+    else:
+        if run.checkpoint_dir is not None:  # round 0: a rollback or resume before the first
+            _record_checkpoint(run, run.checkpoint(), 0.0, training=False)
+        run.start_workers(list(range(cfg.cluster.workers)))
     statuses = _watch(run, log)
     progress.train_end = time.perf_counter()
     return {**run.finish(), "statuses": statuses}
@@ -421,10 +588,13 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
         while True:
             time.sleep(POLL_S)
             elapsed = time.time() - run.start
-            if cfg.recovery.kind == "partial":  # (before the kills: the versions just
+            if cfg.recovery.kind != "none":  # (before the kills: the versions just
                 # before an injected death are then known)
                 for shard, restored, version in run.shard_restarts():
-                    _log_partial_recovery(run, shard, restored, version, elapsed)
+                    if run.recovery_kind == "partial":
+                        _log_partial_recovery(run, shard, restored, version, elapsed)
+                    else:
+                        _full_recovery(run, shard, elapsed)
             while kills and kills[0][0] <= elapsed:
                 _, target, index = kills.pop(0)
                 run.kill(target, index)
@@ -437,14 +607,14 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                 dead_shards = run.dead_shards()
                 if dead_shards:
                     shard, cause = next(iter(dead_shards.items()))
-                    if cfg.recovery.kind == "partial":
+                    if cfg.recovery.kind != "none":
                         raise RunFailed(f"parameter-server shard {shard} {cause} and did not "
                                         f"come back from its checkpoint in time")
                     raise RunFailed(
                         f"parameter-server shard {shard} {cause}; the run stops here "
-                        f"(recovery.kind = \"none\"; with recovery.kind = \"partial\" and "
-                        f"recovery.checkpoint_every_s > 0 the shard restarts from its last "
-                        f"checkpoint and the run goes on)")
+                        f"(recovery.kind = \"none\"; with recovery.kind = \"partial\" or "
+                        f"\"full\" and recovery.checkpoint_every_s > 0 the run goes on from "
+                        f"checkpoints)")
                 if errors and not dead:
                     raise RunFailed(f"worker {errors[0]['rank']} failed: {errors[0]['error']}")
                 what = run.recover_workers(dead or [e["rank"] for e in errors])
@@ -484,15 +654,12 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                 return statuses
             if elapsed >= next_checkpoint and any(s["samples"] for s in statuses):
                 ckpt = run.checkpoint()
-                progress.checkpoints.append({"time_s": elapsed, "samples": progress.samples,
-                                             **ckpt})
-                progress.events.append({"time_s": elapsed, "event": (
-                    f"checkpoint of the shards: sequence numbers {ckpt['sequences']}, versions "
-                    f"{ckpt['versions']}, training blocked {ckpt['blocked_s'] * 1e3:.0f} ms")})
-                if choosing:
-                    every = _choose_interval(run, ckpt["blocked_s"], elapsed)
-                    choosing = False
-                next_checkpoint = elapsed + every
+                if ckpt is not None:
+                    _record_checkpoint(run, ckpt, elapsed)
+                    if choosing:
+                        every = _choose_interval(run, ckpt, elapsed)
+                        choosing = False
+                    next_checkpoint = elapsed + every
             decision = _due_switch(run, switches, controller, statuses, elapsed, record["step"])
             if decision and run.switch(decision[0]):
                 _log_switch(run, *decision, elapsed)
@@ -518,18 +685,52 @@ def _due_switch(run: DistributedRun, switches: list, controller: ModeController 
                               [s["interval_steps"] for s in statuses])
 
 
-def _choose_interval(run: DistributedRun, save_cost_s: float, elapsed_s: float) -> float:
+def _record_checkpoint(run: DistributedRun, ckpt: dict, elapsed_s: float,
+                       training: bool = True) -> None:
+    """Log a checkpoint round; ``training``: whether workers were training (else it blocked
+    nothing: the round before they start)."""
+    progress = run.progress
+    if not training:
+        ckpt = {**ckpt, "blocked_s": 0.0}
+    progress.checkpoints.append({"time_s": elapsed_s, "samples": progress.samples, **ckpt})
+    partial = [i for i, x in enumerate(ckpt["partial"]) if x]
+    progress.events.append({"time_s": elapsed_s, "event": (
+        f"checkpoint: shards' sequence numbers {ckpt['sequences']}"
+        + (f" (partial: shard(s) {partial})" if partial else "")
+        + f", versions {ckpt['versions']}, job checkpoint {ckpt['job_sequence']}, training "
+        f"blocked {ckpt['blocked_s'] * 1e3:.0f} ms")})
+
+
+def _choose_interval(run: DistributedRun, ckpt: dict, elapsed_s: float) -> float:
     """The checkpoint interval from the measured save cost and recovery.mtbf_s; the inputs
-    and the decision go into the events and the summary."""
+    and the decision go into the events and the summary. The save cost is what the round
+    ``ckpt`` blocked training; its write to disk (waited for here, once, and added to the
+    round's blocked time: the shards wait meanwhile) bounds the interval from below, as a
+    writer slower than the interval would block every save."""
     r = run.cfg.recovery
-    decision = choose(save_cost_s, r.mtbf_s, run.cfg.cluster.ps_shards, r.pls_target)
+    begin = time.perf_counter()
+    write_s = 0.0
+    for ref in [s.checkpoints_written.remote() for s in run.shards]:
+        try:
+            written = ray.get(ref, timeout=300)
+        except ray.exceptions.RayActorError:  # restarting (partial recovery)
+            continue
+        write_s = max([write_s] + [w["write_s"] for w in written[-1:]])
+    run.progress.checkpoints[-1]["blocked_s"] += time.perf_counter() - begin
+    decision = choose(ckpt["blocked_s"], r.mtbf_s, run.cfg.cluster.ps_shards, r.pls_target)
     text = decision.text()
-    interval = decision.interval_s
-    if decision.kind == "full":  # the run is configured for partial recovery
-        interval = decision.partial_interval_s
-        text += ("; full recovery is not built yet, so partial recovery goes on at its own "
-                 f"interval ({interval:.1f} s)")
-    run.progress.interval_decision = {**decision.as_dict(), "used_interval_s": interval}
+    if r.kind == "auto":
+        run.recovery_kind = decision.kind
+    used = run.recovery_kind
+    interval = decision.full_interval_s if used == "full" else decision.partial_interval_s
+    if used != decision.kind:
+        text += (f"; recovery.kind = \"{r.kind}\" is configured, so {used} recovery goes on "
+                 f"at its own interval ({interval:.1f} s)")
+    if interval < write_s:
+        interval = write_s
+        text += f"; the interval is raised to the measured write time {write_s:.2f} s"
+    run.progress.interval_decision = {**decision.as_dict(), "used_kind": used,
+                                      "used_interval_s": interval, "write_s": write_s}
     run.progress.events.append({"time_s": elapsed_s, "event": text})
     print(text, flush=True)
     return interval
@@ -545,8 +746,12 @@ def _log_partial_recovery(run: DistributedRun, shard: int, restored: dict, versi
         (cfg.gba.gradients_per_update or cfg.cluster.workers) if cfg.mode == "gba" else 1)
     lost_updates = max(0, version - restored["version"])
     lost = lost_updates * per_update
-    progress.recoveries.append({"time_s": elapsed_s, "shard": shard, "lost_updates": lost_updates,
-                                "lost_samples": lost, "version_before": version, **restored})
+    ready = run.shard_seen[shard]["ready_unix"]
+    killed = run.killed_at.pop(shard, ready)
+    progress.recoveries.append({"kind": "partial", "time_s": elapsed_s, "shard": shard,
+                                "lost_updates": lost_updates, "lost_samples": lost,
+                                "version_before": version, "downtime_s": max(0.0, ready - killed),
+                                "lost_work_s": 0.0, **restored})
     what = (f"checkpoint {restored['sequence']} (version {restored['version']})"
             if restored["sequence"] is not None else "nothing (no checkpoint yet: from scratch)")
     progress.events.append({"time_s": elapsed_s, "event": (
@@ -555,6 +760,38 @@ def _log_partial_recovery(run: DistributedRun, shard: int, restored: dict, versi
         + (f"; skipped: {restored['skipped']}" if restored["skipped"] else "")})
     print(f"partial recovery: shard {shard} restarted from {what} at {elapsed_s:.1f} s",
           flush=True)
+
+
+def _full_recovery(run: DistributedRun, shard: int, elapsed_s: float) -> None:
+    """A shard came back (Ray restarted it): roll every shard, the data position and the
+    workers back to the newest job checkpoint that loads whole. The work since (from the later
+    of that checkpoint and the previous rollback to the failure) is done again."""
+    progress = run.progress
+    run.job_writer.flush()
+    ckpt, skipped = job.restorable(run.checkpoint_dir)
+    if ckpt is None:
+        raise RunFailed(f"full recovery after shard {shard} died: no complete job checkpoint in "
+                        f"{run.checkpoint_dir}" + (f" ({'; '.join(skipped)})" if skipped else ""))
+    now = time.time()
+    killed = run.killed_at.pop(shard, now)
+    lost_work_s = max(0.0, killed - max(ckpt.meta["unix"], run.resumed_unix))
+    redone = max(0, progress.samples - ckpt.meta["samples"])
+    loaded = run.rollback(ckpt)
+    run.resumed_unix = time.time()
+    progress.samples, progress.steps = ckpt.meta["samples"], ckpt.meta["steps"]
+    progress.recoveries.append({
+        "kind": "full", "time_s": elapsed_s, "shard": shard, "job_sequence": ckpt.sequence,
+        "samples_redone": redone, "lost_samples": 0, "lost_work_s": lost_work_s,
+        "downtime_s": run.resumed_unix - killed, "load_s": loaded["load_s"],
+        "skipped": skipped})
+    progress.events.append({"time_s": elapsed_s, "event": (
+        f"full recovery: shard {shard} restarted; every shard, the data position and the "
+        f"workers rolled back to job checkpoint {ckpt.sequence} ({ckpt.meta['samples']:,} "
+        f"samples); ~{redone:,} samples ({lost_work_s:.1f} s of training) to do again, "
+        f"{run.resumed_unix - killed:.1f} s without training")
+        + (f"; skipped newer: {skipped}" if skipped else "")})
+    print(f"full recovery: shard {shard} restarted; rolled back to job checkpoint "
+          f"{ckpt.sequence} at {elapsed_s:.1f} s", flush=True)
 
 
 def _log_switch(run: DistributedRun, to: str, cause: str, elapsed_s: float) -> None:

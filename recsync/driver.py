@@ -41,6 +41,7 @@ class Progress:
     checkpoints: list[dict] = field(default_factory=list)  # {time_s, sequence, blocked_s, ...}
     recoveries: list[dict] = field(default_factory=list)  # partial: {shard, lost_samples, ...}
     interval_decision: dict | None = None  # recovery.mtbf_s: how the interval was chosen
+    train_s_before: float = 0.0  # resumed: training time of the run(s) before
     status: str = "running"
     error: str | None = None
 
@@ -51,7 +52,7 @@ class Progress:
         """Time training ran: start-up, final evaluation and evaluations during it excluded."""
         begin = self.start if self.train_start is None else self.train_start
         end = time.perf_counter() if self.train_end is None else self.train_end
-        return end - begin - self.eval_s
+        return end - begin - self.eval_s + self.train_s_before
 
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
@@ -71,14 +72,21 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
+        resume: bool = False) -> dict:
     """Train as ``cfg`` says, write outputs into ``out_dir``, return the summary.
 
     Raises FileExistsError if ``out_dir`` holds an earlier run's outputs and not ``overwrite``.
+    ``resume``: go on with the run in ``out_dir`` (``cfg`` is its config.toml) from its newest
+    complete job checkpoint; metrics.jsonl is appended to.
     """
     out = Path(out_dir)
-    prepare_run_dir(out, overwrite)
-    (out / "config.toml").write_text(cfg.to_toml())
+    checkpoint = None
+    if resume:
+        checkpoint = resume_point(cfg, out)
+    else:
+        prepare_run_dir(out, overwrite)
+        (out / "config.toml").write_text(cfg.to_toml())
     torch.set_num_threads(cfg.train.threads)
     ds = Dataset(cfg.data.path)
     log = MetricsLog(out / "metrics.jsonl")
@@ -94,7 +102,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict
             from recsync.cluster import ray_session
             from recsync.dist_driver import run_distributed
             with ray_session(cfg.cluster):
-                result = run_distributed(cfg, ds, log, progress, out)
+                result = run_distributed(cfg, ds, log, progress, out, checkpoint)
         progress.status = "completed"
     except KeyboardInterrupt:
         progress.status = "interrupted"
@@ -118,6 +126,25 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict
         from recsync.dist_driver import RunFailed
         raise RunFailed(progress.error)
     return summary
+
+
+def resume_point(cfg: RunConfig, out: Path):
+    """The job checkpoint to resume the run in ``out`` from; ValueError says why there is
+    none (or that the run completed)."""
+    from recsync.checkpoint import job
+    root = Path(cfg.recovery.dir) if cfg.recovery.dir else out / "checkpoints"
+    if cfg.mode == "local" or not (cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s):
+        raise ValueError(f"{out}/config.toml: the run wrote no checkpoints to resume from "
+                         f"(recovery.checkpoint_every_s and recovery.mtbf_s are 0)")
+    ckpt, skipped = job.restorable(root)
+    if ckpt is None:
+        raise ValueError(f"{job.job_dir(root)}: no complete job checkpoint to resume from"
+                         + (f" ({'; '.join(skipped)})" if skipped else ""))
+    if ckpt.meta["final"]:
+        raise ValueError(f"{out}: the run completed (its final checkpoint is "
+                         f"{ckpt.manifest_path}); nothing to resume")
+    ckpt.skipped = skipped
+    return ckpt
 
 
 def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
@@ -224,25 +251,43 @@ def _summary(cfg: RunConfig, ds: Dataset, progress: Progress, result: dict) -> d
 
 def _recovery_summary(cfg: RunConfig, progress: Progress, result: dict,
                       train_s: float) -> dict:
-    """Checkpoints taken, the fraction of training time they blocked, what was written, and
-    (partial recovery) the portion of lost samples: for each shard failure, the samples
-    trained between its restored checkpoint and its death, over the samples of the run, over
-    the number of shards (each shard holds 1 / S of the model)."""
+    """Checkpoints taken, what was written, the failures recovered from, and what it all cost:
+    ``overhead`` = training time blocked by checkpoints (snapshots; sync: the pause), without
+    training after a failure (from the kill to the restarted shard serving; full recovery:
+    to fresh workers training again) and lost (full recovery: the training since the
+    checkpoint rolled back to, done again), each in seconds and as a fraction of training time.
+    ``pls`` (partial recovery): for each shard failure, the samples trained between its
+    restored checkpoint and its death, over the samples of the run, over the number of shards
+    (each shard holds 1 / S of the model)."""
+    r = cfg.recovery
     blocked = sum(c["blocked_s"] for c in progress.checkpoints)
     written = result.get("checkpoints_written") or []
-    partial = cfg.recovery.kind == "partial"
-    lost = sum(r["lost_samples"] for r in progress.recoveries)
-    pls = (lost / progress.samples / cfg.cluster.ps_shards
-           if partial and progress.samples else None)
-    return {"kind": cfg.recovery.kind if partial else None, "pls": pls,
+    downtime = sum(x.get("downtime_s", 0.0) for x in progress.recoveries)
+    lost_work = sum(x.get("lost_work_s", 0.0) for x in progress.recoveries)
+    total = blocked + downtime + lost_work
+    lost = sum(x["lost_samples"] for x in progress.recoveries)
+    pls = None
+    if r.kind != "none" and progress.samples:
+        pls = lost / progress.samples / cfg.cluster.ps_shards
+    partial_saves = sum(1 for c in progress.checkpoints for x in c["partial"] if x)
+    final = result.get("final_checkpoint")
+    return {"kind": None if r.kind == "none" else r.kind,
+            "rows": r.rows if r.kind == "partial" else None,
+            "pls": pls,
+            "samples_redone": sum(x.get("samples_redone", 0) for x in progress.recoveries),
             "recoveries": progress.recoveries,
             "interval_decision": progress.interval_decision,
             "checkpoints": len(progress.checkpoints),
+            "partial_checkpoints": partial_saves,
+            "overhead": {"checkpoint_blocked_s": blocked, "downtime_s": downtime,
+                         "lost_work_s": lost_work, "total_s": total,
+                         "frac": total / train_s if train_s else None},
             "checkpoint_overhead_frac": blocked / train_s if progress.checkpoints and train_s
             else None,
             "checkpoint_blocked_s": blocked,
             "checkpoint_dir": (str(result["checkpoint_dir"]) if result.get("checkpoint_dir")
                                else None),
+            "final_job_checkpoint": final and final["job_sequence"],
             "written_per_shard": [len(w) for w in written],
             "write_s_mean": (sum(x["write_s"] for w in written for x in w)
                              / max(1, sum(len(w) for w in written))) if any(written) else None}

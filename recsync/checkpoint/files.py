@@ -13,6 +13,10 @@ temporary file or a data file without a manifest, which loading ignores. Loading
 ``np.load(allow_pickle=False)``: a checkpoint cannot run code. A corrupt or partial checkpoint
 raises CheckpointError naming the file and the problem; ``latest`` then falls back to the
 newest older checkpoint that is complete, and says what it skipped.
+
+A partial checkpoint (CPR-MFU, CPR-SSU: only some rows) names the full checkpoint it applies to
+in ``meta["base"]``; restoring it means the base, then every checkpoint after the base up to it,
+in order (``chain``). ``prune`` keeps every checkpoint a retained one needs.
 """
 
 from __future__ import annotations
@@ -76,13 +80,17 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def manifest_path(directory: str | Path, sequence: int) -> Path:
+    return Path(directory) / f"ckpt-{sequence:06d}.json"
+
+
 def write(directory: str | Path, sequence: int, arrays: dict[str, np.ndarray],
           meta: dict) -> Path:
     """Write checkpoint ``sequence`` into ``directory``; returns the manifest's path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"ckpt-{sequence:06d}"
-    data = directory / f"{stem}.npz"
+    path = manifest_path(directory, sequence)
+    data = path.with_suffix(".npz")
     for name, a in arrays.items():
         if not isinstance(a, np.ndarray) or a.dtype == object:
             raise TypeError(f"checkpoint array {name!r} must be a numeric numpy array, got "
@@ -91,7 +99,6 @@ def write(directory: str | Path, sequence: int, arrays: dict[str, np.ndarray],
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "sequence": sequence,
                 "data_file": data.name, "bytes": data.stat().st_size, "sha256": _sha256(data),
                 "created_unix": time.time(), "meta": meta}
-    path = directory / f"{stem}.json"
     _write_atomically(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     return path
 
@@ -143,31 +150,69 @@ def manifests(directory: str | Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+def _base(meta: dict, sequence: int) -> int:
+    """The full checkpoint a checkpoint applies to (itself if it is full)."""
+    return int(meta.get("base", sequence))
+
+
+def chain(directory: str | Path, sequence: int) -> list[Checkpoint]:
+    """Checkpoint ``sequence`` with what restoring it needs: [its base, the partial ones after
+    the base, ..., it] (just [it] if it is full). Raises CheckpointError if any fails to load."""
+    last = load(manifest_path(directory, sequence))
+    base = _base(last.meta, sequence)
+    out = [load(manifest_path(directory, s)) for s in range(base, sequence)]
+    return out + [last]
+
+
 def latest(directory: str | Path) -> Checkpoint | None:
     """The newest complete checkpoint in ``directory`` (None if there is none). Newer ones that
     fail to load are listed, with why, in ``skipped`` (and of the returned one)."""
+    found = latest_chain(directory)
+    return found[-1] if found else None
+
+
+def latest_chain(directory: str | Path) -> list[Checkpoint]:
+    """``chain`` of the newest checkpoint whose chain loads ([] if there is none); the last
+    one's ``skipped`` says which newer ones were passed over and why."""
     skipped = []
     for path in manifests(directory):
         try:
-            ckpt = load(path)
+            found = chain(directory, int(_NAME.match(path.name).group(1)))
         except CheckpointError as e:
             skipped.append(str(e))
             continue
-        ckpt.skipped = skipped
-        return ckpt
+        found[-1].skipped = skipped
+        return found
     if skipped:
         raise CheckpointError(f"{directory}: no complete checkpoint; "
                               + "; ".join(skipped))
-    return None
+    return []
 
 
-def prune(directory: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints (and other processes' temporary files);
+def prune(directory: str | Path, keep: int, keep_from: int | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints, those from sequence ``keep_from`` on
+    (e.g. named by a job checkpoint still kept) and what they need to be restored (the base
+    of a partial one and the checkpoints between), and other processes' temporary files;
     returns the manifests deleted. Call it after writing a checkpoint, which is then the newest
     and complete."""
     directory = Path(directory)
     removed = []
-    for path in manifests(directory)[keep:]:
+    found = manifests(directory)
+    needed = int(_NAME.match(found[min(keep, len(found)) - 1].name).group(1)) if found else 0
+    if keep_from is not None:
+        needed = min(needed, keep_from)
+        found_kept = [p for p in found if int(_NAME.match(p.name).group(1)) >= needed]
+    else:
+        found_kept = found[:keep]
+    for path in found_kept:
+        try:
+            meta = json.loads(path.read_text())["meta"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a broken one needs nothing; loading it will say what is wrong
+        needed = min(needed, _base(meta, int(_NAME.match(path.name).group(1))))
+    for path in found[keep:]:
+        if int(_NAME.match(path.name).group(1)) >= needed:
+            continue
         data = path.with_suffix(".npz")
         path.unlink(missing_ok=True)  # the manifest first: never a manifest without its data
         data.unlink(missing_ok=True)

@@ -33,13 +33,15 @@ class CheckpointWriter:
         self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
         self._thread.start()
 
-    def save(self, arrays: dict[str, np.ndarray], meta: dict) -> int:
+    def save(self, arrays: dict[str, np.ndarray], meta: dict,
+             keep_from: int | None = None) -> int:
         """Queue a snapshot (arrays the caller will not modify: copies) for writing; returns
-        its sequence number."""
+        its sequence number. ``keep_from``: once it is written, keep the checkpoints from this
+        sequence on too (files.prune)."""
         self._raise_error()
         sequence = self.sequence
         self.sequence += 1
-        self._queue.put((sequence, arrays, meta))
+        self._queue.put((sequence, arrays, meta, keep_from))
         return sequence
 
     def flush(self) -> None:
@@ -64,13 +66,13 @@ class CheckpointWriter:
             try:
                 if item is None:
                     return
-                sequence, arrays, meta = item
+                sequence, arrays, meta, keep_from = item
                 begin = time.perf_counter()
                 path = files.write(self.directory, sequence, arrays, meta)
                 self.written.append({"sequence": sequence, "manifest": str(path),
                                      "bytes": sum(a.nbytes for a in arrays.values()),
                                      "write_s": time.perf_counter() - begin})
-                files.prune(self.directory, self.keep)
+                files.prune(self.directory, self.keep, keep_from)
             except BaseException as e:  # noqa: BLE001 - handed to the next save()
                 self._error = e
             finally:

@@ -71,20 +71,25 @@ class EmbeddingStore:
         self.optimizer.apply_to_table(self.weights[table], self.state[table], local, grads,
                                       lr_scale)
 
-    def snapshot(self) -> dict[str, np.ndarray]:
+    def snapshot(self, rows: list[torch.Tensor] | None = None) -> dict[str, np.ndarray]:
         """Copies of every touched row, its optimizer state and its local index, per table
-        (untouched rows are their deterministic initial values: nothing to save)."""
+        (untouched rows are their deterministic initial values: nothing to save). ``rows``:
+        only these local indices per table (those of them that were touched)."""
         out = {}
         for t, (w, st, init) in enumerate(zip(self.weights, self.state, self.initialized)):
-            local = init.nonzero().squeeze(1)
+            if rows is None:
+                local = init.nonzero().squeeze(1)
+            else:
+                local = rows[t][init.index_select(0, rows[t])]
             out[f"t{t}.local"] = local.numpy()
             out[f"t{t}.weights"] = w.index_select(0, local).numpy()
             out[f"t{t}.state"] = st.index_select(0, local).numpy()
         return out
 
-    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+    def restore(self, arrays: dict[str, np.ndarray], *, on_top: bool = False) -> None:
         """Make the store hold exactly what ``snapshot`` saved (rows it did not save are
-        untouched again, re-initialised on first use)."""
+        untouched again, re-initialised on first use); ``on_top``: only overwrite the rows it
+        saved (a partial snapshot applied to a full one)."""
         for t, (w, st, init) in enumerate(zip(self.weights, self.state, self.initialized)):
             try:
                 local = torch.from_numpy(np.asarray(arrays[f"t{t}.local"], dtype=np.int64))
@@ -100,7 +105,8 @@ class EmbeddingStore:
                                                                          st.shape[1]):
                 raise ValueError(f"table {t}: the snapshot's rows {tuple(rows.shape)} / state "
                                  f"{tuple(state.shape)} do not fit this store")
-            init.fill_(False)
+            if not on_top:
+                init.fill_(False)
             w.index_copy_(0, local, rows)
             st.index_copy_(0, local, state)
             init.index_fill_(0, local, True)

@@ -46,14 +46,19 @@ class PSClient:
     """Not thread-safe: one per worker thread."""
 
     def __init__(self, shards: list, dims: list[int], dense_shard: int | None = None,
-                 push_window: int = 2, survive_shard_restarts: bool = False):
+                 push_window: int = 2, survive_shard_restarts: bool = False,
+                 ssu_rate: float = 0.0, seed: int = 0):
         """``survive_shard_restarts`` (partial recovery): a pull from a shard that died waits
         for Ray to restart it (it reloads its last checkpoint) and asks again; pushes that were
-        in flight to it are lost, and counted in ``lost_pushes``."""
+        in flight to it are lost, and counted in ``lost_pushes``. ``ssu_rate`` (CPR-SSU):
+        each push marks the rows touched by this share of its batch's samples (drawn with
+        ``seed``), which the shards record for their partial checkpoints."""
         self.shards, self.dims = shards, dims
         self.survive_shard_restarts = survive_shard_restarts
         self.lost_pushes = 0
         self.dense_shard = dense_shard
+        self.ssu_rate = ssu_rate
+        self._ssu_rng = np.random.default_rng(seed)
         self.push_window = push_window
         self._in_flight: deque = deque()
         self.staleness: list[int] = []
@@ -163,25 +168,27 @@ class PSClient:
         which case it first waits for the oldest (and records its staleness). ``lr_scales``:
         a learning-rate multiplier per shard for this update (eager)."""
         versions = getattr(pulled, "versions", None) or self.last_versions
-        self._push_each(lambda s, shard, ids, grads, dense: shard.push.remote(
-            ids, grads, dense, versions[s], 1.0 if lr_scales is None else lr_scales[s]),
-            pulled, dense_grad, 1.0)
+        self._push_each(lambda s, shard, ids, grads, dense, sampled: shard.push.remote(
+            ids, grads, dense, versions[s], 1.0 if lr_scales is None else lr_scales[s],
+            sampled), pulled, dense_grad, 1.0)
 
     def push_gba(self, pulled: PulledBatch, dense_grad: np.ndarray, samples: int) -> None:
         """GBA: like ``push``, with gradients x ``samples`` and the version read at pull as the
         token of each shard's gradient. Does not wait for the shards' aggregation."""
-        self._push_each(lambda s, shard, ids, grads, dense: shard.push_gba.remote(
-            ids, grads, dense, self.last_versions[s], samples), pulled, dense_grad,
+        self._push_each(lambda s, shard, ids, grads, dense, sampled: shard.push_gba.remote(
+            ids, grads, dense, self.last_versions[s], samples, sampled), pulled, dense_grad,
             float(samples))
 
     def _push_each(self, send, pulled: PulledBatch, dense_grad: np.ndarray | None,
                    scale: float) -> None:
+        sampled = self._sampled(pulled)
         for s, shard in enumerate(self.shards):
             dense = None
             if s == self.dense_shard and dense_grad is not None:
                 dense = dense_grad * scale if scale != 1.0 else dense_grad
             self._in_flight.append(send(s, shard, pulled.placement.ids_for(pulled.ids, s),
-                                        self._grads_for(pulled, s, scale), dense))
+                                        self._grads_for(pulled, s, scale), dense,
+                                        self._sampled_on(sampled, pulled, s)))
         while len(self._in_flight) > self.push_window * len(self.shards):
             result = self._wait_push(self._in_flight.popleft())
             if result is not None:
@@ -195,6 +202,7 @@ class PSClient:
         and a failed shard surfaces here).
         """
         self.flush()
+        sampled = None if pulled is None else self._sampled(pulled)
         for s, shard in enumerate(self.shards):
             if pulled is None:
                 ids = [np.empty(0, np.int64) for _ in self.dims]
@@ -202,7 +210,23 @@ class PSClient:
             else:
                 ids = pulled.placement.ids_for(pulled.ids, s)
                 grads = self._grads_for(pulled, s, float(samples))
-            self._in_flight.append(shard.push_sync.remote(step, ids, grads, None, samples))
+            self._in_flight.append(shard.push_sync.remote(
+                step, ids, grads, None, samples, self._sampled_on(sampled, pulled, s)))
+
+    def _sampled(self, pulled: PulledBatch) -> list[torch.Tensor] | None:
+        """SSU: per table, a mask over the batch's unique ids: touched by a sampled sample."""
+        if not self.ssu_rate:
+            return None
+        keep = torch.from_numpy(self._ssu_rng.random(pulled.index.shape[0]) < self.ssu_rate)
+        mask = torch.zeros(len(pulled.rows), dtype=torch.bool)
+        mask[pulled.index[keep].reshape(-1)] = True
+        return list(mask.split([len(i) for i in pulled.ids]))
+
+    @staticmethod
+    def _sampled_on(sampled, pulled: PulledBatch, shard: int) -> list[np.ndarray] | None:
+        if sampled is None:
+            return None
+        return [m[p[shard]].numpy() for m, p in zip(sampled, pulled.placement.positions)]
 
     def flush(self) -> None:
         """Wait until every push sent so far has been applied (raises if a shard died, unless

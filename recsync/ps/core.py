@@ -25,6 +25,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from recsync.embedding.sharding import local_index
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
 from recsync.ps.aggregation import GradientBuffer, StalenessDecay, as_tensor
@@ -58,10 +59,11 @@ class ShardCore:
                  num_workers: int, seed: int = 0, init_scale: float = 0.05,
                  dense: DenseState | None = None, gba_gradients: int = 0,
                  decay: StalenessDecay = StalenessDecay(0, "none"),
-                 center: torch.Tensor | None = None):
+                 center: torch.Tensor | None = None, priority=None, full_every: int = 1):
         """``gba_gradients``: gradients per GBA update (M; 0: ``num_workers``); ``decay``: how
         GBA weighs stale gradients; ``center``: EASGD's center copy (flat), if this shard
-        holds it."""
+        holds it. ``priority`` (checkpoint/priority.py): which rows a partial checkpoint
+        saves; every ``full_every``-th checkpoint (the first included) is a full one."""
         self.store = EmbeddingStore(tables, row_optimizer, seed=seed, init_scale=init_scale,
                                     shard=shard, num_shards=num_shards)
         self.dense, self.num_workers = dense, num_workers
@@ -75,6 +77,8 @@ class ShardCore:
         self.samples_applied = 0  # sync and gba: samples whose gradients went into an update
         self.center = None if center is None else center.detach().clone()
         self.easgd_pushes = 0
+        self.priority, self.full_every = priority, full_every
+        self.snapshots = 0  # since this process started
 
     def pull(self, ids: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
         """Rows of each table's ``ids`` (int64, owned here), the dense vector if held, version."""
@@ -84,9 +88,11 @@ class ShardCore:
         return rows, dense, self.version
 
     def push(self, ids: list[np.ndarray], grads: list[np.ndarray], dense_grad: np.ndarray | None,
-             version_read: int, lr_scale: float = 1.0) -> int:
-        """Apply one worker's gradients now (async); return the staleness of this update."""
+             version_read: int, lr_scale: float = 1.0, sampled=None) -> int:
+        """Apply one worker's gradients now (async); return the staleness of this update.
+        ``sampled`` (SSU): per table, which ids a sampled training sample touched."""
         self._check_dense(dense_grad)
+        self._note_access(ids, sampled)
         # (after a partial recovery the shard may be behind the version a worker read: 0)
         staleness = max(0, self.version - version_read)
         self._apply(ids, grads, dense_grad, lr_scale)
@@ -96,7 +102,7 @@ class ShardCore:
         return staleness
 
     def push_sync(self, step: int, ids: list[np.ndarray], grads: list[np.ndarray],
-                  dense_grad: np.ndarray | None, samples: int) -> bool:
+                  dense_grad: np.ndarray | None, samples: int, sampled=None) -> bool:
         """Add one worker's contribution to ``step`` (grads already x ``samples``).
 
         Applies the step when all workers have pushed it; returns whether it was applied.
@@ -104,6 +110,7 @@ class ShardCore:
         if step != self.version:
             raise ValueError(f"sync push for step {step}, but the shard is at step {self.version}")
         self._check_dense(dense_grad)  # before queueing: a bad push must not poison the step
+        self._note_access(ids, sampled)
         pending = self._pending.setdefault(step, GradientBuffer(len(self.store.tables)))
         pending.add(ids, grads, dense_grad, samples)
         self.pushes += 1
@@ -115,7 +122,7 @@ class ShardCore:
         return True
 
     def push_gba(self, ids: list[np.ndarray], grads: list[np.ndarray],
-                 dense_grad: np.ndarray | None, token: int, samples: int) -> int:
+                 dense_grad: np.ndarray | None, token: int, samples: int, sampled=None) -> int:
         """GBA: add one worker's gradient (grads already x ``samples``) computed on version
         ``token``; apply the buffer once it holds ``gba_gradients``. Returns the staleness.
 
@@ -123,6 +130,7 @@ class ShardCore:
         whichever gradients arrive.
         """
         self._check_dense(dense_grad)
+        self._note_access(ids, sampled)
         staleness = max(0, self.version - token)  # (0 if the shard was rolled back since)
         weight = self.decay.weight(staleness)
         self.pushes += 1
@@ -217,6 +225,15 @@ class ShardCore:
             raise ValueError("a dense gradient was pushed to a shard that holds no dense "
                              "parameters")
 
+    def _note_access(self, ids: list[np.ndarray], sampled) -> None:
+        """Tell the checkpoint priority (CPR) which rows a push touches."""
+        if self.priority is None:
+            return
+        for t, i in enumerate(ids):
+            if len(i):
+                self.priority.record(t, local_index(as_tensor(i), self.store.num_shards),
+                                     None if sampled is None else as_tensor(sampled[t]))
+
     def _apply(self, ids, grads, dense_grad, lr_scale: float) -> None:
         for t, (i, g) in enumerate(zip(ids, grads)):
             if len(i):
@@ -225,17 +242,25 @@ class ShardCore:
             self.dense.apply(as_tensor(dense_grad), lr_scale)
 
     # -- checkpoints -----------------------------------------------------------------------
-    def snapshot(self) -> tuple[dict[str, np.ndarray], dict]:
+    def snapshot(self, partial: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """(arrays, meta) of everything this shard has applied: touched rows and their state,
         the dense parameters and their optimizer state, EASGD's center, the version and the
         counters. Copies: training may go on while they are written. Gradients waiting in a
-        GBA buffer or an incomplete sync step are not applied yet, so not included."""
-        arrays = self.store.snapshot()
+        GBA buffer or an incomplete sync step are not applied yet, so not included.
+        ``partial``: only the rows the priority selects (meta["partial"] names it)."""
+        if partial and self.priority is None:
+            raise ValueError("a partial snapshot needs a row priority (recovery.rows)")
+        rows = self.priority.select() if partial else None
+        if not partial and self.priority is not None:
+            self.priority.reset()
+        self.snapshots += 1
+        arrays = self.store.snapshot(rows)
         meta = {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "samples_applied": self.samples_applied, "gba_counts": dict(self.gba_counts),
                 "staleness": {str(k): n for k, n in self.staleness.items()},
                 "easgd_pushes": self.easgd_pushes, "tables": len(self.store.tables),
-                "dense_optimizer": None}
+                "dense_optimizer": None, "partial": self.priority.name if partial else None,
+                "rows": int(sum(len(a) for k, a in arrays.items() if k.endswith(".local")))}
         if self.dense is not None:
             arrays["dense.params"] = self.dense.params.detach().numpy().copy()
             state = self.dense.optimizer.state_dict()
@@ -247,15 +272,30 @@ class ShardCore:
             arrays["center"] = self.center.numpy().copy()
         return arrays, meta
 
+    def next_snapshot_partial(self) -> bool:
+        """Whether the next checkpoint may be partial: a priority is set and it is not every
+        ``full_every``-th (the first is always full)."""
+        return self.priority is not None and self.snapshots % self.full_every != 0
+
     def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
-        """Go back to a ``snapshot``: rows, dense state, center, version and counters."""
+        """Go back to a full ``snapshot``: rows, dense state, center, version and counters."""
+        self.restore_chain([(arrays, meta)])
+
+    def restore_chain(self, chain: list[tuple[dict[str, np.ndarray], dict]]) -> None:
+        """Go back to a full snapshot and the partial ones taken after it, in order: the rows
+        each saved overwrite the earlier ones; the rest (dense state, version, counters) is
+        the last one's."""
+        if chain[0][1].get("partial"):
+            raise ValueError("a chain of snapshots starts with a full one")
+        arrays, meta = chain[-1]
         if meta["tables"] != len(self.store.tables):
             raise ValueError(f"the snapshot has {meta['tables']} tables, this shard "
                              f"{len(self.store.tables)}")
         if (meta["dense_optimizer"] is None) != (self.dense is None):
             raise ValueError("the snapshot and this shard disagree on holding the dense "
                              "parameters")
-        self.store.restore(arrays)
+        for k, (a, _) in enumerate(chain):
+            self.store.restore(a, on_top=k > 0)
         if self.dense is not None:
             opt = meta["dense_optimizer"]
             if opt["class"] != type(self.dense.optimizer).__name__:
@@ -276,6 +316,8 @@ class ShardCore:
         self.easgd_pushes = meta["easgd_pushes"]
         self._gba = GradientBuffer(len(self.store.tables))
         self._pending.clear()
+        if self.priority is not None:
+            self.priority.reset()
 
     def stats(self) -> dict:
         return {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,

@@ -41,22 +41,42 @@ class PSShard:
         self._changed = asyncio.Condition()
         self.network = network
         self.restored: dict | None = None
+        self.checkpoint_dir = checkpoint_dir
+        self.base: int | None = None  # the full checkpoint partial ones now apply to
         if checkpoint_dir is not None and ray.get_runtime_context().was_current_actor_reconstructed:
-            self.restored = self._restore(checkpoint_dir)  # partial recovery: Ray restarted us
+            self.restored = self._restore()  # Ray restarted us: partial or full recovery
         self.writer = (CheckpointWriter(checkpoint_dir, keep=keep)
                        if checkpoint_dir is not None else None)
+        self.ready_unix = time.time()
 
-    def _restore(self, checkpoint_dir: str) -> dict:
-        ckpt = files.latest(checkpoint_dir)  # raises if none is complete: the restart fails
-        if ckpt is None:
-            return {"sequence": None, "version": 0, "skipped": []}
-        self.core.restore(ckpt.arrays, ckpt.meta)
-        return {"sequence": ckpt.sequence, "version": self.core.version,
-                "skipped": ckpt.skipped}
+    def _restore(self) -> dict:
+        begin = time.perf_counter()
+        chain = files.latest_chain(self.checkpoint_dir)  # raises if none is complete
+        if not chain:
+            return {"sequence": None, "version": 0, "skipped": [], "load_s": 0.0}
+        self._restore_chain(chain)
+        return {"sequence": chain[-1].sequence, "version": self.core.version,
+                "skipped": chain[-1].skipped, "chain": len(chain),
+                "load_s": time.perf_counter() - begin}
+
+    def _restore_chain(self, chain: list[files.Checkpoint]) -> None:
+        self.core.restore_chain([(c.arrays, c.meta) for c in chain])
+        self.base = chain[0].sequence
+
+    async def rollback(self, sequence: int) -> dict:
+        """Full recovery and resume: go back to checkpoint ``sequence`` of this shard (written
+        or waiting to be: the writer is flushed first). Returns its version and the load time."""
+        begin = time.perf_counter()
+        if self.writer is not None:
+            self.writer.flush()
+        self._restore_chain(files.chain(self.checkpoint_dir, sequence))
+        return {"version": self.core.version, "load_s": time.perf_counter() - begin}
 
     async def incarnation(self) -> dict:
-        """This process's pid and, if Ray restarted it, the checkpoint it reloaded."""
-        return {"pid": os.getpid(), "restored": self.restored, "version": self.core.version}
+        """This process's pid, when it was ready, and, if Ray restarted it, the checkpoint it
+        reloaded."""
+        return {"pid": os.getpid(), "restored": self.restored, "version": self.core.version,
+                "ready_unix": self.ready_unix}
 
     async def _travel(self, payload) -> None:
         if self.network is not None:
@@ -76,25 +96,28 @@ class PSShard:
         await self._travel(answer)
         return answer
 
-    async def push(self, ids, grads, dense_grad, version_read: int, lr_scale: float = 1.0) -> int:
+    async def push(self, ids, grads, dense_grad, version_read: int, lr_scale: float = 1.0,
+                   sampled=None) -> int:
         await self._travel((ids, grads, dense_grad))
-        staleness = self.core.push(ids, grads, dense_grad, version_read, lr_scale)
+        staleness = self.core.push(ids, grads, dense_grad, version_read, lr_scale, sampled)
         await self._notify()
         await self._travel(None)
         return staleness
 
-    async def push_sync(self, step: int, ids, grads, dense_grad, samples: int) -> bool:
+    async def push_sync(self, step: int, ids, grads, dense_grad, samples: int,
+                        sampled=None) -> bool:
         await self._travel((ids, grads, dense_grad))
-        applied = self.core.push_sync(step, ids, grads, dense_grad, samples)
+        applied = self.core.push_sync(step, ids, grads, dense_grad, samples, sampled)
         if applied:
             await self._notify()
         await self._travel(None)
         return applied
 
-    async def push_gba(self, ids, grads, dense_grad, token: int, samples: int) -> int:
+    async def push_gba(self, ids, grads, dense_grad, token: int, samples: int,
+                       sampled=None) -> int:
         await self._travel((ids, grads, dense_grad))
         version = self.core.version
-        staleness = self.core.push_gba(ids, grads, dense_grad, token, samples)
+        staleness = self.core.push_gba(ids, grads, dense_grad, token, samples, sampled)
         if self.core.version != version:
             await self._notify()
         await self._travel(None)
@@ -126,17 +149,26 @@ class PSShard:
         async with self._changed:
             self._changed.notify_all()
 
-    async def checkpoint(self) -> dict:
+    async def checkpoint(self, keep_from: int | None = None) -> dict:
         """Snapshot this shard's state (it serves no call meanwhile) and hand it to the
-        background writer. Returns the sequence number and how long the shard was blocked."""
+        background writer. Returns the sequence number and how long the shard was blocked.
+        ``keep_from``: keep this shard's checkpoints from that sequence on (a job checkpoint
+        names them)."""
         if self.writer is None:
             raise ValueError("this shard was started without a checkpoint directory")
         begin = time.perf_counter()
-        arrays, meta = self.core.snapshot()
+        partial = self.base is not None and self.core.next_snapshot_partial()
+        arrays, meta = self.core.snapshot(partial)
+        if partial:
+            meta["base"] = self.base
         snapshot_s = time.perf_counter() - begin
-        sequence = self.writer.save(arrays, meta)  # waits only if two are already pending
-        return {"sequence": sequence, "snapshot_s": snapshot_s,
-                "blocked_s": time.perf_counter() - begin, "version": meta["version"]}
+        sequence = self.writer.save(arrays, meta, keep_from)  # waits only if two are pending
+        if not partial:
+            self.base = sequence
+        return {"sequence": sequence, "snapshot_s": snapshot_s, "partial": partial,
+                "pid": os.getpid(),
+                "rows": meta["rows"], "blocked_s": time.perf_counter() - begin,
+                "version": meta["version"]}
 
     async def checkpoints_written(self) -> list[dict]:
         """Wait until every checkpoint handed to the writer is on disk; what was written."""

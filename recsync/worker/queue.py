@@ -4,6 +4,10 @@ Fast workers take more chunks. A chunk is leased to one worker until it reports 
 worker dies, ``release`` puts its leased chunks back at the front, so every chunk of every epoch
 is completed exactly once (the rows of a chunk a worker had started may be trained on again).
 A worker whose threads train in parallel (Hogwild) holds one lease per thread (``slot``).
+
+``state`` and ``restore`` are the data position in a job checkpoint: what is pending, leased
+and completed. A restored lease goes back to the front of the queue with the number of its
+batches already trained (``skip``), which the next worker to take it skips.
 """
 
 from __future__ import annotations
@@ -17,12 +21,24 @@ from recsync.data.reader import Chunk
 Item = tuple[int, Chunk]  # (epoch, chunk)
 
 
+def encode_item(item: Item) -> list:
+    """An item as plain JSON: [epoch, split, part, start, stop]."""
+    epoch, c = item
+    return [epoch, c.split, c.part, c.start, c.stop]
+
+
+def decode_item(row: list) -> Item:
+    epoch, split, part, start, stop = row
+    return int(epoch), Chunk(str(split), int(part), int(start), int(stop))
+
+
 class ChunkQueue:
     def __init__(self, items: list[Item]):
         self.pending: deque[Item] = deque(items)
         self.leased: dict[tuple[int, int], Item] = {}  # (worker, slot) -> item
         self.completed: Counter = Counter()       # item -> times completed (must end at 1)
         self.by_worker: dict[int, dict] = {}
+        self.skip: dict[Item, int] = {}  # item -> batches already trained (after a restore)
 
     def take(self, worker: int, slot: int = 0) -> Item | None:
         """The next item for ``worker``'s thread ``slot`` (None when none is left). One lease
@@ -54,6 +70,31 @@ class ChunkQueue:
         self.pending.extendleft(reversed(items))
         return items
 
+    def take_with_skip(self, worker: int, slot: int = 0) -> tuple[Item, int] | None:
+        """``take``, and how many of the item's batches were trained before a restore."""
+        item = self.take(worker, slot)
+        return None if item is None else (item, self.skip.pop(item, 0))
+
+    def state(self, positions: dict[tuple[int, int], int] | None = None) -> dict:
+        """The data position as plain JSON. ``positions``: batches trained of each leased
+        item, by (worker, slot) (known when the workers are paused; else 0: a leased chunk is
+        trained again from its start). Leases are [item, batches trained, [worker, slot]]."""
+        positions = positions or {}
+        leased = [[encode_item(item), positions.get(key, 0), list(key)]
+                  for key, item in sorted(self.leased.items())]
+        return {"pending": [encode_item(i) for i in self.pending], "leased": leased,
+                "completed": [[encode_item(i), n] for i, n in self.completed.items()],
+                "by_worker": {str(w): dict(s) for w, s in self.by_worker.items()}}
+
+    def restore(self, state: dict) -> None:
+        """Go back to ``state``: its leases become the front of the queue, with their skips."""
+        leased = [(decode_item(row), int(skip)) for row, skip, *_ in state["leased"]]
+        self.pending = deque([i for i, _ in leased] + [decode_item(r) for r in state["pending"]])
+        self.skip = {i: s for i, s in leased if s}
+        self.leased = {}
+        self.completed = Counter({decode_item(r): int(n) for r, n in state["completed"]})
+        self.by_worker = {int(w): dict(s) for w, s in state["by_worker"].items()}
+
     def summary(self) -> dict:
         counts = Counter(self.completed.values())
         return {"pending": len(self.pending), "leased": len(self.leased),
@@ -71,6 +112,15 @@ class WorkQueue:
 
     def take(self, worker: int, slot: int = 0) -> Item | None:
         return self.q.take(worker, slot)
+
+    def take_with_skip(self, worker: int, slot: int = 0) -> tuple[Item, int] | None:
+        return self.q.take_with_skip(worker, slot)
+
+    def state(self, positions: dict | None = None) -> dict:
+        return self.q.state(positions)
+
+    def restore(self, state: dict) -> None:
+        self.q.restore(state)
 
     def done(self, worker: int, item: Item, slot: int = 0) -> None:
         self.q.done(worker, item, slot)

@@ -92,10 +92,15 @@ class Worker:
         self._lock = threading.Lock()
         self._thread = None
         self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
+        self.position: dict[int, int] = {}  # slot -> batches of its leased chunk handed out
 
     def _ps_client(self) -> PSClient:
+        r = self.cfg.recovery
+        self._clients = getattr(self, "_clients", 0) + 1  # a seed per client (Hogwild threads)
         return PSClient(self.shards, self.dims, push_window=self.cfg.cluster.push_window,
-                        survive_shard_restarts=self.cfg.recovery.kind == "partial")
+                        survive_shard_restarts=r.kind != "none",
+                        ssu_rate=r.ssu_rate if r.rows == "ssu" else 0.0,
+                        seed=hash((self.cfg.train.seed, self.rank, self._clients)) % 2**32)
 
     def address(self) -> tuple[str, int]:
         """A host and free port for rank 0 to host the gloo group on."""
@@ -127,6 +132,11 @@ class Worker:
 
     def taken_chunks(self) -> list:
         return list(self.taken)
+
+    def positions(self) -> dict[tuple[int, int], int]:
+        """{(rank, slot): batches of the chunk leased to that slot handed out to training}:
+        while paused, each one's step is done (the data position of a job checkpoint)."""
+        return {(self.rank, slot): n for slot, n in self.position.items()}
 
     def dense_vector(self) -> np.ndarray:
         return parameters_to_vector(self.model.parameters()).detach().numpy()
@@ -189,19 +199,24 @@ class Worker:
         seed = t.seed if self.cfg.data.shuffle else None
         for k in itertools.count():
             slot = slots[k % len(slots)]
-            item = ray.get(self.queue.take.remote(self.rank, slot))
-            if item is None:
+            taken = ray.get(self.queue.take_with_skip.remote(self.rank, slot))
+            if taken is None:
                 return
+            item, skip = taken
             epoch, chunk = item
             self.taken.append(item)
+            self.position[slot] = skip
             previous = None
-            for batch in self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch):
+            batches = self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch)
+            for batch in itertools.islice(batches, skip, None):  # skip: trained before a restore
                 if previous is not None:
+                    self.position[slot] += 1
                     yield previous, None
                 previous = batch
             if previous is None:
                 self._chunk_done(item, slot)
             else:
+                self.position[slot] += 1
                 yield previous, (item, slot)
 
     def _chunk_done(self, item, slot: int) -> None:
@@ -360,7 +375,7 @@ class Worker:
             return None
         if sh.algorithm == "easgd":
             return ElasticSync(self.replica, self.shards[0], sh.alpha(trainers),
-                               survive_shard_restarts=self.cfg.recovery.kind == "partial")
+                               survive_shard_restarts=self.cfg.recovery.kind != "none")
         import torch.distributed as dist
         group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=SHADOW_TIMEOUT_S))
         bmuf = None

@@ -253,7 +253,7 @@ def test_shadow_replicas_that_start_apart_converge_while_training(ray_cluster, d
 def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster, data,
                                                                      tmp_path):
     from recsync.checkpoint import files
-    from recsync.dist_driver import _make_core
+    from recsync.dist_driver import JOB_KEEP_EXTRA, _make_core
     from recsync.model.registry import build_model
     from recsync.trainer import table_rows_for
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
@@ -261,16 +261,21 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
     summary = run(cfg, tmp_path)
     rec = summary["recovery"]
     assert summary["status"] == "completed" and rec["checkpoints"] >= 2
-    assert rec["written_per_shard"] == [rec["checkpoints"]] * 2
+    # the rounds while training (the first before it), and the final one (the trained model)
+    assert rec["written_per_shard"] == [rec["checkpoints"] + 1] * 2
     assert 0 < rec["checkpoint_overhead_frac"] < 0.5
+    kept_jobs = files.manifests(tmp_path / "checkpoints" / "job")
+    assert len(kept_jobs) == 2 + JOB_KEEP_EXTRA  # keep + the two a dead shard may have lost
     ds = Dataset(data)
     _, tables = build_model(cfg.model, ds.meta["num_dense"], ds.table_names,
                             table_rows_for(cfg.model, ds.table_rows))
     for s in range(2):
         directory = tmp_path / "checkpoints" / f"shard-{s}"
-        assert len(files.manifests(directory)) == 2  # keep = 2: older ones deleted
+        # older ones deleted, except those the kept job checkpoints name
+        named = {json.loads(p.read_text())["meta"]["shard_sequences"][s] for p in kept_jobs}
+        assert {int(p.stem.split("-")[1]) for p in files.manifests(directory)} == named
         ckpt = files.latest(directory)
-        assert ckpt.sequence == rec["checkpoints"] and ckpt.skipped == []
+        assert ckpt.sequence == rec["checkpoints"] + 1 and ckpt.skipped == []
         core = _make_core(tables, cfg, s, np.zeros(ckpt.arrays["dense.params"].shape,
                                                    np.float32) if s == 0 else None)
         core.restore(ckpt.arrays, ckpt.meta)
@@ -278,7 +283,7 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
         assert core.store.num_initialized() > 0
     events = [e["event"] for line in (tmp_path / "metrics.jsonl").open()
               for e in json.loads(line)["events"]]
-    assert sum(e.startswith("checkpoint of the shards") for e in events) == rec["checkpoints"]
+    assert sum(e.startswith("checkpoint: ") for e in events) == rec["checkpoints"]
 
 
 @pytest.mark.parametrize("mode, shard", [("async", 1), ("shadow", 0)])
@@ -320,3 +325,44 @@ def test_the_checkpoint_interval_is_chosen_from_the_measured_save_cost_and_mtbf(
               for e in json.loads(line)["events"]]
     assert any(e.startswith("checkpoint interval: save cost") for e in events)
     assert summary["recovery"]["checkpoints"] >= 1
+
+
+@pytest.mark.parametrize("mode, shard", [("async", 0), ("sync", 1)])
+def test_full_recovery_rolls_every_shard_and_the_data_back_and_completes(
+        ray_cluster, data, tmp_path, mode, shard):
+    """async: shard 0 holds the dense parameters too, they roll back with the rest; sync: the
+    dense replicas roll back to the job checkpoint's."""
+    cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
+                 "train.epochs=30", 'recovery.kind="full"', "recovery.checkpoint_every_s=1.0",
+                 f'faults.kills=[{{target="ps", index={shard}, at_s=10.0}}]')
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    rec = summary["recovery"]
+    assert rec["kind"] == "full" and len(rec["recoveries"]) == 1
+    recovery = rec["recoveries"][0]
+    assert recovery["shard"] == shard and recovery["job_sequence"] >= 1
+    assert rec["samples_redone"] > 0 and rec["pls"] == 0  # done again, none lost
+    assert recovery["downtime_s"] > 0 and rec["overhead"]["total_s"] >= recovery["downtime_s"]
+    queue = summary["queue"]  # the data position rolled back: every chunk completed once
+    assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
+    chunks = len(Dataset(data).chunks("train", 16 * B))
+    assert queue["completed"] == 30 * chunks
+    assert rec["final_job_checkpoint"] is not None
+    assert 0.5 < summary["eval"]["auc"] <= 1.0
+
+
+def test_partial_recovery_from_mfu_checkpoints_restores_a_chain(ray_cluster, data, tmp_path):
+    cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+                 "train.epochs=30", 'recovery.kind="partial"', 'recovery.rows="mfu"',
+                 "recovery.mfu_fraction=0.2", "recovery.full_every=4",
+                 "recovery.checkpoint_every_s=1.0",
+                 'faults.kills=[{target="ps", index=1, at_s=12.0}]')
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    rec = summary["recovery"]
+    assert rec["rows"] == "mfu" and rec["partial_checkpoints"] > 0
+    [recovery] = rec["recoveries"]
+    assert recovery["shard"] == 1 and recovery["sequence"] >= 1 and recovery["chain"] >= 1
+    assert 0 < rec["pls"] < 0.5
+    assert summary["queue"]["completed_more_than_once"] == 0
+    assert 0.5 < summary["eval"]["auc"] <= 1.0

@@ -1,0 +1,93 @@
+"""Which rows a partial checkpoint saves (CPR): the most used ones (MFU) or the ones a
+sub-sample of the training samples touched (SSU).
+
+Both watch the rows each push touches on one shard (as local indices) and, at a partial save,
+``select`` the rows to save and forget them; after a full save ``reset`` forgets everything.
+
+- MFU keeps a counter per row of the shard (4 bytes a row): each push that touches a row adds
+  one. A partial save takes the ``fraction`` of the counted rows with the highest counts, ties
+  broken by index, and zeroes their counters; the others keep counting, so a row used steadily
+  but not among the top is saved once its count grows (or at the next full save).
+- SSU records the rows touched by the samples the workers sampled (``ssu_rate``; the PS client
+  marks them in each push), at most ``max_rows`` per shard between saves; rows beyond that are
+  not recorded (counted in ``dropped``) and wait for the next full save. Memory: the recorded
+  rows only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class MostUsed:
+    name = "mfu"
+
+    def __init__(self, table_rows: list[int], fraction: float):
+        if not 0 < fraction <= 1:
+            raise ValueError(f"the MFU fraction must be in (0, 1], got {fraction}")
+        self.fraction = fraction
+        self.counts = [torch.zeros(n, dtype=torch.int32) for n in table_rows]
+
+    def record(self, table: int, local: torch.Tensor, sampled: torch.Tensor | None) -> None:
+        """``local``: unique row indices a push touched (``sampled`` is for SSU)."""
+        self.counts[table].index_add_(0, local, torch.ones(len(local), dtype=torch.int32))
+
+    def select(self) -> list[torch.Tensor]:
+        """Per table, the rows to save now (sorted); their counters restart from 0."""
+        out = []
+        for counts in self.counts:
+            used = counts.nonzero().squeeze(1)
+            k = math.ceil(self.fraction * len(used))
+            # stable sort by count, descending: equal counts keep index order
+            order = torch.sort(counts[used], descending=True, stable=True).indices[:k]
+            top = used[order].sort().values
+            counts[top] = 0
+            out.append(top)
+        return out
+
+    def reset(self) -> None:
+        for c in self.counts:
+            c.zero_()
+
+    def stats(self) -> dict:
+        return {"rows_counted": int(sum(int((c > 0).sum()) for c in self.counts))}
+
+
+class SampledRows:
+    name = "ssu"
+
+    def __init__(self, num_tables: int, max_rows: int):
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.max_rows = max_rows
+        self.rows: list[set[int]] = [set() for _ in range(num_tables)]
+        self.recorded = 0
+        self.dropped = 0  # rows not recorded for want of room (since the start)
+
+    def record(self, table: int, local: torch.Tensor, sampled: torch.Tensor | None) -> None:
+        """Record the rows of ``local`` that ``sampled`` (bool, aligned) marks."""
+        if sampled is None or not len(local):
+            return
+        seen = self.rows[table]
+        fresh = [i for i in local[sampled].tolist() if i not in seen]
+        room = self.max_rows - self.recorded
+        if len(fresh) > room:
+            self.dropped += len(fresh) - room
+            fresh = fresh[:room]
+        seen.update(fresh)
+        self.recorded += len(fresh)
+
+    def select(self) -> list[torch.Tensor]:
+        out = [torch.tensor(sorted(rows), dtype=torch.int64) for rows in self.rows]
+        self.reset()
+        return out
+
+    def reset(self) -> None:
+        for rows in self.rows:
+            rows.clear()
+        self.recorded = 0
+
+    def stats(self) -> dict:
+        return {"rows_recorded": self.recorded, "rows_dropped": self.dropped}

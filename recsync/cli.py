@@ -78,8 +78,24 @@ def _print_summary(summary: dict, out: Path) -> None:
         net = summary["network_emulated"]
         emulated.append(f"network delay ({net['latency_ms']:g} ms per PS call, "
                         f"{net['ms_per_mb']:g} ms per MB)")
+    if summary.get("failures"):
+        emulated.append(f"failures ({len(summary['failures'])} processes killed)")
     if emulated:
         click.echo("EMULATED: " + ", ".join(emulated) + "; the figures above ran under them")
+    rec = summary.get("recovery") or {}
+    if rec.get("checkpoints"):
+        o = rec["overhead"]
+        line = (f"checkpoints: {rec['checkpoints']} rounds"
+                + (f" ({rec['partial_checkpoints']} partial shard checkpoints)"
+                   if rec["partial_checkpoints"] else "")
+                + f", training blocked {o['checkpoint_blocked_s']:.2f} s")
+        if rec["recoveries"]:
+            line += (f"; {rec['kind']} recovery from {len(rec['recoveries'])} failure(s): "
+                     f"{o['downtime_s']:.1f} s without training, {o['lost_work_s']:.1f} s of "
+                     f"training done again, overhead {o['frac']:.1%} of training time")
+            if rec["pls"]:
+                line += f", PLS {rec['pls']:.4f}"
+        click.echo(line)
     sh = summary.get("shadow")
     if sh and sh["algorithm"] != "none":
         rates = [r for r in sh["syncs_per_s"] if r is not None]

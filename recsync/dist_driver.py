@@ -75,6 +75,7 @@ SHARD_RESTART_WAIT_S = 60  # partial recovery: how long a restarting shard may t
 # A shard that dies loses at most two checkpoints not yet on disk (one being written, one
 # waiting: writer.py), which the newest job checkpoints may name: keep two more of those.
 JOB_KEEP_EXTRA = 2
+RATE_WINDOW_POLLS = 20  # the training rate that prices work done again: over the last 10 s
 
 
 class RunFailed(RuntimeError):
@@ -163,6 +164,7 @@ class DistributedRun:
         self.killed_at: dict[int, float] = {}  # shard -> epoch seconds of an injected kill
         self.recovery_kind = "partial" if cfg.recovery.kind == "auto" else cfg.recovery.kind
         self.resumed_unix = 0.0  # when the last full-recovery rollback had workers going again
+        self.recent: deque = deque(maxlen=RATE_WINDOW_POLLS)  # (epoch s, samples) per poll
         self.job_rounds: deque = deque(maxlen=cfg.recovery.keep + JOB_KEEP_EXTRA)  # their
         # shards' sequence numbers, oldest first: the shards keep those checkpoints
         self.job_writer = (None if self.checkpoint_dir is None else
@@ -371,20 +373,21 @@ class DistributedRun:
         try:
             started = self.workers[0] is not None
             positions = {}
-            if started:
+            if paused:
                 for p in ray.get([w.positions.remote() for w in self.workers]):
                     positions.update(p)
             counts = (self.poll() if started
                       else [{"samples": 0, "steps": 0} for _ in self.workers])
             # the data position before the shards' state: what completes in between is
             # trained again after a rollback, never skipped
-            queue_state = ray.get(self.queue.state.remote(positions if paused else None))
-            if not paused:  # leased chunks start again: their batches are not done yet
-                counts = [dict(c) for c in counts]
-                for _, _, (w, slot) in queue_state["leased"]:
-                    n = positions.get((w, slot), 0)
-                    counts[w]["steps"] -= n
-                    counts[w]["samples"] -= n * self.cfg.train.batch_size
+            queue_state = ray.get(self.queue.state.remote(positions))
+            if not paused:  # leased chunks start again: only completed ones are done
+                completed = queue_state["by_worker"]
+                batch = self.cfg.train.batch_size
+                counts = [{"samples": completed.get(str(r), {}).get("samples", 0),
+                           "steps": c["steps"] - round((c["samples"] - completed.get(
+                               str(r), {}).get("samples", 0)) / batch)}
+                          for r, c in enumerate(counts)]
             # keep what the job checkpoints kept after this round name (this one drops the
             # oldest once the driver keeps as many as it may)
             named = list(self.job_rounds)[1 - self.job_rounds.maxlen:]
@@ -645,6 +648,7 @@ def _watch(run: DistributedRun, log: MetricsLog) -> list[dict]:
                     progress.split[key] = progress.split.get(key, 0) + sum(s[key]
                                                                            for s in statuses)
             progress.samples, progress.steps = samples, record["step"]
+            run.recent.append((time.time(), samples))
             progress.logged_events = len(progress.events)
             last = now
             log.write(record)
@@ -774,10 +778,17 @@ def _full_recovery(run: DistributedRun, shard: int, elapsed_s: float) -> None:
                         f"{run.checkpoint_dir}" + (f" ({'; '.join(skipped)})" if skipped else ""))
     now = time.time()
     killed = run.killed_at.pop(shard, now)
-    lost_work_s = max(0.0, killed - max(ckpt.meta["unix"], run.resumed_unix))
     redone = max(0, progress.samples - ckpt.meta["samples"])
+    # the work done again, priced at the training rate before the failure (the samples of a
+    # chunk that was leased at the checkpoint are redone too: more than the time since it)
+    before = [(t, n) for t, n in run.recent if t <= killed]
+    rate = ((before[-1][1] - before[0][1]) / (before[-1][0] - before[0][0])
+            if len(before) >= 2 and before[-1][0] > before[0][0] else 0.0)
+    lost_work_s = (redone / rate if rate > 0
+                   else max(0.0, killed - max(ckpt.meta["unix"], run.resumed_unix)))
     loaded = run.rollback(ckpt)
     run.resumed_unix = time.time()
+    run.recent.clear()
     progress.samples, progress.steps = ckpt.meta["samples"], ckpt.meta["steps"]
     progress.recoveries.append({
         "kind": "full", "time_s": elapsed_s, "shard": shard, "job_sequence": ckpt.sequence,
@@ -787,7 +798,8 @@ def _full_recovery(run: DistributedRun, shard: int, elapsed_s: float) -> None:
     progress.events.append({"time_s": elapsed_s, "event": (
         f"full recovery: shard {shard} restarted; every shard, the data position and the "
         f"workers rolled back to job checkpoint {ckpt.sequence} ({ckpt.meta['samples']:,} "
-        f"samples); ~{redone:,} samples ({lost_work_s:.1f} s of training) to do again, "
+        f"samples); ~{redone:,} samples ({lost_work_s:.1f} s of training at the rate before) "
+        f"to do again, "
         f"{run.resumed_unix - killed:.1f} s without training")
         + (f"; skipped newer: {skipped}" if skipped else "")})
     print(f"full recovery: shard {shard} restarted; rolled back to job checkpoint "

@@ -52,7 +52,7 @@ EXPECTED_FAILURES = 4
 FIRST_KILL_S = 12.0  # seconds after the run starts (workers take ~6 s to start here)
 KILL_WINDOW = 0.8
 MIN_GAP_S = 10.0
-ROUNDS = 2
+ROUNDS = 3
 PLS_TARGET = 0.01
 COMMON = [
     'mode="async"', f"cluster.workers={WORKERS}", f"cluster.ps_shards={SHARDS}",

@@ -347,6 +347,7 @@ def test_full_recovery_rolls_every_shard_and_the_data_back_and_completes(
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
     chunks = len(Dataset(data).chunks("train", 16 * B))
     assert queue["completed"] == 30 * chunks
+    assert summary["samples"] == 30 * Dataset(data).rows("train")  # the redone ones once
     assert rec["final_job_checkpoint"] is not None
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 

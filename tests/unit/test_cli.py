@@ -152,3 +152,16 @@ def test_table_size_unknown_table(tmp_path):
     src.write_text("0" + "\t1" * 13 + "\ta" * 26 + "\n")
     result = invoke("data", "criteo", src, "--out", tmp_path / "out", "--table-size", "C99=5")
     assert_user_error(result, "error:", "C99")
+
+
+def test_train_resume_refuses_other_options_and_a_run_without_checkpoints(synth, tmp_path):
+    out = tmp_path / "run"
+    result = invoke("train", "--out", out, "--set", f"data.path={synth[0]}",
+                    "--set", "train.max_steps=1", "--set", "output.plot=false",
+                    "--set", "output.progress=false")
+    assert result.exit_code == 0, result.output
+    assert_user_error(invoke("train", "--resume", out, "--set", "train.seed=1"),
+                      "--resume DIR goes on with DIR's own config.toml")
+    result = invoke("train", "--resume", out)  # a local run: nothing to resume from
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "the run wrote no checkpoints to resume from" in result.output

@@ -230,3 +230,22 @@ def test_partial_recovery_needs_checkpoints_and_a_mode_without_lock_step():
     assert cfg.recovery.kind == "partial"
     with pytest.raises(ConfigError, match="mode \"local\" has none"):
         load_config(None, ["recovery.checkpoint_every_s=5"])
+
+
+def test_recovery_kinds_and_cpr_rows_are_checked():
+    cfg = load_config(None, ['mode="sync"', 'recovery.kind="full"',
+                             "recovery.checkpoint_every_s=5"])  # full recovery works in sync
+    assert cfg.recovery.kind == "full"
+    with pytest.raises(ConfigError, match="chooses from the mean time between failures"):
+        load_config(None, ['mode="async"', 'recovery.kind="auto"',
+                           "recovery.checkpoint_every_s=5"])
+    with pytest.raises(ConfigError, match="only partial recovery can restart from"):
+        load_config(None, ['mode="async"', 'recovery.kind="full"', 'recovery.rows="mfu"',
+                           "recovery.checkpoint_every_s=5"])
+    with pytest.raises(ConfigError, match="not available with switching"):
+        load_config(None, ['mode="sync"', 'recovery.kind="full"',
+                           "recovery.checkpoint_every_s=5",
+                           'switching.schedule=[{to="gba", at_s=5.0}]'])
+    cfg = load_config(None, ['mode="async"', 'recovery.kind="partial"', 'recovery.rows="ssu"',
+                             "recovery.mtbf_s=600"])
+    assert cfg.recovery.rows == "ssu" and cfg.recovery.full_every == 4

@@ -160,3 +160,23 @@ def test_dense_state_round_trips_through_a_job_checkpoint(tmp_path):
     fresh = torch.optim.Adagrad([torch.nn.Parameter(params.clone())], lr=0.1)
     fresh.load_state_dict(back["optimizer"])
     assert torch.equal(fresh.state_dict()["state"][0]["sum"], opt.state_dict()["state"][0]["sum"])
+
+
+def test_the_ps_client_marks_exactly_the_rows_of_the_sampled_samples():
+    from recsync.embedding.lookup import PulledBatch, dedup
+    from recsync.ps.client import PSClient
+    sparse = torch.tensor([[1, 7], [2, 7], [1, 8], [3, 9]])  # 4 samples, 2 tables
+    tables = dedup(sparse)
+    ids = [u for u, _ in tables]
+    offsets = [0, len(ids[0])]
+    index = torch.stack([inv + off for (_, inv), off in zip(tables, offsets)], dim=1)
+    pulled = PulledBatch(ids, torch.zeros(sum(len(i) for i in ids), 2), index)
+    assert PSClient([], [2, 2])._sampled(pulled) is None  # SSU off
+    every = PSClient([], [2, 2], ssu_rate=1.0)._sampled(pulled)
+    assert [m.tolist() for m in every] == [[True] * 3, [True] * 3]
+    client = PSClient([], [2, 2], ssu_rate=0.5, seed=1)
+    keep = np.random.default_rng(1).random(4) < 0.5  # the same draw the client makes
+    masks = client._sampled(pulled)
+    for t, m in enumerate(masks):
+        expected = {int(i) for i in sparse[torch.from_numpy(keep), t]}
+        assert {int(i) for i in ids[t][m]} == expected

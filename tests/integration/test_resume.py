@@ -9,6 +9,8 @@ import sys
 import time
 
 import numpy as np
+import ray  # noqa: F401 - first: it puts the psutil it bundles on sys.path
+import psutil
 
 from recsync.checkpoint import files, job
 from recsync.data.synthetic import SynthSpec, generate
@@ -68,8 +70,18 @@ def test_resume_after_the_driver_is_killed_ends_with_the_uninterrupted_parameter
     while not (out / "checkpoints" / "job" / "ckpt-000004.json").exists():  # mid-run
         assert crashed.poll() is None and time.monotonic() < deadline, crashed.stdout.read()
         time.sleep(0.2)
-    crashed.send_signal(signal.SIGKILL)  # the driver dies; no summary is written
+    # The driver's machine dies: the driver and every process it started (Ray's, the actors').
+    # (Killed alone, it leaves Ray's agents behind for a minute, holding Ray's default ports,
+    # which slows the Ray instances that later tests start.)
+    tree = psutil.Process(crashed.pid).children(recursive=True)
+    crashed.send_signal(signal.SIGKILL)  # no summary is written
     crashed.wait()
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
     assert not (out / "summary.json").exists()
 
     resumed = _train("--resume", str(out))

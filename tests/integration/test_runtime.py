@@ -1,19 +1,25 @@
 """Ray end to end: sync equals local training on the global batch, async completes every chunk
-once, a dead PS shard stops the run with a clear error, and no Ray process outlives a run.
+once, a dead PS shard stops the run with a clear error, no Ray process outlives a run, full and
+partial recovery, and `recsync train --resume` after the driver is killed.
 
 Run: .venv/bin/pytest -q tests/integration
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+import ray  # before psutil: it puts the psutil it bundles on sys.path
+import psutil
 import torch
 from torch.nn.utils import parameters_to_vector
 
+from recsync.checkpoint import files, job
 from recsync.config import load_config
 from recsync.data.reader import Batch, Dataset
 from recsync.data.synthetic import SynthSpec, generate
@@ -158,7 +164,6 @@ def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster,
 def test_ctrl_c_stops_within_10_s_writes_the_summary_and_leaves_no_ray_process(data, tmp_path,
                                                                               mode):
     """(shadow: with 2 Hogwild threads and the shadow thread in its all-reduce rounds)"""
-    import signal
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "recsync", "train", "--out", str(out),
            "--set", f"data.path={json.dumps(str(data))}", "--set", f'mode="{mode}"',
@@ -218,7 +223,6 @@ def test_shadow_replicas_that_start_apart_converge_while_training(ray_cluster, d
     their distance falls below 2% of where it started while both are still training."""
     from recsync.dist_driver import DistributedRun
     from recsync.worker.worker import Worker
-    import ray
     cfg = config(data, 'mode="shadow"', f'shadow.algorithm="{algorithm}"', "cluster.workers=2",
                  "cluster.ps_shards=2", "train.epochs=200", "train.dense_lr=0.001",
                  "shadow.min_interval_s=0.01")
@@ -367,3 +371,89 @@ def test_partial_recovery_from_mfu_checkpoints_restores_a_chain(ray_cluster, dat
     assert 0 < rec["pls"] < 0.5
     assert summary["queue"]["completed_more_than_once"] == 0
     assert 0.5 < summary["eval"]["auc"] <= 1.0
+
+
+# -- resume (last in this module: it kills a driver, and the tests timed against Ctrl-C ran
+# slower after it in CI; each run here is a subprocess with its own embedded Ray) ------------
+
+RESUME_CONFIG = """mode = "sync"
+[data]
+path = "{data}"
+[model]
+embedding_dim = 4
+bottom_mlp = [8]
+top_mlp = [8]
+[train]
+batch_size = 64
+epochs = 10
+[cluster]
+workers = 2
+ps_shards = 2
+[recovery]
+kind = "full"
+checkpoint_every_s = 1.0
+[output]
+progress = false
+plot = false
+"""
+
+
+def _train_cli(*args) -> subprocess.Popen:
+    env = {**os.environ, "RAY_ADDRESS": "local"}  # each its own Ray instance
+    return subprocess.Popen([sys.executable, "-m", "recsync", "train", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _final_parameters(out) -> dict[str, np.ndarray]:
+    """The dense replica and every shard's rows, from the run's final checkpoints."""
+    root = out / "checkpoints"
+    final = files.latest(job.job_dir(root))
+    assert final.meta["final"]
+    params = {"dense": final.arrays["dense.params"]}
+    for shard, sequence in enumerate(final.meta["shard_sequences"]):
+        for name, a in files.chain(job.shard_dir(root, shard), sequence)[-1].arrays.items():
+            params[f"shard{shard}.{name}"] = a
+    return params
+
+
+def test_resume_after_the_driver_is_killed_ends_with_the_uninterrupted_parameters(tmp_path):
+    data = tmp_path / "data"
+    generate(data, rows=4096, eval_rows=512, spec=SynthSpec(seed=3, max_table_rows=500),
+             processes=1, progress=False)
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(RESUME_CONFIG.format(data=data))
+    whole = _train_cli("--config", str(cfg), "--out", str(tmp_path / "whole"))
+    assert whole.wait(timeout=300) == 0, whole.stdout.read()
+
+    out = tmp_path / "crashed"
+    crashed = _train_cli("--config", str(cfg), "--out", str(out))
+    deadline = time.monotonic() + 240
+    while not (out / "checkpoints" / "job" / "ckpt-000004.json").exists():  # mid-run
+        assert crashed.poll() is None and time.monotonic() < deadline, crashed.stdout.read()
+        time.sleep(0.2)
+    # The driver's machine dies: the driver and every process it started (Ray's, the actors').
+    # (Killed alone, it leaves Ray's agents behind for a minute, holding Ray's default ports,
+    # which slows the Ray instances that later tests start.)
+    tree = psutil.Process(crashed.pid).children(recursive=True)
+    crashed.send_signal(signal.SIGKILL)  # no summary is written
+    crashed.wait()
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+    assert not (out / "summary.json").exists()
+
+    resumed = _train_cli("--resume", str(out))
+    text = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, text
+    assert "resumed from job checkpoint" in text
+    a, b = _final_parameters(tmp_path / "whole"), _final_parameters(out)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+    again = _train_cli("--resume", str(out))  # a completed run has nothing to resume
+    text = again.communicate(timeout=120)[0]
+    assert again.returncode != 0 and "the run completed" in text

@@ -172,7 +172,10 @@ def test_ctrl_c_stops_within_10_s_writes_the_summary_and_leaves_no_ray_process(d
            "--set", "model.top_mlp=[8]", "--set", "model.embedding_dim=4",
            "--set", "train.epochs=1000", "--set", "output.plot=false",
            "--set", "cluster.object_store_mb=128"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C reaches the run even if this test runs as a background job, whose children inherit
+    # an ignored SIGINT (then Python installs no KeyboardInterrupt handler)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     def trained() -> bool:  # a metrics record with samples in it
         path = out / "metrics.jsonl"
@@ -373,8 +376,7 @@ def test_partial_recovery_from_mfu_checkpoints_restores_a_chain(ray_cluster, dat
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 
 
-# -- resume (last in this module: it kills a driver, and the tests timed against Ctrl-C ran
-# slower after it in CI; each run here is a subprocess with its own embedded Ray) ------------
+# -- resume (each run here is a subprocess with its own embedded Ray) --------------------------
 
 RESUME_CONFIG = """mode = "sync"
 [data]

@@ -70,8 +70,8 @@ from recsync.worker.worker import Worker
 POLL_S = 0.5
 SWITCH_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
 MAX_WORKER_RESTARTS = 20  # per run: a crash loop must end in an error, not go on forever
-MAX_SHARD_RESTARTS = 20  # per shard, partial recovery
-SHARD_RESTART_WAIT_S = 60  # partial recovery: how long a restarting shard may take to answer
+MAX_SHARD_RESTARTS = 20  # per shard, with full or partial recovery
+SHARD_RESTART_WAIT_S = 60  # recovery: how long a restarting shard may take to answer
 # A shard that dies loses at most two checkpoints not yet on disk (one being written, one
 # waiting: writer.py), which the newest job checkpoints may name: keep two more of those.
 JOB_KEEP_EXTRA = 2
@@ -160,7 +160,7 @@ class DistributedRun:
         self.restarts = 0
         self.start = 0.0  # epoch seconds when training starts: fault schedules count from it
         self.mode = cfg.mode  # the mode now: sync and gba switch during a run
-        self.shard_seen: dict[int, dict] = {}  # partial recovery: each shard's last incarnation
+        self.shard_seen: dict[int, dict] = {}  # recovery on: each shard's last incarnation
         self.killed_at: dict[int, float] = {}  # shard -> epoch seconds of an injected kill
         self.recovery_kind = "partial" if cfg.recovery.kind == "auto" else cfg.recovery.kind
         self.resumed_unix = 0.0  # when the last full-recovery rollback had workers going again
@@ -340,8 +340,8 @@ class DistributedRun:
                    for i, pid in enumerate(pids))
 
     def shard_restarts(self) -> list[tuple[int, dict, int]]:
-        """Partial recovery: (shard, what it reloaded, the last version the driver saw it at
-        before it died) for every shard that Ray restarted since the last call. A shard that is
+        """Recovery on: (shard, what it reloaded, the last version the driver saw it at before
+        it died) for every shard that Ray restarted since the last call. A shard that is
         restarting right now is looked at again next time."""
         refs = [s.incarnation.remote() for s in self.shards]
         found = []
@@ -363,7 +363,7 @@ class DistributedRun:
         trained again from its start after a rollback. ``final``: the workers are done.
 
         Returns each shard's sequence number and version (None for a shard that is restarting
-        in partial recovery: it is skipped this time), the job checkpoint's sequence, and how
+        with recovery on: it is skipped this time), the job checkpoint's sequence, and how
         long training was blocked: sync, the pause; else the slowest shard's snapshot (calls to
         it wait)."""
         begin = time.perf_counter()
@@ -717,7 +717,7 @@ def _choose_interval(run: DistributedRun, ckpt: dict, elapsed_s: float) -> float
     for ref in [s.checkpoints_written.remote() for s in run.shards]:
         try:
             written = ray.get(ref, timeout=300)
-        except ray.exceptions.RayActorError:  # restarting (partial recovery)
+        except ray.exceptions.RayActorError:  # restarting (recovery on)
             continue
         write_s = max([write_s] + [w["write_s"] for w in written[-1:]])
     run.progress.checkpoints[-1]["blocked_s"] += time.perf_counter() - begin

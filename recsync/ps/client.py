@@ -48,9 +48,9 @@ class PSClient:
     def __init__(self, shards: list, dims: list[int], dense_shard: int | None = None,
                  push_window: int = 2, survive_shard_restarts: bool = False,
                  ssu_rate: float = 0.0, seed: int = 0):
-        """``survive_shard_restarts`` (partial recovery): a pull from a shard that died waits
-        for Ray to restart it (it reloads its last checkpoint) and asks again; pushes that were
-        in flight to it are lost, and counted in ``lost_pushes``. ``ssu_rate`` (CPR-SSU):
+        """``survive_shard_restarts`` (full or partial recovery): a pull from a shard that died
+        waits for Ray to restart it (it reloads its last checkpoint) and asks again; pushes that
+        were in flight to it are lost, and counted in ``lost_pushes``. ``ssu_rate`` (CPR-SSU):
         each push marks the rows touched by this share of its batch's samples (drawn with
         ``seed``), which the shards record for their partial checkpoints."""
         self.shards, self.dims = shards, dims

@@ -110,9 +110,6 @@ class WorkQueue:
     def __init__(self, items: list[Item]):
         self.q = ChunkQueue(items)
 
-    def take(self, worker: int, slot: int = 0) -> Item | None:
-        return self.q.take(worker, slot)
-
     def take_with_skip(self, worker: int, slot: int = 0) -> tuple[Item, int] | None:
         return self.q.take_with_skip(worker, slot)
 

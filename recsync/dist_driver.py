@@ -63,7 +63,9 @@ from recsync.ps.shard import PSShard
 from recsync.sync import HOGWILD_MODES, PS_DENSE_MODES
 from recsync.sync.controller import ModeController
 from recsync.sync.handover import from_flat
-from recsync.trainer import LocalModel, evaluate, table_rows_for
+from recsync.evaluate import evaluate
+from recsync.local_run import LocalModel
+from recsync.model.registry import table_rows_for
 from recsync.worker.queue import WorkQueue
 from recsync.worker.worker import Worker
 
@@ -505,7 +507,7 @@ class DistributedRun:
             vector_to_parameters(torch.tensor(final_dense), list(self.dense_model.parameters()))
         model = LocalModel(self.dense_model, PSClient(self.shards, [tb.dim for tb in self.tables]),
                            None)
-        final_eval = evaluate(model, self.ds, self.ds.rows("eval"), t.eval_batch_size)
+        final_eval = evaluate(model.dense, model.lookup, self.ds, self.ds.rows("eval"), t.eval_batch_size)
         return {"eval": final_eval, "shards": shard_stats, "shadow": shadow, "eager": eager,
                 "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
                 "final_checkpoint": final_checkpoint,

@@ -18,7 +18,8 @@ from tqdm import tqdm
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset, chunk_order
 from recsync.metrics import MetricsLog, write_json
-from recsync.trainer import LocalModel, StepTimer, build_local_model, evaluate, train_step
+from recsync.evaluate import evaluate
+from recsync.local_run import LocalModel, StepTimer, build_local_model, train_step
 
 CHUNK_BATCHES = 16  # default chunk: this many batches
 
@@ -97,7 +98,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
             progress.train_start = time.perf_counter()
             _train(cfg, ds, model, log, progress)
             progress.train_end = time.perf_counter()
-            result["eval"] = evaluate(model, ds, ds.rows("eval"), cfg.train.eval_batch_size)
+            result["eval"] = evaluate(model.dense, model.lookup, ds, ds.rows("eval"), cfg.train.eval_batch_size)
         else:
             from recsync.cluster import ray_session
             from recsync.dist_driver import run_distributed
@@ -109,7 +110,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
         progress.train_end = progress.train_end or time.perf_counter()
         print("\nInterrupted: writing the summary of the work done so far.")
         if cfg.mode == "local":
-            result["eval"] = evaluate(model, ds, ds.rows("eval"), cfg.train.eval_batch_size)
+            result["eval"] = evaluate(model.dense, model.lookup, ds, ds.rows("eval"), cfg.train.eval_batch_size)
     except Exception as e:
         from recsync.dist_driver import RunFailed
         if not isinstance(e, RunFailed):
@@ -198,7 +199,7 @@ def _interval_record(cfg: RunConfig, progress: Progress, timer: StepTimer) -> di
 
 def _timed_eval(cfg: RunConfig, ds: Dataset, model: LocalModel, progress: Progress) -> dict:
     start = time.perf_counter()
-    result = evaluate(model, ds, cfg.train.eval_sample_rows, cfg.train.eval_batch_size)
+    result = evaluate(model.dense, model.lookup, ds, cfg.train.eval_sample_rows, cfg.train.eval_batch_size)
     progress.eval_s += time.perf_counter() - start
     result.update(samples=progress.samples, time_s=progress.elapsed())
     progress.evals.append(result)

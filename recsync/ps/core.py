@@ -36,7 +36,7 @@ class DenseState:
     """Dense parameters as one flat float32 vector, updated by a torch optimizer."""
 
     def __init__(self, initial: torch.Tensor, optimizer: str, lr: float):
-        from recsync.trainer import DENSE_OPTIMIZERS
+        from recsync.model.optim import DENSE_OPTIMIZERS
         self.params = initial.detach().clone().requires_grad_(True)
         self.optimizer = DENSE_OPTIMIZERS[optimizer]([self.params], lr=lr)
 

@@ -37,7 +37,8 @@ from recsync.sync.base import STOP
 from recsync.sync.handover import from_flat, to_flat
 from recsync.sync.shadow import AveragingSync, DenseReplica, ElasticSync, HogwildStep
 from recsync.sync.shadow_rules import BMUF
-from recsync.trainer import DENSE_OPTIMIZERS, table_rows_for
+from recsync.model.optim import DENSE_OPTIMIZERS
+from recsync.model.registry import table_rows_for
 from recsync.worker.hogwild import HogwildTrainer
 
 

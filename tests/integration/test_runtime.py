@@ -26,7 +26,7 @@ from recsync.data.synthetic import SynthSpec, generate
 from recsync.dist_driver import RunFailed, run_distributed
 from recsync.driver import Progress, run
 from recsync.metrics import MetricsLog
-from recsync.trainer import build_local_model, train_step
+from recsync.local_run import build_local_model, train_step
 
 B = 64
 
@@ -262,7 +262,7 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
     from recsync.checkpoint import files
     from recsync.dist_driver import JOB_KEEP_EXTRA, _make_core
     from recsync.model.registry import build_model
-    from recsync.trainer import table_rows_for
+    from recsync.model.registry import table_rows_for
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
                  "train.epochs=12", "recovery.checkpoint_every_s=1.0", "recovery.keep=2")
     summary = run(cfg, tmp_path)

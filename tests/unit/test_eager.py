@@ -19,7 +19,7 @@ from recsync.model.registry import build_model
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState, ShardCore
 from recsync.sync.eager import EagerPS, modulation
-from recsync.trainer import table_rows_for
+from recsync.model.registry import table_rows_for
 
 
 def test_modulation_functions():

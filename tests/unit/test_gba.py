@@ -24,7 +24,8 @@ from recsync.ps.aggregation import GradientBuffer, StalenessDecay
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState, ShardCore
 from recsync.sync.gba import GBA
-from recsync.trainer import build_local_model, table_rows_for, train_step
+from recsync.local_run import build_local_model, train_step
+from recsync.model.registry import table_rows_for
 
 TABLES = [TableSpec("a", 40, 4), TableSpec("b", 25, 4)]
 LR = 0.5

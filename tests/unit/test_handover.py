@@ -9,7 +9,7 @@ from torch.nn.utils import parameters_to_vector
 
 from recsync.ps.core import DenseState
 from recsync.sync.handover import from_flat, to_flat
-from recsync.trainer import DENSE_OPTIMIZERS
+from recsync.model.optim import DENSE_OPTIMIZERS
 
 
 def model():

@@ -15,7 +15,9 @@ from recsync.config import ModelConfig, TrainConfig
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.store import initial_rows
-from recsync.trainer import build_local_model, evaluate, table_rows_for, train_step
+from recsync.evaluate import evaluate
+from recsync.local_run import build_local_model, train_step
+from recsync.model.registry import table_rows_for
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -121,7 +123,7 @@ def test_training_reduces_the_loss_and_evaluate_is_sensible(learnable):
     torch.manual_seed(0)
     m = build_local_model(ModelConfig(embedding_dim=8, bottom_mlp=[16], top_mlp=[16]),
                           TrainConfig(seed=0, embedding_lr=0.1, dense_lr=0.05), learnable)
-    before = evaluate(m, learnable, 5_000, 2_048)
+    before = evaluate(m.dense, m.lookup, learnable, 5_000, 2_048)
     losses = []
     for chunk in learnable.chunks("train", 4096):
         for batch in learnable.batches(chunk, 128, shuffle_seed=0):
@@ -131,7 +133,7 @@ def test_training_reduces_the_loss_and_evaluate_is_sensible(learnable):
     assert all(math.isfinite(x) for x in losses)
     assert np.mean(losses[-50:]) < np.mean(losses[:20]) - 0.05
 
-    after = evaluate(m, learnable, 5_000, 2_048)
+    after = evaluate(m.dense, m.lookup, learnable, 5_000, 2_048)
     assert after["rows"] == 5_000
     assert 0.0 <= after["auc"] <= 1.0 and after["logloss"] > 0
     ctr = learnable.synthetic["eval_ctr"]
@@ -144,20 +146,20 @@ def test_training_reduces_the_loss_and_evaluate_is_sensible(learnable):
 
 def test_evaluate_rows_and_determinism(tiny):
     m = build_local_model(MODEL, TrainConfig(seed=1), tiny)
-    a = evaluate(m, tiny, 100, 32)
+    a = evaluate(m.dense, m.lookup, tiny, 100, 32)
     assert a["rows"] == 100
-    assert evaluate(m, tiny, 100, 7) == pytest.approx(a)   # batch size does not matter
-    assert evaluate(m, tiny, 10**9, 64)["rows"] == 256      # capped at the split
-    assert evaluate(m, tiny, 0, 64)["rows"] == 0
+    assert evaluate(m.dense, m.lookup, tiny, 100, 7) == pytest.approx(a)   # batch size does not matter
+    assert evaluate(m.dense, m.lookup, tiny, 10**9, 64)["rows"] == 256      # capped at the split
+    assert evaluate(m.dense, m.lookup, tiny, 0, 64)["rows"] == 0
 
 
 def test_evaluate_does_not_train(tiny):
     m = build_local_model(MODEL, TrainConfig(seed=1), tiny)
     params = [p.clone() for p in m.dense.parameters()]
-    evaluate(m, tiny, 256, 64)
+    evaluate(m.dense, m.lookup, tiny, 256, 64)
     every = torch.arange(40)
     rows = m.lookup.store.pull(2, every)
-    evaluate(m, tiny, 256, 64)
+    evaluate(m.dense, m.lookup, tiny, 256, 64)
     assert all(torch.equal(p, q) for p, q in zip(params, m.dense.parameters()))
     assert torch.equal(rows, m.lookup.store.pull(2, every))
 

@@ -1,0 +1,32 @@
+"""AUC and log loss of a trained model on the eval split: the local run's model, or a
+distributed run's dense parameters with its rows served by the PS."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from recsync.data.reader import Chunk, Dataset
+from recsync.metrics import auc_logloss
+from recsync.model.loss import logits
+
+
+@torch.no_grad()
+def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size: int) -> dict:
+    """AUC and log loss on the first ``rows`` rows of the eval split (all of it if larger).
+    ``lookup`` serves the rows (``pull(sparse) -> PulledBatch``): LocalLookup or PSClient."""
+    dense.eval()
+    labels, probs, seen = [], [], 0
+    for p, info in enumerate(ds.meta["splits"]["eval"]["parts"]):
+        if seen >= rows:
+            break
+        chunk = Chunk("eval", p, 0, min(info["rows"], rows - seen))
+        for batch in ds.batches(chunk, batch_size):
+            pulled = lookup.pull(batch.sparse)
+            probs.append(torch.sigmoid(logits(dense, batch, pulled.embeddings())).numpy())
+            labels.append(batch.label.numpy())
+        seen += chunk.rows
+    dense.train()
+    if not labels:
+        return {"auc": float("nan"), "logloss": float("nan"), "rows": 0}
+    return auc_logloss(np.concatenate(labels), np.concatenate(probs))

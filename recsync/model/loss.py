@@ -1,0 +1,22 @@
+"""The one loss every mode trains with, and the forward pass that feeds it.
+
+The model seam: a model maps (dense features [B, num_dense], looked-up embeddings [B, T, dim])
+to logits [B]; the loss is the mean binary cross-entropy of those logits against the labels.
+The local run, every mode's worker half and evaluation call these two functions, so a user's
+own model or loss changes one place.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def logits(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:
+    """The model's logits [B] for ``batch`` (its dense features) and its looked-up rows."""
+    return model(batch.dense, embeddings)
+
+
+def loss(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:
+    """The batch's mean binary cross-entropy (with logits): a scalar to differentiate."""
+    return F.binary_cross_entropy_with_logits(logits(model, batch, embeddings), batch.label)

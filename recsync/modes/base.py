@@ -1,0 +1,191 @@
+"""The contract every sync mode implements, in three parts (docs/architecture.md):
+
+- ``WorkerMode``, the worker half: what one training step does (pull, compute, send). The worker
+  (worker/worker.py) owns the one loop every mode runs: it reads batches from leased chunks,
+  calls ``step(batch, ahead)``, records the loss and time, reports chunks done and pauses when
+  asked. It hands the mode a ``WorkerContext`` (PS client, model replica, timers, the
+  straggler hook, pause requests) instead of patching the mode's methods.
+- ``ShardRule``, the server half: what a PS shard does with a push (apply at once, wait for a
+  step's pushes, aggregate a global batch, ...) plus any state of the mode's own (GBA's
+  buffer, EASGD's center). ``ShardCore`` (ps/core.py) holds rows, the dense vector, the
+  version and snapshots, and calls the rule.
+- ``Mode``, the facts the driver needs: whether workers form a process group, where the dense
+  parameters live, what a dead worker means, how many samples one update holds, and the
+  mode's section of summary.json.
+
+``MODES`` (modes/__init__.py) maps each name to its ``Mode``; nothing outside this package
+tests a mode's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+
+STOP = "stop"
+"""returned by ``step`` when no worker has data left: the run is over for everyone. A value, not
+an ``object()``: Ray may serialize the worker class by value, and identity does not survive."""
+
+# What a dead worker means for a mode (Mode.worker_death), carried out by the driver:
+REPLACE = "replace"  # a fresh worker takes the dead one's rank (all ranks if there is a group)
+REBUILD_GROUP = "rebuild_group"  # every worker restarts at the step the PS completed, from a
+# live replica's dense state as of that step (the shards forget the incomplete step)
+FROM_REPLICA = "from_replica"  # dead ranks (all, if there is a group) restart from a live
+# replica's dense parameters
+
+
+@dataclass
+class WorkerContext:
+    """What a worker hands its mode. Callbacks are the worker's: they count time per interval
+    (metrics.jsonl), emulate stragglers and carry the driver's pause requests."""
+
+    rank: int
+    cfg: Any  # RunConfig
+    model: torch.nn.Module  # this worker's dense replica (the model's dense parameters)
+    client: Any  # PSClient of the worker's main thread
+    new_client: Callable[[], Any]  # another PSClient (one per extra training thread)
+    shards: list  # PS shard handles (for a mode's own calls, e.g. EASGD's center)
+    dense_state: dict | None = None  # {"params": flat, "optimizer": flat layout or None}
+    step_index: int = 0  # sync-like modes: the global step to start at
+    after_compute: Callable[[float], None] = lambda compute_s: None
+    pause_requested: Callable[[], bool] = lambda: False
+    add_waits: Callable[[float, float], None] = lambda pull_s, push_s: None
+
+
+class WorkerMode:
+    """The worker half of a mode.
+
+    ``step(batch, ahead, thread)`` runs one step on ``batch`` (None: this worker has no data
+    left) and returns the batch's mean loss, None (a step without a batch of this worker's), or
+    STOP (the run is over for this thread). ``ahead`` is the next batch when ``lookahead`` is
+    set (eager sends its pull early), else None. ``threads`` training threads run the same loop
+    on one replica, each with its own batches (Hogwild); ``run`` drives them.
+    """
+
+    lookahead: ClassVar[bool] = False
+    threads: int = 1
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+
+    def step(self, batch, ahead=None, thread: int = 0):
+        raise NotImplementedError
+
+    def run(self, steps: list[Callable[[], bool]]) -> None:
+        """Run the training threads: ``steps[i]()`` does one step of thread i and returns
+        False once that thread is done. Default: one thread, here."""
+        while steps[0]():
+            pass
+
+    def agreed_pause(self) -> bool:
+        """After a step: whether to pause now. Default: as soon as the driver asked."""
+        return self.ctx.pause_requested()
+
+    def finish(self) -> None:
+        """Every push applied (nothing in flight crosses a pause or the end of the run)."""
+        self.ctx.client.flush()
+
+    def dense_state(self) -> dict | None:
+        """The dense parameters this worker holds ({"params": flat float32, "optimizer": the
+        optimizer's state in the PS's flat layout, or None}), or None where the PS holds them.
+        Job checkpoints, switching and replica restarts use it."""
+        return None
+
+    def recovery_states(self) -> dict[int, dict]:
+        """REBUILD_GROUP modes: {step: dense state as of that step's start} for the steps this
+        replica can still tell (a rebuilt group starts at the step the PS completed)."""
+        raise RuntimeError(f"{type(self).__name__} keeps no per-step dense states")
+
+    def stats(self) -> dict | None:
+        """This worker's figures for the mode's summary section (Mode.summary), or None."""
+        return None
+
+
+class ShardRule:
+    """The server half of a mode: what a shard does with a push, and the state it keeps for
+    that. ``core`` is the shard's ShardCore (rows, dense vector, version)."""
+
+    def push(self, core, ids: list[np.ndarray], grads: list[np.ndarray],
+             dense_grad: np.ndarray | None, meta: dict) -> Any:
+        """Apply (or keep) one worker's push; ``meta`` holds what the worker's half sends with
+        it (the version it read, its sample count, a step number, ...). Returns what the
+        worker's half reads back (async: the update's staleness)."""
+        raise NotImplementedError
+
+    def end(self, core) -> int:
+        """The run is over, or the mode is left: apply whatever is still held. Returns how
+        many gradients that was."""
+        return 0
+
+    def drop_incomplete(self, core) -> int:
+        """Forget gradients of updates that will never complete (their worker died). Returns
+        how many."""
+        return 0
+
+    def buffered(self) -> int:
+        """Gradients held, not applied yet."""
+        return 0
+
+    def model_dense(self, core) -> np.ndarray | None:
+        """The dense parameters of the trained model if this shard holds them (the core's
+        dense vector; EASGD: its center copy), else None."""
+        return None if core.dense is None else core.dense.params.detach().numpy().copy()
+
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict]:
+        """(arrays, meta) of this rule's state for a shard checkpoint."""
+        return {}, {}
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        """Back to a ``snapshot``; gradients held now are dropped."""
+
+    def stats(self) -> dict:
+        """Counters of this rule for the shard's stats (merged into them)."""
+        return {}
+
+
+class Mode:
+    """A mode's parts and the facts the driver needs about it. Subclasses set the class
+    attributes; the classmethods take the run's config."""
+
+    name: ClassVar[str]
+    worker: ClassVar[type[WorkerMode]]
+    dense_on_ps: ClassVar[bool] = False  # PS shard 0 holds the dense parameters
+    lockstep: ClassVar[bool] = False  # the shards apply each step together: a shard rolled
+    # back alone would stall the others (no partial recovery)
+    pauses_for_checkpoint: ClassVar[bool] = False  # workers pause after the same step for a
+    # checkpoint round, so replicas, shards and data position agree exactly
+    worker_death: ClassVar[str] = REPLACE
+    reports_waits: ClassVar[bool] = False  # per-step pull and push waits in metrics.jsonl
+    summary_key: ClassVar[str | None] = None  # its section of summary.json
+
+    @classmethod
+    def needs_group(cls, cfg) -> bool:
+        """Whether the workers form a gloo process group."""
+        return False
+
+    @classmethod
+    def make_rule(cls, cfg, shard: int, dense_init: np.ndarray | None) -> ShardRule:
+        """Shard ``shard``'s rule; ``dense_init`` (shard 0 only) is the initial dense vector."""
+        raise NotImplementedError
+
+    @classmethod
+    def holds_dense(cls, cfg, shard: int) -> bool:
+        """Whether shard ``shard``'s core holds the dense parameters with an optimizer."""
+        return cls.dense_on_ps and shard == 0
+
+    @classmethod
+    def samples_per_update(cls, cfg) -> int:
+        """Samples whose gradients one shard update applies (for the portion of lost
+        samples, PLS)."""
+        return cfg.train.batch_size
+
+    @classmethod
+    def summary(cls, cfg, workers: list[dict] | None, shards: list[dict],
+                waits: dict) -> dict | None:
+        """The mode's section of summary.json (under ``summary_key``) from each worker's
+        ``WorkerMode.stats()``, the shards' stats and the summed step-time split
+        (``reports_waits``)."""
+        return None

@@ -328,10 +328,10 @@ class RunConfig(Section):
         if r.kind == "auto" and not r.mtbf_s:
             raise ValueError("recovery.kind = \"auto\" chooses from the mean time between "
                              "failures: set recovery.mtbf_s > 0")
-        if r.kind in ("partial", "auto") and self.mode in ("local", "sync"):
+        if r.kind in ("partial", "auto") and self.mode != "local" and _facts(self.mode).lockstep:
             raise ValueError(f"recovery.kind = \"{r.kind}\": mode {self.mode!r} steps the PS "
                              "shards in lock-step, which a shard rolled back alone would stall; "
-                             "use async, gba, eager, shadow or foreground (or kind = \"full\")")
+                             f"use {_not_lockstep()} (or kind = \"full\")")
         if r.rows != "all" and r.kind != "partial":
             raise ValueError(f"recovery.rows = \"{r.rows}\" saves part of the rows, which only "
                              f"partial recovery can restart from: set recovery.kind = "
@@ -349,6 +349,18 @@ class RunConfig(Section):
         for s in tree["faults"]["stragglers"]:  # TOML has inf, tomli-w writes it as such
             s["end_s"] = float(s["end_s"])
         return tomli_w.dumps(tree)
+
+
+def _facts(mode: str):
+    """The driver facts of ``mode`` (modes/base.py Mode)."""
+    from recsync.modes import MODES
+    return MODES[mode]
+
+
+def _not_lockstep() -> str:
+    from recsync.modes import MODES
+    names = [n for n, m in MODES.items() if not m.lockstep]
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

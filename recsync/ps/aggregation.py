@@ -55,8 +55,7 @@ class GradientBuffer:
     """Contributions waiting to be applied together. Not thread-safe (a shard applies one
     call at a time)."""
 
-    def __init__(self, num_tables: int):
-        self.num_tables = num_tables
+    def __init__(self):
         self._parts: list[tuple[list[np.ndarray], list[np.ndarray], np.ndarray | None, float]] = []
         self.samples = 0
 
@@ -79,7 +78,7 @@ class GradientBuffer:
         if total == 0:
             return None
         merged_ids, merged_grads = [], []
-        for t in range(self.num_tables):
+        for t in range(len(parts[0][0])):
             ids_t = as_tensor(np.concatenate([p[0][t] for p in parts]))
             grads_t = torch.cat([as_tensor(p[1][t]) * p[3] if p[3] != 1.0 else as_tensor(p[1][t])
                                  for p in parts])

@@ -1,8 +1,9 @@
 """PSClient: a worker's view of the parameter server. One pull and one push call per shard per
 step, carrying every table's ids for that shard as int64 arrays (deduplicated).
 
-It serves the same ``pull(sparse) -> PulledBatch`` as LocalLookup, so ``train_step`` and
-``evaluate`` run unchanged against a sharded PS.
+It serves the same ``pull(sparse) -> PulledBatch`` as LocalLookup, so ``evaluate`` runs
+unchanged against a sharded PS. A pulled batch carries the version each shard read and the dense
+vector if a shard holds it; a push carries the mode's own fields (``meta``) to the shard's rule.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class PSClient:
                  ssu_rate: float = 0.0, seed: int = 0):
         """``survive_shard_restarts`` (full or partial recovery): a pull from a shard that died
         waits for Ray to restart it (it reloads its last checkpoint) and asks again; pushes that
-        were in flight to it are lost, and counted in ``lost_pushes``. ``ssu_rate`` (CPR-SSU):
+        were in flight to it are lost, and counted in ``lost_pushes`` (the worker reports them).
+        ``dense_shard``: the shard that holds the dense parameters, if any. ``ssu_rate`` (CPR-SSU):
         each push marks the rows touched by this share of its batch's samples (drawn with
         ``seed``), which the shards record for their partial checkpoints."""
         self.shards, self.dims = shards, dims
@@ -61,17 +63,15 @@ class PSClient:
         self._ssu_rng = np.random.default_rng(seed)
         self.push_window = push_window
         self._in_flight: deque = deque()
-        self.staleness: list[int] = []
-        self.last_dense: np.ndarray | None = None
-        self.last_versions: list[int] = []
         self.seen_versions: list[int] = []  # per shard, the newest version any answer carried
 
     def pull(self, sparse: torch.Tensor, min_version: int = 0) -> PulledBatch:
         """Rows for a batch's ids (int64 [B, T]). Blocks until every shard answered.
 
-        ``min_version``: each shard first waits until it has applied that many updates (sync).
-        The dense vector (if a shard holds it) and each shard's version are kept in
-        ``last_dense`` and ``last_versions``; the batch also carries its placement for push.
+        ``min_version``: each shard first waits until it has applied that many updates (modes
+        whose steps wait for the previous ones). The batch carries its placement for push,
+        each shard's version (``versions``) and the dense vector if a shard holds it
+        (``dense``).
         """
         return self.complete(self.pull_async(sparse, min_version))
 
@@ -104,8 +104,8 @@ class PSClient:
         return answers
 
     def _wait_push(self, ref):
-        """The result of a push (its staleness, or whether a sync step completed); a push to
-        a shard that died is lost if partial recovery is on (None)."""
+        """The result of a push (what the shard's rule returned); a push to a shard that died
+        is lost if recovery is on (None)."""
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError:
@@ -121,17 +121,18 @@ class PSClient:
         ids = [u for u, _ in pending.tables]
         # merged in numpy: Ray hands back read-only arrays, which numpy copies from freely
         rows = [np.empty((len(u), d), np.float32) for u, d in zip(ids, self.dims)]
+        dense_vector = None
         for s, (shard_rows, dense, _) in enumerate(answers):
             for t, r in enumerate(shard_rows):
                 rows[t][pending.placement.positions[t][s].numpy()] = r
             if dense is not None:
-                self.last_dense = dense
-        self.last_versions = [a[2] for a in answers]
-        self._see(self.last_versions)
+                dense_vector = dense
         pulled = fuse([(u, inv, torch.from_numpy(r)) for (u, inv), r in
                        zip(pending.tables, rows)])
         pulled.placement = pending.placement
-        pulled.versions = list(self.last_versions)
+        pulled.versions = [a[2] for a in answers]
+        pulled.dense = dense_vector
+        self._see(pulled.versions)
         return pulled
 
     def known_versions(self, pending: PendingPull | None = None) -> list[int]:
@@ -161,57 +162,31 @@ class PSClient:
         out = [g[p[shard]] for g, p in zip(grads, pulled.placement.positions)]  # gathers: copies
         return [(g * scale if scale != 1.0 else g).numpy() for g in out]
 
-    def push(self, pulled: PulledBatch, dense_grad: np.ndarray | None = None,
-             lr_scales: list[float] | None = None) -> None:
-        """Async: send each shard its rows' gradients (and the dense one to its shard) with the
-        version read at pull. Returns at once unless ``push_window`` pushes are in flight, in
-        which case it first waits for the oldest (and records its staleness). ``lr_scales``:
-        a learning-rate multiplier per shard for this update (eager)."""
-        versions = getattr(pulled, "versions", None) or self.last_versions
-        self._push_each(lambda s, shard, ids, grads, dense, sampled: shard.push.remote(
-            ids, grads, dense, versions[s], 1.0 if lr_scales is None else lr_scales[s],
-            sampled), pulled, dense_grad, 1.0)
-
-    def push_gba(self, pulled: PulledBatch, dense_grad: np.ndarray, samples: int) -> None:
-        """GBA: like ``push``, with gradients x ``samples`` and the version read at pull as the
-        token of each shard's gradient. Does not wait for the shards' aggregation."""
-        self._push_each(lambda s, shard, ids, grads, dense, sampled: shard.push_gba.remote(
-            ids, grads, dense, self.last_versions[s], samples, sampled), pulled, dense_grad,
-            float(samples))
-
-    def _push_each(self, send, pulled: PulledBatch, dense_grad: np.ndarray | None,
-                   scale: float) -> None:
-        sampled = self._sampled(pulled)
+    def push(self, pulled: PulledBatch | None, dense_grad: np.ndarray | None = None, *,
+             scale: float = 1.0, lr_scales: list[float] | None = None, **meta) -> None:
+        """Send each shard its rows' gradients x ``scale`` (and the dense one x ``scale`` to the
+        shard that holds the dense parameters), with ``meta`` for the mode's rule plus, per
+        shard, the version the batch read (``version_read``) and ``lr_scale`` (``lr_scales``:
+        a learning-rate multiplier per shard, eager). ``pulled`` None: an empty push (0
+        samples) to every shard, so that a step counts every worker. Returns at once unless
+        ``push_window`` pushes per shard are in flight; then it first waits for the oldest."""
+        sampled = None if pulled is None else self._sampled(pulled)
         for s, shard in enumerate(self.shards):
             dense = None
             if s == self.dense_shard and dense_grad is not None:
                 dense = dense_grad * scale if scale != 1.0 else dense_grad
-            self._in_flight.append(send(s, shard, pulled.placement.ids_for(pulled.ids, s),
-                                        self._grads_for(pulled, s, scale), dense,
-                                        self._sampled_on(sampled, pulled, s)))
-        while len(self._in_flight) > self.push_window * len(self.shards):
-            result = self._wait_push(self._in_flight.popleft())
-            if result is not None:
-                self.staleness.append(result)
-
-    def push_sync(self, step: int, pulled: PulledBatch | None, samples: int) -> None:
-        """Sync: contribute this worker's row gradients x ``samples`` to ``step`` on every shard.
-
-        A worker with no batch this step still pushes (nothing, 0 samples), so that every
-        shard counts all workers. Waits for the previous step's pushes first (bounded memory,
-        and a failed shard surfaces here).
-        """
-        self.flush()
-        sampled = None if pulled is None else self._sampled(pulled)
-        for s, shard in enumerate(self.shards):
             if pulled is None:
                 ids = [np.empty(0, np.int64) for _ in self.dims]
                 grads = [np.empty((0, d), np.float32) for d in self.dims]
             else:
                 ids = pulled.placement.ids_for(pulled.ids, s)
-                grads = self._grads_for(pulled, s, float(samples))
-            self._in_flight.append(shard.push_sync.remote(
-                step, ids, grads, None, samples, self._sampled_on(sampled, pulled, s)))
+                grads = self._grads_for(pulled, s, scale)
+            shard_meta = {**meta, "version_read": pulled.versions[s] if pulled else 0,
+                          "lr_scale": 1.0 if lr_scales is None else lr_scales[s],
+                          "sampled": self._sampled_on(sampled, pulled, s)}
+            self._in_flight.append(shard.push.remote(ids, grads, dense, shard_meta))
+        while len(self._in_flight) > self.push_window * len(self.shards):
+            self._wait_push(self._in_flight.popleft())
 
     def _sampled(self, pulled: PulledBatch) -> list[torch.Tensor] | None:
         """SSU: per table, a mask over the batch's unique ids: touched by a sampled sample."""
@@ -232,6 +207,4 @@ class PSClient:
         """Wait until every push sent so far has been applied (raises if a shard died, unless
         partial recovery is on: then the pushes it lost are counted)."""
         while self._in_flight:
-            result = self._wait_push(self._in_flight.popleft())
-            if result is not None and not isinstance(result, bool):
-                self.staleness.append(result)
+            self._wait_push(self._in_flight.popleft())

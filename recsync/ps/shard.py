@@ -86,7 +86,8 @@ class PSShard:
     async def pull(self, ids: list[np.ndarray], min_version: int = 0):
         """Rows of ``ids`` per table (int64, unique, owned here), dense vector or None, version.
 
-        Waits until the shard's version is at least ``min_version`` (sync mode).
+        Waits until the shard's version is at least ``min_version`` (modes whose steps wait
+        for the previous ones).
         """
         await self._travel(ids)
         if self.core.version < min_version:
@@ -96,54 +97,41 @@ class PSShard:
         await self._travel(answer)
         return answer
 
-    async def push(self, ids, grads, dense_grad, version_read: int, lr_scale: float = 1.0,
-                   sampled=None) -> int:
-        await self._travel((ids, grads, dense_grad))
-        staleness = self.core.push(ids, grads, dense_grad, version_read, lr_scale, sampled)
-        await self._notify()
-        await self._travel(None)
-        return staleness
-
-    async def push_sync(self, step: int, ids, grads, dense_grad, samples: int,
-                        sampled=None) -> bool:
-        await self._travel((ids, grads, dense_grad))
-        applied = self.core.push_sync(step, ids, grads, dense_grad, samples, sampled)
-        if applied:
-            await self._notify()
-        await self._travel(None)
-        return applied
-
-    async def push_gba(self, ids, grads, dense_grad, token: int, samples: int,
-                       sampled=None) -> int:
+    async def push(self, ids, grads, dense_grad, meta: dict):
+        """One worker's push (rows' gradients per table, the dense gradient if this shard holds
+        the dense parameters, and what the mode sends with it), handed to the mode's rule."""
         await self._travel((ids, grads, dense_grad))
         version = self.core.version
-        staleness = self.core.push_gba(ids, grads, dense_grad, token, samples, sampled)
+        result = self.core.push(ids, grads, dense_grad, meta)
         if self.core.version != version:
             await self._notify()
         await self._travel(None)
-        return staleness
+        return result
 
-    async def flush_gba(self) -> int:
-        held = self.core.flush_gba()
-        if held:
+    async def call(self, verb: str, *args):
+        """A verb of the mode's rule (modes/base.py ShardRule): ``end``, ``drop_incomplete``,
+        ``model_dense``, or one a mode adds (EASGD's ``exchange``)."""
+        method = getattr(self.core.rule, verb, None)
+        if verb.startswith("_") or not callable(method):
+            raise ValueError(f"the rule of mode {self.core.mode!r} has no verb {verb!r}")
+        version = self.core.version
+        result = method(self.core, *args)
+        if self.core.version != version:
             await self._notify()
-        return held
+        return result
+
+    async def use_mode(self, mode: str) -> None:
+        self.core.use_mode(mode)
+
+    async def advance_to(self, version: int) -> None:
+        self.core.advance_to(version)
+        await self._notify()
 
     async def install_dense(self, params, optimizer: str, lr: float, optimizer_state) -> None:
         self.core.install_dense(params, optimizer, lr, optimizer_state)
 
     async def take_dense(self) -> dict:
         return self.core.take_dense()
-
-    async def begin_sync(self, step: int) -> None:
-        self.core.begin_sync(step)
-        await self._notify()
-
-    async def easgd_center(self):
-        return self.core.easgd_center()
-
-    async def easgd_exchange(self, replica, alpha: float):
-        return self.core.easgd_exchange(replica, alpha)
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -177,14 +165,8 @@ class PSShard:
         self.writer.flush()
         return list(self.writer.written)
 
-    async def drop_pending(self) -> int:
-        return self.core.drop_pending()
-
     async def stats(self) -> dict:
         return self.core.stats()
-
-    async def pid(self) -> int:
-        return os.getpid()
 
     def die(self) -> None:
         """Fault injection: the process exits at once, as a crashed machine would."""

@@ -32,7 +32,6 @@ def fake_shards(cores) -> list[SimpleNamespace]:
     return [SimpleNamespace(
         pull=SimpleNamespace(remote=lambda ids, min_version=0, c=c: _ro(c.pull(ids))),
         push=SimpleNamespace(remote=lambda *a, c=c: c.push(*_ro(a))),
-        push_gba=SimpleNamespace(remote=lambda *a, c=c: c.push_gba(*_ro(a))),
     ) for c in cores]
 
 

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from cores import push as push_async
+from cores import test_core
 from recsync.checkpoint import files
 from recsync.checkpoint.files import CheckpointError
 from recsync.checkpoint.writer import CheckpointWriter
@@ -26,7 +28,7 @@ TABLES = [TableSpec("a", 50, 4), TableSpec("b", 30, 4)]
 
 
 def core(dense_optimizer="adagrad"):
-    return ShardCore(TABLES, RowAdagrad(lr=0.1), shard=1, num_shards=2, num_workers=2, seed=3,
+    return test_core(TABLES, RowAdagrad(lr=0.1), shard=1, num_shards=2, num_workers=2, seed=3,
                      dense=DenseState(torch.arange(6, dtype=torch.float32), dense_optimizer,
                                       0.05))
 
@@ -35,7 +37,7 @@ def push(c, step):
     rng = np.random.default_rng(step)
     ids = [np.array([1, 3, 7, 9 + 2 * step]), np.array([5, 11])]
     grads = [rng.normal(size=(len(i), 4)).astype(np.float32) for i in ids]
-    c.push(ids, grads, rng.normal(size=6).astype(np.float32), version_read=c.version)
+    push_async(c, ids, grads, rng.normal(size=6).astype(np.float32), version_read=c.version)
 
 
 def state_of(c):

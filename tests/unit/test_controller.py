@@ -2,7 +2,7 @@
 and never on a blip shorter than the window."""
 
 from recsync.config import SwitchingConfig
-from recsync.sync.controller import ModeController
+from recsync.modes.controller import ModeController
 
 
 def feed(ctl, mode, start_s, end_s, compute_per_step, poll_s=0.5):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from cores import test_core, push
 from recsync.checkpoint import files, job
 from recsync.checkpoint.priority import MostUsed, SampledRows
 from recsync.data.reader import Chunk
@@ -41,14 +42,14 @@ def test_ssu_records_only_sampled_rows_within_its_bound():
 
 def _core(priority=None, full_every=1):
     tables = [TableSpec("a", 40, 4), TableSpec("b", 40, 4)]
-    return ShardCore(tables, make_row_optimizer("adagrad", 0.1), shard=0, num_shards=1,
+    return test_core(tables, make_row_optimizer("adagrad", 0.1), shard=0, num_shards=1,
                      num_workers=1, seed=0, priority=priority, full_every=full_every)
 
 
 def _push(core, ids_a, ids_b):
     ids = [np.array(ids_a, np.int64), np.array(ids_b, np.int64)]
     grads = [np.ones((len(i), 4), np.float32) for i in ids]
-    core.push(ids, grads, None, core.version)
+    push(core, ids, grads, None, core.version)
 
 
 def _rows(core, table, ids):

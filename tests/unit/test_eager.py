@@ -11,14 +11,15 @@ from torch.nn.utils import parameters_to_vector
 
 import recsync.ps.client as client_mod
 from fake_ps import fake_shards, patch_ray_get
-from recsync.config import ModelConfig
+from cores import test_core, worker_half
+from recsync.config import EagerConfig, ModelConfig
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import RowSGD
 from recsync.model.registry import build_model
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState, ShardCore
-from recsync.sync.eager import EagerPS, modulation
+from recsync.modes.eager import EagerWorker, modulation
 from recsync.model.registry import table_rows_for
 
 
@@ -55,7 +56,7 @@ def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log
         models.append(build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows))
     tables = models[0][1]
     init = parameters_to_vector(models[0][0].parameters()).detach().clone()
-    cores = [ShardCore(tables, RowSGD(lr=0.1), shard=s, num_shards=shards, num_workers=workers,
+    cores = [test_core(tables, RowSGD(lr=0.1), shard=s, num_shards=shards, num_workers=workers,
                        dense=DenseState(init, "sgd", 0.1) if s == 0 else None)
              for s in range(shards)]
     handles = fake_shards(cores)
@@ -65,9 +66,10 @@ def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log
             h.pull = SimpleNamespace(remote=lambda *a, f=pull, s=s, **k: (
                 log.append(("pull", s)), f(*a, **k))[1])
             h.push = SimpleNamespace(remote=lambda *a, f=push, s=s: (
-                log.append(("push", s, a[4])), f(*a))[1])
-    modes = [EagerPS(m, PSClient(handles, [t.dim for t in tables], dense_shard=0),
-                     overlap=overlap, lr_modulation=lr_modulation) for m, _ in models]
+                log.append(("push", s, a[3]["lr_scale"])), f(*a))[1])
+    modes = [worker_half(EagerWorker, m, PSClient(handles, [t.dim for t in tables], dense_shard=0),
+                         eager=EagerConfig(overlap=overlap, lr_modulation=lr_modulation))
+             for m, _ in models]
     batches = list(tiny.batches(tiny.chunks("train", 256)[0], 32))
     return cores, modes, batches
 
@@ -95,7 +97,7 @@ def test_sequential_pulls_computes_and_pushes_in_turn(tiny, no_ray):
 
 def test_versions_follow_each_pulled_batch_whatever_order_pulls_complete_in(tiny, no_ray):
     cores, (mode,), batches = _setup(tiny, shards=2)
-    client = mode.client
+    client = mode.ctx.client
     first = client.pull_async(batches[0].sparse)      # reads version 0 on both shards
     update = client.pull(batches[1].sparse)
     update.rows.grad = torch.zeros_like(update.rows)
@@ -118,7 +120,7 @@ def test_a_stale_update_is_applied_with_a_smaller_learning_rate(tiny, no_ray):
     its next pull) that it missed 2, and the shards apply its update with lr x 1/2."""
     log = []
     cores, (a, b), batches = _setup(tiny, shards=2, workers=2, log=log)
-    a_pull = a.client.pull_async(batches[0].sparse)
+    a_pull = a.ctx.client.pull_async(batches[0].sparse)
     _run(b, batches[1:3])
     a._next = a_pull
     a.step(batches[0], batches[3])
@@ -135,11 +137,11 @@ def test_at_most_push_window_pushes_per_shard_are_in_flight(tiny, monkeypatch):
     monkeypatch.setattr(client_mod.ray, "wait",
                         lambda refs, num_returns=1, timeout=None: (list(refs), []))
     cores, (mode,), batches = _setup(tiny, shards=2)
-    mode.client.push_window = 2
+    mode.ctx.client.push_window = 2
     in_flight = []
     for b, nxt in zip(batches[:6], batches[1:7]):
         mode.step(b, nxt)
-        in_flight.append(len(mode.client._in_flight))
+        in_flight.append(len(mode.ctx.client._in_flight))
     assert max(in_flight) == 2 * 2 and in_flight[-1] == 4
     assert len([w for w in waited if isinstance(w, (int, np.integer))]) == 6 * 2 - 4
 
@@ -147,6 +149,6 @@ def test_at_most_push_window_pushes_per_shard_are_in_flight(tiny, monkeypatch):
 def test_no_push_is_left_behind_at_the_end(tiny, no_ray):
     cores, (mode,), batches = _setup(tiny, shards=2)
     _run(mode, batches[:5])
-    assert len(mode.client._in_flight) == 0
+    assert len(mode.ctx.client._in_flight) == 0
     assert [c.stats()["pushes"] for c in cores] == [5, 5]
     assert [c.version for c in cores] == [5, 5]

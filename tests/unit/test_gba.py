@@ -14,6 +14,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from fake_ps import fake_shards, patch_ray_get
+from cores import push_gba, push_sync, test_core, worker_half
 from recsync.config import ModelConfig, TrainConfig
 from recsync.data.reader import Batch, Dataset
 from recsync.data.synthetic import SynthSpec, generate
@@ -23,7 +24,7 @@ from recsync.model.registry import build_model
 from recsync.ps.aggregation import GradientBuffer, StalenessDecay
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState, ShardCore
-from recsync.sync.gba import GBA
+from recsync.modes.gba import GBAWorker
 from recsync.local_run import build_local_model, train_step
 from recsync.model.registry import table_rows_for
 
@@ -57,7 +58,7 @@ def test_decay_counts_fresh_gradients_fully_and_weighs_stale_ones_by_kind():
 # ------------------------------------------------------------------------------------ buffer
 
 def test_buffer_mean_aggregates_rows_by_id_weighted_over_all_samples():
-    buf = GradientBuffer(num_tables=2)
+    buf = GradientBuffer()
     g_a = [f32([[1, 1], [2, 2]]), f32([[4, 0]])]       # already x 3 samples
     g_b = [f32([[10, 0], [0, 10]]), f32(np.zeros((0, 2)))]  # already x 1 sample, weight 0.5
     buf.add([i64(5, 1), i64(3)], g_a, f32([3, 6]), 3)
@@ -77,7 +78,7 @@ def test_buffer_mean_aggregates_rows_by_id_weighted_over_all_samples():
 # ------------------------------------------------------------------------------------ shard
 
 def gba_core(num_workers, gradients=0, decay=StalenessDecay(4), dense=None) -> ShardCore:
-    return ShardCore(TABLES, RowSGD(lr=LR), shard=0, num_shards=1, num_workers=num_workers,
+    return test_core(TABLES, RowSGD(lr=LR), shard=0, num_shards=1, num_workers=num_workers,
                      seed=1, init_scale=0.05, dense=dense, gba_gradients=gradients, decay=decay)
 
 
@@ -92,11 +93,11 @@ def one_row(value: float, n: int = 1):
 def test_shard_applies_the_mean_once_it_holds_m_gradients_whatever_their_senders():
     c = gba_core(num_workers=3)
     before = c.pull([i64(4), i64()])[0][0]
-    assert c.push_gba(*one_row(1.0, 2), None, token=0, samples=2) == 0
-    assert c.push_gba(*one_row(4.0), None, token=0, samples=1) == 0
+    assert push_gba(c, *one_row(1.0, 2), None, token=0, samples=2) == 0
+    assert push_gba(c, *one_row(4.0), None, token=0, samples=1) == 0
     assert c.version == 0  # 2 of M = 3
     # the same worker again (a fast one takes several tokens per round)
-    assert c.push_gba(*one_row(7.0), None, token=0, samples=1) == 0
+    assert push_gba(c, *one_row(7.0), None, token=0, samples=1) == 0
     assert c.version == 1
     after = c.pull([i64(4), i64()])[0][0]
     np.testing.assert_allclose(after, before - LR * (2 + 4 + 7) / 4, rtol=1e-6)
@@ -108,12 +109,12 @@ def test_a_token_that_never_returns_stalls_nothing():
     the other workers' next gradients, and the run's final flush applies what is left."""
     c = gba_core(num_workers=3)
     for _ in range(2):
-        c.push_gba(*one_row(1.0), None, token=0, samples=1)  # workers 0 and 1, step 1
-    c.push_gba(*one_row(1.0), None, token=0, samples=1)      # worker 0, step 2
+        push_gba(c, *one_row(1.0), None, token=0, samples=1)  # workers 0 and 1, step 1
+    push_gba(c, *one_row(1.0), None, token=0, samples=1)      # worker 0, step 2
     assert c.version == 1
-    c.push_gba(*one_row(1.0), None, token=1, samples=1)      # worker 1, step 2
-    assert c.version == 1 and c.flush_gba() == 1
-    assert c.version == 2 and c.flush_gba() == 0 and c.version == 2
+    push_gba(c, *one_row(1.0), None, token=1, samples=1)      # worker 1, step 2
+    assert c.version == 1 and c.rule.end(c) == 1
+    assert c.version == 2 and c.rule.end(c) == 0 and c.version == 2
     assert c.stats()["gba"]["updates"] == 2
 
 
@@ -125,11 +126,11 @@ def test_stale_gradients_are_decayed_or_dropped_and_counted():
             ("drop", 1 / 1, {"applied": 1, "decayed": 0, "dropped": 1})):
         c = gba_core(num_workers=2, gradients=2, decay=StalenessDecay(1, kind))
         for _ in range(4):  # version 2
-            c.push_gba(*NO_ROWS, None, token=c.version, samples=1)
+            push_gba(c, *NO_ROWS, None, token=c.version, samples=1)
         before = c.pull([i64(4), i64()])[0][0]
-        assert c.push_gba(*one_row(1.0), None, token=2, samples=1) == 0      # fresh
-        assert c.push_gba(*one_row(4.0), None, token=0, samples=1) == 2      # τ = 2 > ι = 1
-        c.flush_gba()
+        assert push_gba(c, *one_row(1.0), None, token=2, samples=1) == 0      # fresh
+        assert push_gba(c, *one_row(4.0), None, token=0, samples=1) == 2      # τ = 2 > ι = 1
+        c.rule.end(c)
         after = c.pull([i64(4), i64()])[0][0]
         np.testing.assert_allclose(after, before - LR * expect_delta, rtol=1e-6)
         gba = c.stats()["gba"]
@@ -139,8 +140,8 @@ def test_stale_gradients_are_decayed_or_dropped_and_counted():
 
 def test_dense_gradients_aggregate_like_rows():
     c = gba_core(num_workers=2, dense=DenseState(torch.tensor([1.0, 1.0]), "sgd", 0.1))
-    c.push_gba(*NO_ROWS, f32([2.0, 0.0]), token=0, samples=2)
-    c.push_gba(*NO_ROWS, f32([0.0, 4.0]), token=0, samples=2)
+    push_gba(c, *NO_ROWS, f32([2.0, 0.0]), token=0, samples=2)
+    push_gba(c, *NO_ROWS, f32([0.0, 4.0]), token=0, samples=2)
     np.testing.assert_allclose(c.pull([i64(), i64()])[1], [1 - 0.1 * 0.5, 1 - 0.1 * 1.0])
 
 
@@ -155,10 +156,12 @@ def test_an_emulated_straggler_is_slow_between_computing_and_pushing(tiny, monke
     (model, tables), (other_model, _) = (
         build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows) for _ in range(2))
     init = parameters_to_vector(model.parameters()).detach().clone()
-    c = ShardCore(tables, RowSGD(lr=LR), shard=0, num_shards=1, num_workers=2, seed=1,
-                  dense=DenseState(init, "sgd", 0.1), decay=StalenessDecay(0, "none"))
-    straggler, other = (GBA(m, PSClient(fake_shards([c]), [t.dim for t in tables],
-                                        dense_shard=0)) for m in (model, other_model))
+    c = test_core(tables, RowSGD(lr=LR), shard=0, num_shards=1, num_workers=2, seed=1,
+                  dense=DenseState(init, "sgd", 0.1), decay=StalenessDecay(0, "none"),
+                  mode="gba")
+    straggler, other = (worker_half(GBAWorker, m, PSClient(fake_shards([c]),
+                                                           [t.dim for t in tables], dense_shard=0))
+                        for m in (model, other_model))
     batches = list(tiny.batches(tiny.chunks("train", 256)[0], 32))
     seen = []
 
@@ -168,7 +171,7 @@ def test_an_emulated_straggler_is_slow_between_computing_and_pushing(tiny, monke
         for b in batches[1:5]:
             other.step(b)
 
-    straggler.after_compute = after_compute
+    straggler.ctx.after_compute = after_compute
     straggler.step(batches[0])
     assert seen == [0]
     assert c.staleness == {0: 4, 2: 1}  # the straggler's gradient: pulled at 0, applied at 2
@@ -202,13 +205,15 @@ def test_gba_with_m_equal_n_and_no_staleness_equals_one_step_on_the_global_batch
         replicas.append(build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows))
     tables = replicas[0][1]
     init = parameters_to_vector(local.dense.parameters()).detach().clone()
-    cores = [ShardCore(tables, make_row_optimizer("adagrad", 0.3), shard=s, num_shards=2,
+    cores = [test_core(tables, make_row_optimizer("adagrad", 0.3), shard=s, num_shards=2,
                        num_workers=2, seed=train_cfg.seed, init_scale=0.3,
                        dense=DenseState(init, "adagrad", 0.05) if s == 0 else None,
-                       decay=StalenessDecay(0, "drop"))  # any staleness would show as drops
+                       decay=StalenessDecay(0, "drop"),  # any staleness would show as drops
+                       mode="gba")
               for s in range(2)]
-    workers = [GBA(model, PSClient(fake_shards(cores), [t.dim for t in tables], dense_shard=0,
-                                   push_window=1)) for model, _ in replicas]
+    workers = [worker_half(GBAWorker, model, PSClient(fake_shards(cores), [t.dim for t in tables],
+                                                      dense_shard=0, push_window=1))
+               for model, _ in replicas]
 
     b = 32
     batches = list(tiny.batches(tiny.chunks("train", 2 * b * 6)[0], b))
@@ -225,7 +230,7 @@ def test_gba_with_m_equal_n_and_no_staleness_equals_one_step_on_the_global_batch
     torch.testing.assert_close(gba_dense, local_dense, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(local_dense, init)  # training moved the parameters
     ids = torch.cat([p.sparse for p in batches[:12]])
-    torch.testing.assert_close(workers[0].client.pull(ids).embeddings(),
+    torch.testing.assert_close(workers[0].ctx.client.pull(ids).embeddings(),
                                local.lookup.pull(ids).embeddings(), rtol=1e-5, atol=1e-6)
 
 
@@ -236,8 +241,8 @@ def test_dense_state_moves_to_the_ps_and_back_whole():
     opt = torch.optim.Adagrad([torch.zeros(2, requires_grad=True)], lr=0.1).state_dict()
     opt["state"] = {0: {"sum": torch.tensor([4.0, 9.0]), "step": torch.tensor(3.0)}}
     c.install_dense(f32([1.0, 2.0]), "adagrad", 0.1, opt)
-    c.push_gba(*NO_ROWS, f32([2.0, 3.0]), token=0, samples=1)
-    c.push_gba(*NO_ROWS, f32([2.0, 3.0]), token=0, samples=1)
+    push_gba(c, *NO_ROWS, f32([2.0, 3.0]), token=0, samples=1)
+    push_gba(c, *NO_ROWS, f32([2.0, 3.0]), token=0, samples=1)
     out = c.take_dense()
     # Adagrad continued from the handed state: sum 4 + 2² = 8, 9 + 3² = 18
     torch.testing.assert_close(out["optimizer"]["state"][0]["sum"], torch.tensor([8.0, 18.0]))
@@ -250,12 +255,12 @@ def test_dense_state_moves_to_the_ps_and_back_whole():
 
 def test_begin_sync_aligns_versions_and_refuses_buffered_gradients():
     c = gba_core(num_workers=2)
-    c.push_gba(*one_row(1.0), None, token=0, samples=1)
-    with pytest.raises(ValueError, match="flush_gba"):
-        c.begin_sync(5)
-    c.flush_gba()
+    push_gba(c, *one_row(1.0), None, token=0, samples=1)
+    with pytest.raises(ValueError, match="end the rule first"):
+        c.advance_to(5)
+    c.rule.end(c)
     with pytest.raises(ValueError, match="step 0"):
-        c.begin_sync(0)
-    c.begin_sync(5)
+        c.advance_to(0)
+    c.advance_to(5)
     assert c.version == 5
-    assert c.push_sync(5, *NO_ROWS, None, 0) is False  # sync steps count on from there
+    assert push_sync(c, 5, *NO_ROWS, None, 0) is False  # sync steps count on from there

@@ -8,7 +8,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from recsync.ps.core import DenseState
-from recsync.sync.handover import from_flat, to_flat
+from recsync.modes.handover import from_flat, to_flat
 from recsync.model.optim import DENSE_OPTIMIZERS
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from cores import test_core, push, push_sync
 from recsync.embedding.lookup import LocalLookup
 from recsync.embedding.row_optim import RowSGD
 from recsync.embedding.spec import TableSpec
@@ -21,7 +22,7 @@ SHARD, NUM_SHARDS = 1, 3
 
 
 def core(num_workers=1, dense=None, shard=SHARD, num_shards=NUM_SHARDS) -> ShardCore:
-    return ShardCore(TABLES, RowSGD(lr=LR), shard=shard, num_shards=num_shards,
+    return test_core(TABLES, RowSGD(lr=LR), shard=shard, num_shards=num_shards,
                      num_workers=num_workers, seed=SEED, init_scale=SCALE, dense=dense)
 
 
@@ -65,7 +66,7 @@ def test_pull_returns_the_dense_vector_as_a_copy():
     _, dense, version = c.pull([i64(), i64()])
     np.testing.assert_array_equal(dense, vec.numpy())
     assert version == 0
-    c.push([i64(), i64()], [f32(np.zeros((0, 4)))] * 2, f32([1, 1, 1]), version_read=0)
+    push(c, [i64(), i64()], [f32(np.zeros((0, 4)))] * 2, f32([1, 1, 1]), version_read=0)
     np.testing.assert_array_equal(dense, vec.numpy())  # the pulled vector did not move
     np.testing.assert_allclose(c.pull([i64(), i64()])[1], vec.numpy() - 0.1, rtol=1e-6)
 
@@ -78,14 +79,14 @@ def test_async_push_applies_at_once_and_counts_staleness():
     ids = [i64(4, 10), i64(7)]
     before = rows_of(c, ids)
     g1 = [grads(rng, 2), grads(rng, 1)]
-    assert c.push(ids, g1, None, version_read=0) == 0
+    assert push(c, ids, g1, None, version_read=0) == 0
     assert c.version == 1
     after1 = rows_of(c, ids)
     for t in range(2):
         np.testing.assert_allclose(after1[t], before[t] - LR * g1[t], rtol=1e-6, atol=1e-7)
 
     g2 = [grads(rng, 2), grads(rng, 1)]
-    assert c.push(ids, g2, None, version_read=0) == 1  # read at version 0, applied at 1
+    assert push(c, ids, g2, None, version_read=0) == 1  # read at version 0, applied at 1
     assert c.version == 2
     after2 = rows_of(c, ids)
     for t in range(2):
@@ -102,7 +103,7 @@ def test_async_push_lr_scale_scales_the_row_step():
     ids = [i64(13), i64()]
     before = rows_of(c, ids)
     g = [grads(rng, 1), f32(np.zeros((0, 4)))]
-    c.push(ids, g, None, version_read=0, lr_scale=0.25)
+    push(c, ids, g, None, version_read=0, lr_scale=0.25)
     np.testing.assert_allclose(rows_of(c, ids)[0], before[0] - 0.25 * LR * g[0], rtol=1e-6,
                                atol=1e-7)
 
@@ -112,7 +113,7 @@ def test_async_push_leaves_rows_it_was_not_given_alone():
     c = core()
     other = [i64(1, 16), i64(4)]
     before = rows_of(c, other)
-    c.push([i64(4), i64(1)], [grads(rng, 1), grads(rng, 1)], None, version_read=0)
+    push(c, [i64(4), i64(1)], [grads(rng, 1), grads(rng, 1)], None, version_read=0)
     for b, a in zip(before, rows_of(c, other)):
         np.testing.assert_array_equal(a, b)
 
@@ -131,12 +132,12 @@ def test_sync_applies_the_sample_weighted_mean_once_all_workers_pushed():
     probe = [i64(1, 4, 7), i64(10)]
     before = rows_of(c, probe)
 
-    assert c.push_sync(0, ids_a, [g * n_a for g in g_a], None, n_a) is False
+    assert push_sync(c, 0, ids_a, [g * n_a for g in g_a], None, n_a) is False
     assert c.version == 0
     for b, a in zip(before, rows_of(c, probe)):
         np.testing.assert_array_equal(a, b)  # nothing applied yet
 
-    assert c.push_sync(0, ids_b, [g * n_b for g in g_b], None, n_b) is True
+    assert push_sync(c, 0, ids_b, [g * n_b for g in g_b], None, n_b) is True
     assert c.version == 1
     total = n_a + n_b
     after = rows_of(c, probe)
@@ -161,7 +162,7 @@ def test_sync_step_result_does_not_depend_on_push_order():
     for order in ((ids_a, g_a, 2), (ids_b, g_b, 5)), ((ids_b, g_b, 5), (ids_a, g_a, 2)):
         c = core(num_workers=2)
         for ids, g, n in order:
-            c.push_sync(0, ids, g, None, n)
+            push_sync(c, 0, ids, g, None, n)
         results.append(rows_of(c, probe))
     for x, y in zip(*results):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-8)
@@ -171,14 +172,14 @@ def test_sync_push_for_the_wrong_step_is_rejected():
     c = core(num_workers=2)
     empty = ([i64(), i64()], [f32(np.zeros((0, 4)))] * 2)
     with pytest.raises(ValueError, match="step 1"):
-        c.push_sync(1, *empty, None, 0)
-    assert c.push_sync(0, *empty, None, 0) is False
-    assert c.push_sync(0, *empty, None, 0) is True
+        push_sync(c, 1, *empty, None, 0)
+    assert push_sync(c, 0, *empty, None, 0) is False
+    assert push_sync(c, 0, *empty, None, 0) is True
     for step in (0, 2):
         with pytest.raises(ValueError, match=f"step {step}"):
-            c.push_sync(step, *empty, None, 0)
+            push_sync(c, step, *empty, None, 0)
     assert c.version == 1
-    assert c.push_sync(1, *empty, None, 0) is False  # the right step is still accepted
+    assert push_sync(c, 1, *empty, None, 0) is False  # the right step is still accepted
 
 
 def test_sync_step_with_zero_samples_advances_the_version_only():
@@ -186,8 +187,8 @@ def test_sync_step_with_zero_samples_advances_the_version_only():
     probe = [i64(1, 4), i64(7)]
     before = rows_of(c, probe)
     empty = ([i64(), i64()], [f32(np.zeros((0, 4)))] * 2)
-    assert c.push_sync(0, *empty, None, 0) is False
-    assert c.push_sync(0, *empty, None, 0) is True
+    assert push_sync(c, 0, *empty, None, 0) is False
+    assert push_sync(c, 0, *empty, None, 0) is True
     assert c.version == 1
     for b, a in zip(before, rows_of(c, probe)):
         np.testing.assert_array_equal(a, b)
@@ -201,8 +202,8 @@ def test_sync_worker_without_a_batch_still_counts_and_dilutes_nothing_it_did_not
     ids = [i64(4), i64()]
     before = rows_of(c, ids)
     g = grads(rng, 1)
-    assert c.push_sync(0, [i64(), i64()], [f32(np.zeros((0, 4)))] * 2, None, 0) is False
-    assert c.push_sync(0, ids, [g * 6, f32(np.zeros((0, 4)))], None, 6) is True
+    assert push_sync(c, 0, [i64(), i64()], [f32(np.zeros((0, 4)))] * 2, None, 0) is False
+    assert push_sync(c, 0, ids, [g * 6, f32(np.zeros((0, 4)))], None, 6) is True
     np.testing.assert_allclose(rows_of(c, ids)[0], before[0] - LR * g, rtol=1e-5, atol=1e-7)
 
 
@@ -211,12 +212,12 @@ def test_drop_pending_forgets_an_incomplete_step():
     c = core(num_workers=2)
     ids = [i64(4), i64()]
     before = rows_of(c, ids)
-    c.push_sync(0, ids, [grads(rng, 1), f32(np.zeros((0, 4)))], None, 1)
-    assert c.drop_pending() == 1
+    push_sync(c, 0, ids, [grads(rng, 1), f32(np.zeros((0, 4)))], None, 1)
+    assert c.rule.drop_incomplete(c) == 1
     # the rebuilt group redoes step 0: it needs both workers again
     g = grads(rng, 1)
-    assert c.push_sync(0, ids, [g, f32(np.zeros((0, 4)))], None, 1) is False
-    assert c.push_sync(0, [i64(), i64()], [f32(np.zeros((0, 4)))] * 2, None, 1) is True
+    assert push_sync(c, 0, ids, [g, f32(np.zeros((0, 4)))], None, 1) is False
+    assert push_sync(c, 0, [i64(), i64()], [f32(np.zeros((0, 4)))] * 2, None, 1) is True
     np.testing.assert_allclose(rows_of(c, ids)[0], before[0] - LR * g / 2, rtol=1e-5, atol=1e-7)
 
 
@@ -233,7 +234,7 @@ def test_dense_async_push_moves_the_vector_by_minus_lr_grad():
     c = dense_core(lr=0.1)
     v0 = c.pull(NO_ROWS[0])[1]
     g = f32([1.0, 2.0, -4.0])
-    c.push(*NO_ROWS, g, version_read=0)
+    push(c, *NO_ROWS, g, version_read=0)
     np.testing.assert_allclose(c.pull(NO_ROWS[0])[1], v0 - 0.1 * g, rtol=1e-6)
     assert c.version == 1
 
@@ -242,9 +243,9 @@ def test_dense_sync_applies_the_sum_over_total_samples():
     c = dense_core(num_workers=2, lr=0.1)
     v0 = c.pull(NO_ROWS[0])[1]
     d_a, d_b = f32([3.0, 0.0, 6.0]), f32([1.0, 4.0, -2.0])  # already x samples (3 and 1)
-    assert c.push_sync(0, *NO_ROWS, d_a, 3) is False
+    assert push_sync(c, 0, *NO_ROWS, d_a, 3) is False
     np.testing.assert_array_equal(c.pull(NO_ROWS[0])[1], v0)
-    assert c.push_sync(0, *NO_ROWS, d_b, 1) is True
+    assert push_sync(c, 0, *NO_ROWS, d_b, 1) is True
     np.testing.assert_allclose(c.pull(NO_ROWS[0])[1], v0 - 0.1 * (d_a + d_b) / 4, rtol=1e-6)
 
 
@@ -257,7 +258,7 @@ def test_dense_sync_worker_without_a_dense_grad_does_not_drop_the_others(first_w
     if not first_without_dense:
         pushes.reverse()
     for grad, n in pushes:
-        c.push_sync(0, *NO_ROWS, grad, n)
+        push_sync(c, 0, *NO_ROWS, grad, n)
     assert c.version == 1
     np.testing.assert_allclose(c.pull(NO_ROWS[0])[1], v0 - 0.1 * d / 2, rtol=1e-6)
 
@@ -269,14 +270,14 @@ def test_dense_grad_to_a_shard_without_dense_is_rejected_and_changes_nothing():
     before = rows_of(c, ids)
     g = [grads(rng, 1), grads(rng, 1)]
     with pytest.raises(ValueError, match="dense"):
-        c.push(ids, g, f32([1.0]), version_read=0)
+        push(c, ids, g, f32([1.0]), version_read=0)
     with pytest.raises(ValueError, match="dense"):
-        c.push_sync(0, ids, g, f32([1.0]), 1)
+        push_sync(c, 0, ids, g, f32([1.0]), 1)
     assert c.version == 0 and c.stats()["pushes"] == 0
     for b, a in zip(before, rows_of(c, ids)):
         np.testing.assert_array_equal(a, b)
     # the shard is still usable: a correct push of step 0 completes it
-    assert c.push_sync(0, ids, g, None, 1) is True
+    assert push_sync(c, 0, ids, g, None, 1) is True
     np.testing.assert_allclose(rows_of(c, ids)[0], before[0] - LR * g[0], rtol=1e-6, atol=1e-7)
 
 
@@ -307,12 +308,12 @@ def test_read_only_arrays_are_accepted():
     before, v0, _ = c.pull(ids)
     g = [readonly(grads(rng, 2)), readonly(grads(rng, 1))]
     d = readonly(f32([1.0, 1.0, 1.0]))
-    c.push(ids, g, d, version_read=0)
+    push(c, ids, g, d, version_read=0)
     after, v1, _ = c.pull(ids)
     for t in range(2):
         np.testing.assert_allclose(after[t], before[t] - LR * g[t], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(v1, v0 - 0.1 * d, rtol=1e-6)
-    assert c.push_sync(1, ids, g, d, 1) is True
+    assert push_sync(c, 1, ids, g, d, 1) is True
     after2, v2, _ = c.pull(ids)
     for t in range(2):
         np.testing.assert_allclose(after2[t], after[t] - LR * g[t], rtol=1e-6, atol=1e-7)

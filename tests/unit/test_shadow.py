@@ -8,13 +8,14 @@ import time
 import pytest
 import torch
 
-import recsync.sync.shadow as shadow_mod
-from recsync.ps.core import ShardCore
+import recsync.modes.shadow.synchronizers as shadow_mod
+from cores import test_core
 from recsync.embedding.row_optim import RowSGD
 from recsync.embedding.spec import TableSpec
-from recsync.sync.shadow import AveragingSync, DenseReplica, ElasticSync
-from recsync.sync.shadow_rules import BMUF, easgd_delta, mean_of
-from recsync.worker.hogwild import HogwildTrainer
+from recsync.modes.shadow.hogwild import HogwildTrainer
+from recsync.modes.shadow.replica import DenseReplica
+from recsync.modes.shadow.rules import BMUF, easgd_delta, mean_of
+from recsync.modes.shadow.synchronizers import AveragingSync, ElasticSync
 
 
 # -- rules -------------------------------------------------------------------------------
@@ -90,7 +91,8 @@ class FakeShard:
     """A PS shard handle holding EASGD's center; ``.remote`` runs at once (ray.get patched)."""
 
     def __init__(self, core):
-        self.easgd_exchange = type("M", (), {"remote": staticmethod(core.easgd_exchange)})
+        self.call = type("M", (), {"remote": staticmethod(
+            lambda verb, *args: getattr(core.rule, verb)(core, *args))})
 
 
 def test_easgd_round_moves_replica_and_the_shards_center_by_d(monkeypatch):
@@ -98,12 +100,12 @@ def test_easgd_round_moves_replica_and_the_shards_center_by_d(monkeypatch):
     r = _replica()
     w = r.vector()
     center = torch.zeros_like(w)
-    core = ShardCore([TableSpec("t", 4, 2)], RowSGD(0.1), shard=0, num_shards=1,
+    core = test_core([TableSpec("t", 4, 2)], RowSGD(0.1), shard=0, num_shards=1,
                      num_workers=2, center=center)
     sync = ElasticSync(r, FakeShard(core), alpha=0.5)
     assert sync.round(done=False) is False
     torch.testing.assert_close(r.vector(), w * 0.5)
-    torch.testing.assert_close(torch.from_numpy(core.easgd_center()), w * 0.5)
+    torch.testing.assert_close(torch.from_numpy(core.rule.model_dense(core)), w * 0.5)
     assert core.stats()["easgd_pushes"] == 1
     assert sync.round(done=True) is True  # EASGD needs no agreement: done is done
 
@@ -112,7 +114,7 @@ def test_easgd_round_with_a_restarting_shard_is_skipped_under_partial_recovery()
     import ray
 
     class Restarting:
-        class easgd_exchange:  # noqa: N801 - shaped like a Ray actor method
+        class call:  # noqa: N801 - shaped like a Ray actor method
             @staticmethod
             def remote(*args):
                 raise ray.exceptions.RayActorError()

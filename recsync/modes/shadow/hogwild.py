@@ -1,5 +1,6 @@
 """A trainer of modes shadow and foreground: Hogwild training threads on one dense replica, and
-the rounds that synchronize it with the other trainers' (the synchronizers of sync/shadow.py).
+the rounds that synchronize it with the other trainers' (the synchronizers of
+synchronizers.py).
 
 - shadow: a shadow thread runs rounds back to back (starting at least ``min_interval_s``
   apart) while the training threads go on; they never wait for it.
@@ -7,8 +8,8 @@ the rounds that synchronize it with the other trainers' (the synchronizers of sy
   itself, and the other threads wait at the start of their next step until it is done.
 
 Either way a trainer whose training threads have all finished goes on taking part in rounds,
-saying it is done, until a round says every trainer is done (sync/shadow.py), and then stops: no
-collective is left waiting for it, and no thread is left running. If a training thread fails,
+saying it is done, until a round says every trainer is done (synchronizers.py), and then
+stops: no collective is left waiting for it, and no thread is left running. If a training thread fails,
 the others stop at their next step and the shadow thread before its next round; ``run`` raises
 the error (the driver then stops the run and its processes).
 """

@@ -1,7 +1,8 @@
-"""The update rules of ShadowSync's three algorithms (DESIGN §6.4), as plain tensor arithmetic.
+"""The update rules of ShadowSync's three algorithms (docs/design.md §6.4), as plain tensor
+arithmetic.
 
 Each rule says where a trainer's dense replica ``w`` should be after one synchronization; the
-caller (sync/shadow.py) applies the move as a delta, ``w += target - snapshot``, so that the
+caller (synchronizers.py) applies the move as a delta, ``w += target - snapshot``, so that the
 Hogwild updates that landed while the round ran are kept rather than overwritten.
 
 - EASGD (elastic averaging): with the center copy ``c`` held by the PS,
@@ -11,7 +12,7 @@ Hogwild updates that landed while the round ran are kept rather than overwritten
   ``delta <- eta * delta + zeta * (m - w_g)``, ``w_g <- w_g + delta``; every trainer moves to
   ``w_g`` (or, with Nesterov's look-ahead, to ``w_g + eta * delta``).
 
-Tested against hand computations in tests/unit/test_shadow_rules.py.
+Tested against hand computations in tests/unit/test_shadow.py.
 """
 
 from __future__ import annotations

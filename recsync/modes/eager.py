@@ -28,12 +28,9 @@ import math
 import time
 from collections import Counter
 
-import torch
-
-from recsync.data.reader import Batch
-from recsync.ps.client import PSClient
-from recsync.sync.async_ps import AsyncPS
-from recsync.sync.base import STOP
+from recsync.modes.async_ps import ApplyNow, AsyncWorker
+from recsync.modes.base import STOP, Mode
+from recsync.stats import distribution, merged_counts
 
 MODULATIONS = {
     "none": lambda tau: 1.0,
@@ -49,42 +46,41 @@ def modulation(name: str):
     return MODULATIONS[name]
 
 
-class EagerPS(AsyncPS):
-    """Async's forward and backward (``AsyncPS._compute``) with eager pulls and modulated
+class EagerWorker(AsyncWorker):
+    """Async's forward and backward (``AsyncWorker.compute``) with eager pulls and modulated
     pushes around them."""
 
-    def __init__(self, model: torch.nn.Module, client: PSClient, *, overlap: bool = True,
-                 lr_modulation: str = "inverse"):
-        super().__init__(model, client)
-        self.overlap = overlap
-        self.m = modulation(lr_modulation)
+    lookahead = True
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.overlap = ctx.cfg.eager.overlap
+        self.m = modulation(ctx.cfg.eager.lr_modulation)
         self._next = None  # the pull sent for the next batch
         self.taus: Counter = Counter()  # τ (as the worker knew it) -> updates
         self.multiplier_sum, self.multiplier_min, self.updates = 0.0, 1.0, 0
 
-    def add_waits(self, pull_s: float, push_s: float) -> None:
-        """Replaced by the worker: time this step spent waiting for its pull and its push."""
-
-    def step(self, batch: Batch | None, next_batch: Batch | None = None):
+    def step(self, batch, ahead=None, thread: int = 0):
         if batch is None:
             return STOP
+        client = self.ctx.client
         begin = time.perf_counter()
         pending, self._next = self._next, None
-        pulled = self.client.complete(pending or self.client.pull_async(batch.sparse))
+        pulled = client.complete(pending or client.pull_async(batch.sparse))
         pull_s = time.perf_counter() - begin
-        if self.overlap and next_batch is not None:
-            self._next = self.client.pull_async(next_batch.sparse)
-        loss, dense_grad = self._compute(batch, pulled)
+        if self.overlap and ahead is not None:
+            self._next = client.pull_async(ahead.sparse)
+        loss, dense_grad = self.compute(batch, pulled)
         scales = self._scales(pulled.versions)
         begin = time.perf_counter()
-        self.client.push(pulled, dense_grad, lr_scales=scales)
+        client.push(pulled, dense_grad, lr_scales=scales)
         if not self.overlap:
-            self.client.flush()
-        self.add_waits(pull_s, time.perf_counter() - begin)
+            client.flush()
+        self.ctx.add_waits(pull_s, time.perf_counter() - begin)
         return loss
 
     def _scales(self, read: list[int]) -> list[float]:
-        known = self.client.known_versions(self._next)
+        known = self.ctx.client.known_versions(self._next)
         scales = []
         for k, r in zip(known, read):
             tau = max(0, k - r)
@@ -97,9 +93,39 @@ class EagerPS(AsyncPS):
         return scales
 
     def stats(self) -> dict:
+        """τ as this worker knew it, and the learning-rate multipliers applied."""
         return {"taus": dict(self.taus), "multiplier_sum": self.multiplier_sum,
                 "multiplier_min": self.multiplier_min, "updates": self.updates}
 
-    def finish(self) -> None:
-        """Every push applied (no update is lost at the end of a run)."""
-        self.client.flush()
+
+class Eager(Mode):
+    name = "eager"
+    worker = EagerWorker
+    dense_on_ps = True
+    reports_waits = True
+    summary_key = "eager"
+
+    @classmethod
+    def make_rule(cls, cfg, shard, dense_init):
+        return ApplyNow()  # with each push's lr_scale
+
+    @classmethod
+    def summary(cls, cfg, workers, shards, waits) -> dict | None:
+        """The staleness τ each update's worker knew of, the learning-rate multipliers m(τ)
+        applied, and where a step's time went (means per step over all workers' steps)."""
+        if not workers:
+            return None
+        taus = merged_counts(w["taus"] for w in workers)
+        updates = sum(w["updates"] for w in workers)
+        steps = waits.get("interval_steps", 0)
+        return {
+            "overlap": cfg.eager.overlap, "lr_modulation": cfg.eager.lr_modulation,
+            "tau": distribution(taus),
+            "multiplier": {"mean": sum(w["multiplier_sum"] for w in workers) / updates
+                           if updates else None,
+                           "min": min(w["multiplier_min"] for w in workers) if updates else None,
+                           "updates": updates},
+            "iteration_s": {k.removesuffix("_s"): waits[k] / steps
+                            for k in ("step_s", "compute_s", "pull_wait_s", "push_wait_s")}
+                           if steps else None,
+        }

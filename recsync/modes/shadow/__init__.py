@@ -1,0 +1,133 @@
+"""Modes "shadow" and "foreground" (ShadowSync, docs/design.md §6.4): each worker trains its own
+dense replica with ``shadow.hogwild_threads`` Hogwild threads (each with its own PS client and
+chunk lease; embedding rows are trained on the PS as in async), and the replicas are kept in
+step by ``shadow.algorithm``: in a background thread (shadow) or every
+``shadow.foreground_every`` iterations inside training (foreground).
+
+- replica.py: the dense replica and one thread's step on it;
+- rules.py: the update rules of EASGD, MA and BMUF as plain tensor arithmetic;
+- synchronizers.py: one round of each (and EASGD's center copy on PS shard 0);
+- hogwild.py: the threads and when rounds run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from recsync.model.optim import DENSE_OPTIMIZERS
+from recsync.modes.async_ps import ApplyNow
+from recsync.modes.base import FROM_REPLICA, Mode, WorkerMode
+from recsync.modes.shadow.hogwild import HogwildTrainer
+from recsync.modes.shadow.replica import DenseReplica, HogwildStep
+from recsync.modes.shadow.rules import BMUF
+from recsync.modes.shadow.synchronizers import AveragingSync, CenterCopy, ElasticSync
+from recsync.stats import distribution, merged_counts
+
+SHADOW_TIMEOUT_S = 300  # a round waits this long for the other trainers before failing
+
+
+class ShadowWorker(WorkerMode):
+    background = True  # rounds in a thread of their own (foreground: inside training)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        sh, t = ctx.cfg.shadow, ctx.cfg.train
+        self.replica = DenseReplica(ctx.model, DENSE_OPTIMIZERS[t.dense_optimizer], t.dense_lr)
+        if ctx.dense_state is not None:  # a restart from a live replica's parameters
+            self.replica.load(ctx.dense_state["params"])
+        self.threads = sh.hogwild_threads
+        self.steps = [HogwildStep(self.replica, ctx.client if i == 0 else ctx.new_client(),
+                                  ctx.after_compute) for i in range(self.threads)]
+        self.trainer: HogwildTrainer | None = None
+
+    def step(self, batch, ahead=None, thread: int = 0):
+        return self.steps[thread].step(batch)
+
+    def finish(self, thread: int = 0) -> None:
+        self.steps[thread].finish()
+
+    def run(self, steps) -> None:
+        sh = self.ctx.cfg.shadow
+        self.trainer = HogwildTrainer(steps, self._synchronizer(), background=self.background,
+                                      every=sh.foreground_every,
+                                      min_interval_s=sh.min_interval_s)
+        self.trainer.run()
+
+    def _synchronizer(self):
+        cfg = self.ctx.cfg
+        sh, trainers = cfg.shadow, cfg.cluster.workers
+        if sh.algorithm == "none":
+            return None
+        if sh.algorithm == "easgd":
+            return ElasticSync(self.replica, self.ctx.shards[0], sh.alpha(trainers),
+                               survive_shard_restarts=cfg.recovery.kind != "none")
+        import torch.distributed as dist
+        group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=SHADOW_TIMEOUT_S))
+        bmuf = None
+        if sh.algorithm == "bmuf":
+            bmuf = BMUF(self.replica.vector(), sh.momentum(trainers), sh.bmuf_lr,
+                        sh.bmuf_nesterov)
+        return AveragingSync(self.replica, group, trainers, bmuf)
+
+    def dense_state(self) -> dict:
+        """The replica's parameters (a restart starts its optimizer afresh)."""
+        return {"params": self.replica.vector().numpy(), "optimizer": None}
+
+    def stats(self) -> dict:
+        """This trainer's sync rounds (hogwild.py)."""
+        h = self.trainer
+        if h is None:
+            raise RuntimeError(f"worker {self.ctx.rank} has not started training")
+        return {"rounds": h.stats.rounds, "final_rounds": h.stats.final_rounds,
+                "round_s": h.stats.round_s, "gaps": dict(h.stats.gaps),
+                "iterations": h.iterations, "train_s": h.train_s(),
+                "threads_alive": h.threads_alive()}
+
+
+class ForegroundWorker(ShadowWorker):
+    background = False
+
+
+class Shadow(Mode):
+    name = "shadow"
+    worker = ShadowWorker
+    worker_death = FROM_REPLICA
+    summary_key = "shadow"
+
+    @classmethod
+    def needs_group(cls, cfg) -> bool:
+        return cfg.shadow.algorithm in ("ma", "bmuf")
+
+    @classmethod
+    def make_rule(cls, cfg, shard, dense_init):
+        if shard == 0 and cfg.shadow.algorithm == "easgd":
+            return CenterCopy(dense_init)
+        return ApplyNow()
+
+    @classmethod
+    def summary(cls, cfg, workers, shards, waits) -> dict | None:
+        """How often the replicas were synchronized while training. ``sync_gap``: a trainer's
+        training iterations (all its threads') between two syncs."""
+        if not workers:
+            return None
+        sh, background = cfg.shadow, cls.worker.background
+        gaps = merged_counts(w["gaps"] for w in workers)
+        rounds = sum(w["rounds"] + w["final_rounds"] for w in workers)
+        return {
+            "algorithm": sh.algorithm, "background": background,
+            "hogwild_threads": sh.hogwild_threads,
+            "min_interval_s": sh.min_interval_s if background else None,
+            "foreground_every": None if background else sh.foreground_every,
+            "syncs": [w["rounds"] for w in workers],
+            "syncs_per_s": [w["rounds"] / w["train_s"] if w["train_s"] > 0 else None
+                            for w in workers],
+            "final_syncs": [w["final_rounds"] for w in workers],
+            "sync_gap": distribution(gaps),
+            "sync_s_mean": (sum(w["round_s"] for w in workers) / rounds) if rounds else None,
+            "threads_left_running": sum(w["threads_alive"] for w in workers),
+        }
+
+
+class Foreground(Shadow):
+    name = "foreground"
+    worker = ForegroundWorker

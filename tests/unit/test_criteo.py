@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from recsync.data import criteo
-from recsync.data.criteo import (BadLine, ConversionReport, CriteoFormatError, convert_criteo,
-                                 hash_category, parse_line)
+from recsync.data.criteo import BadLine, ConversionReport, convert_criteo
+from recsync.data.criteo_rules import CSV_HEADER, CriteoFormatError, hash_category, parse_line
 from recsync.data.criteo_writer import write_criteo_tsv
 from recsync.data.format import MAX_TABLE_ROWS, part_paths
 
@@ -368,7 +368,7 @@ def test_empty_input_file(tmp_path):
     p = write(tmp_path / "empty.txt", "")
     with pytest.raises(CriteoFormatError, match="empty.txt"):
         convert(p, tmp_path / "out")
-    header = write(tmp_path / "h.csv", criteo.CSV_HEADER + b"\n")
+    header = write(tmp_path / "h.csv", CSV_HEADER + b"\n")
     with pytest.raises(CriteoFormatError, match="h.csv"):
         convert([p, header], tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -551,7 +551,7 @@ def test_vectorized_parser_agrees_with_reference(tmp_path, monkeypatch, block, c
     monkeypatch.setattr(criteo, "BLOCK_BYTES", block)
     rng = random.Random(block * 2 + csv)
     lines = random_lines(rng, 600, "," if csv else "\t")
-    head = criteo.CSV_HEADER.decode() + "\n" if csv else ""
+    head = CSV_HEADER.decode() + "\n" if csv else ""
     raw = [ln.encode("utf-8") for ln in lines]
     p = write(tmp_path / "f.txt", head.encode() + b"\n".join(raw))  # last line unterminated
     if raw[-1] in (b"", b"\r"):

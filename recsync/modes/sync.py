@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 
 import torch
 import torch.distributed as dist
@@ -133,24 +133,31 @@ class StepBarrier(ShardRule):
 
     def __init__(self, num_workers: int):
         self.num_workers = num_workers
-        self.pending: dict = {}  # step -> GradientBuffer of its contributions
+        self.pending: dict = {}  # step -> (GradientBuffer, Counter of staleness)
 
     def check_step(self, core, step: int) -> None:
         if step != core.version:
             raise ValueError(f"sync push for step {step}, but the shard is at step "
                              f"{core.version}")
 
+    def staleness(self, step: int, meta: dict) -> int:
+        """The updates a contribution's rows missed: none in sync, whose pulls wait for every
+        step before."""
+        return 0
+
     def push(self, core, ids, grads, dense_grad, meta: dict) -> bool:
         """Add one worker's contribution (grads already x its samples) to its step; apply
         every step that is complete, in order. Returns whether a step was applied."""
         step = meta["step"]
         self.check_step(core, step)  # before queueing: a bad push must not poison the step
-        self.pending.setdefault(step, GradientBuffer()).add(ids, grads, dense_grad,
-                                                             meta["samples"])
+        buffer, stale = self.pending.setdefault(step, (GradientBuffer(), Counter()))
+        buffer.add(ids, grads, dense_grad, meta["samples"])
+        stale[self.staleness(step, meta)] += 1
         applied = False
-        while len(self.pending.get(core.version, ())) >= self.num_workers:
-            buffer = self.pending.pop(core.version)
-            core.record_staleness(0, len(buffer))  # every gradient on the version it read
+        while len(self.pending.get(core.version, ((),))[0]) >= self.num_workers:
+            buffer, stale = self.pending.pop(core.version)
+            for staleness, n in stale.items():
+                core.record_staleness(staleness, n)
             core.apply_mean(buffer)
             applied = True
         return applied
@@ -158,12 +165,12 @@ class StepBarrier(ShardRule):
     def drop_incomplete(self, core) -> int:
         """Forget the contributions to steps that will never complete (a worker died before
         pushing them; the group is rebuilt and redoes them). Returns how many."""
-        dropped = sum(len(p) for p in self.pending.values())
+        dropped = self.buffered()
         self.pending.clear()
         return dropped
 
     def buffered(self) -> int:
-        return sum(len(p) for p in self.pending.values())
+        return sum(len(buffer) for buffer, _ in self.pending.values())
 
     def restore(self, arrays, meta) -> None:
         self.pending.clear()

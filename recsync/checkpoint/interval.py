@@ -1,4 +1,4 @@
-"""How often to checkpoint, and whether partial recovery pays (DESIGN §7, the CPR paper).
+"""How often to checkpoint, and whether partial recovery pays (docs/design.md §7, the CPR paper).
 
 Inputs: O, the time a checkpoint costs training (measured: how long the shards are blocked by
 a snapshot); F, the mean time between failures; S, the number of PS shards; R, the time a

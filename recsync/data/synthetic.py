@@ -1,4 +1,4 @@
-"""Seeded synthetic CTR data with Criteo's shape and a planted teacher (DESIGN §4).
+"""Seeded synthetic CTR data with Criteo's shape and a planted teacher (docs/design.md §4).
 
 Every row has 13 dense and 26 categorical features. Ids are Zipf-distributed per table. The
 label is drawn from a known click probability::

@@ -1,5 +1,5 @@
-"""The mode controller: when to switch between sync and gba (DESIGN §6.3), from each worker's
-compute time per step. Plain Python, tested without Ray.
+"""The mode controller: when to switch between sync and gba (docs/design.md §6.3), from each
+worker's compute time per step. Plain Python, tested without Ray.
 
 Compute time is forward plus backward (and an emulated straggler's delay), never the waiting for
 a pull or an all-reduce: in sync every worker waits for the slowest, so step times are all

@@ -1,4 +1,5 @@
-"""mode "eager": decoupled push and pull, and staleness-aware learning rates (DESIGN §6.5).
+"""mode "eager": decoupled push and pull, and staleness-aware learning rates (docs/design.md
+§6.5).
 
 With ``eager.overlap`` (the default), a step on batch i:
 

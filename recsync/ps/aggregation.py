@@ -1,5 +1,5 @@
 """Gradient aggregation on a PS shard: the buffer that turns several workers' gradients into one
-update, and the staleness decay of GBA (DESIGN §6.3). Plain Python, tested without Ray.
+update, and the staleness decay of GBA (docs/design.md §6.3). Plain Python, tested without Ray.
 
 A contribution is one worker's gradient on its batch, pre-multiplied by the batch's sample count
 n (rows: per-table ids and grads x n; dense: grad x n). The buffer's update is

@@ -4,8 +4,8 @@ ShadowSync: docs/design.md §6.4).
 - ``DenseReplica``: the dense parameters one trainer's threads share. Every write (the Hogwild
   threads' optimizer steps, the synchronizer's moves) goes through ``.data`` aliases: an
   in-place write on an autograd leaf bumps its version counter and makes the backward pass that
-  another thread is running at that moment fail (DESIGN §2). Forward and backward run without
-  any lock; only the optimizer step itself (a few element-wise ops) is serialized, because a
+  another thread is running at that moment fail (docs/design.md §2). Forward and backward run
+  without any lock; only the optimizer step itself (a few element-wise ops) is serialized, because a
   torch optimizer reads its gradients from ``.grad`` and keeps one state per parameter.
 - ``HogwildStep``: one thread's step: pull the batch's rows from the PS, forward, backward (the
   gradients returned, not accumulated in shared ``.grad``), update the replica, push the row

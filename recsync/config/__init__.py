@@ -1,0 +1,177 @@
+"""RunConfig: one validated tree (data, model, train, output, mode), loaded from TOML.
+
+Every section rejects unknown keys and bad values with a message naming the key (``train.lr``)
+and what was expected. ``--set key=value`` overrides are applied to the raw tree before
+validation, so they are checked exactly like the file. Distributed sections (cluster, faults,
+recovery, per-mode settings) join this tree as their features land.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import ValidationError, model_validator
+
+from recsync.config.base import ConfigError, Section
+from recsync.config.faults import (FaultsConfig, KillConfig, NetworkConfig, RecoveryConfig,
+                                   StragglerConfig)
+from recsync.config.modes import (EagerConfig, GBAConfig, ShadowConfig, SwitchConfig,
+                                  SwitchingConfig)
+from recsync.config.sections import (ClusterConfig, DataConfig, ModelConfig, OutputConfig,
+                                     TrainConfig)
+
+__all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EagerConfig", "FaultsConfig",
+           "GBAConfig", "KillConfig", "ModelConfig", "NetworkConfig", "OutputConfig",
+           "RecoveryConfig", "RunConfig", "Section", "ShadowConfig", "StragglerConfig",
+           "SwitchConfig", "SwitchingConfig", "TrainConfig", "apply_overrides", "load_config",
+           "parse_override"]
+
+
+class RunConfig(Section):
+    mode: Literal["local", "sync", "async", "gba", "shadow", "foreground", "eager"] = "local"
+    """how workers synchronize: "local" (one process, the baseline), "sync" (all-reduce dense
+    gradients, PS applies row gradients once all workers' arrived), "async" (PS applies every
+    gradient as it arrives), "gba" (PS applies the mean of a global batch of gradients, decaying
+    stale ones; no worker waits), "shadow" (each worker trains its own dense replica with
+    Hogwild threads, a background thread keeps the replicas in step: [shadow]), "foreground"
+    (the same, synchronizing every shadow.foreground_every iterations inside training),
+    "eager" (async with the next batch's pull sent before this one is computed, and learning
+    rates scaled down for stale updates: [eager])"""
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    output: OutputConfig = OutputConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    gba: GBAConfig = GBAConfig()
+    switching: SwitchingConfig = SwitchingConfig()
+    shadow: ShadowConfig = ShadowConfig()
+    eager: EagerConfig = EagerConfig()
+    network: NetworkConfig = NetworkConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
+    faults: FaultsConfig = FaultsConfig()
+
+    @model_validator(mode="after")
+    def _check_faults(self):
+        for i, s in enumerate(self.faults.stragglers):
+            if s.worker >= self.cluster.workers:
+                raise ValueError(f"faults.stragglers[{i}].worker = {s.worker}: there are only "
+                                 f"{self.cluster.workers} workers (cluster.workers)")
+        for i, k in enumerate(self.faults.kills):
+            count = self.cluster.workers if k.target == "worker" else self.cluster.ps_shards
+            if k.index >= count:
+                raise ValueError(f"faults.kills[{i}].index = {k.index}: there are only {count} "
+                                 f"{k.target}s")
+        if self.switching.enabled and self.mode not in ("sync", "gba"):
+            raise ValueError(f"switching: mode {self.mode!r} cannot switch; switching is "
+                             f"between \"sync\" and \"gba\" (set mode to one of them)")
+        if self.mode == "local" and (self.faults.stragglers or self.faults.kills
+                                     or self.faults.kill_mean_s):
+            raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\", "
+                             "\"gba\", \"shadow\", \"foreground\" or \"eager\")")
+        r = self.recovery
+        if r.kind != "none" and not (r.checkpoint_every_s or r.mtbf_s):
+            raise ValueError(f"recovery.kind = \"{r.kind}\" restarts from checkpoints: set "
+                             f"recovery.checkpoint_every_s > 0, or recovery.mtbf_s > 0 to have "
+                             f"the interval chosen")
+        if r.kind != "none" and self.switching.enabled:
+            raise ValueError(f"recovery.kind = \"{r.kind}\" is not available with switching "
+                             f"(the dense state moves between the workers and the PS)")
+        if r.kind == "auto" and not r.mtbf_s:
+            raise ValueError("recovery.kind = \"auto\" chooses from the mean time between "
+                             "failures: set recovery.mtbf_s > 0")
+        if r.kind in ("partial", "auto") and self.mode != "local" and _facts(self.mode).lockstep:
+            raise ValueError(f"recovery.kind = \"{r.kind}\": mode {self.mode!r} steps the PS "
+                             "shards in lock-step, which a shard rolled back alone would stall; "
+                             f"use {_not_lockstep()} (or kind = \"full\")")
+        if r.rows != "all" and r.kind != "partial":
+            raise ValueError(f"recovery.rows = \"{r.rows}\" saves part of the rows, which only "
+                             f"partial recovery can restart from: set recovery.kind = "
+                             f"\"partial\"")
+        if self.mode == "local" and (self.recovery.checkpoint_every_s or self.recovery.mtbf_s):
+            raise ValueError("recovery.checkpoint_every_s: checkpoints are of PS shards; mode "
+                             "\"local\" has none (choose a distributed mode)")
+        if self.mode == "local" and self.network.enabled:
+            raise ValueError("network: the emulated network delays calls to PS shards; mode "
+                             "\"local\" has none (choose a distributed mode)")
+        return self
+
+    def to_toml(self) -> str:
+        tree = self.model_dump(exclude_none=True)
+        for s in tree["faults"]["stragglers"]:  # TOML has inf, tomli-w writes it as such
+            s["end_s"] = float(s["end_s"])
+        return tomli_w.dumps(tree)
+
+
+def _facts(mode: str):
+    """The driver facts of ``mode`` (modes/base.py Mode)."""
+    from recsync.modes import MODES
+    return MODES[mode]
+
+
+def _not_lockstep() -> str:
+    from recsync.modes import MODES
+    names = [n for n, m in MODES.items() if not m.lockstep]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        elif e["type"] == "value_error" and not key:  # a check across keys names them itself
+            lines.append(f"  {e['ctx']['error']}")
+        else:
+            got = f" (got {e['input']!r})" if not isinstance(e["input"], dict) else ""
+            lines.append(f"  {key}: {e['msg']}{got}")
+    return "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value); the value is read as TOML, else as a string."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.batch_size=1024")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as a path
+    return [p.strip() for p in key.split(".")], value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = tree
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Read a TOML file (or start from defaults), apply ``--set`` overrides, validate."""
+    tree: dict = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            tree = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    if overrides:
+        source += " with --set " + " ".join(overrides)
+    tree = apply_overrides(tree, list(overrides))
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None

@@ -84,8 +84,9 @@ class WorkerMode:
         """After a step: whether to pause now. Default: as soon as the driver asked."""
         return self.ctx.pause_requested()
 
-    def finish(self) -> None:
-        """Every push applied (nothing in flight crosses a pause or the end of the run)."""
+    def finish(self, thread: int = 0) -> None:
+        """Every push of training thread ``thread`` applied (nothing in flight crosses a pause
+        or the end of the run)."""
         self.ctx.client.flush()
 
     def dense_state(self) -> dict | None:

@@ -1,0 +1,14 @@
+"""A distributed run (PS shards, a work queue and workers on Ray) and the driver's side of it.
+
+- ``handle``: ``DistributedRun``, the actors of one run and the verbs the driver uses on them.
+- ``watch``: the one loop that polls them, writes metrics and carries out decisions.
+- ``policy``: what a failure means (a plain function from statuses to a ``Decision``, no Ray);
+  ``actions`` carries a decision out.
+- ``checkpoints``, ``switching``, ``faults``: checkpoint rounds, switching modes at run time,
+  injected failures.
+- ``record``: what the run records (its events, checkpoints, recoveries, modes), returned with
+  its result for the summary.
+- ``train``: a run from start to end.
+
+This package's ``__init__`` imports nothing: the policy and its tests stay free of Ray.
+"""

@@ -6,8 +6,6 @@
   ``actions`` carries a decision out.
 - ``checkpoints``, ``switching``, ``faults``: checkpoint rounds, switching modes at run time,
   injected failures.
-- ``record``: what the run records (its events, checkpoints, recoveries, modes), returned with
-  its result for the summary.
 - ``train``: a run from start to end.
 
 This package's ``__init__`` imports nothing: the policy and its tests stay free of Ray.

@@ -1,6 +1,7 @@
-"""What a run records while it goes on: counts, events, checkpoint rounds, recoveries, the modes
-it ran in. The run owns its record and returns it with its result (on Ctrl-C and RunFailed the
-exception carries it); the summary (recsync/summary.py) is built from it."""
+"""What a run (local or distributed) records while it goes on: counts, evaluations, events,
+checkpoint rounds, recoveries, the modes it ran in. The run owns its record and returns it with
+its result (on Ctrl-C and RunFailed the exception carries it); the summary (recsync/summary.py)
+is built from it."""
 
 from __future__ import annotations
 

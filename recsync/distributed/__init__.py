@@ -7,6 +7,10 @@
 - ``checkpoints``, ``switching``, ``faults``: checkpoint rounds, switching modes at run time,
   injected failures.
 - ``train``: a run from start to end.
+- ``status``, ``errors``: the typed statuses (no Ray) and RunFailed.
+
+The run's record (events, checkpoints, recoveries, modes) is recsync/record.py: a local run
+keeps one too, and recsync/summary.py builds summary.json from it.
 
 This package's ``__init__`` imports nothing: the policy and its tests stay free of Ray.
 """

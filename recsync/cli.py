@@ -39,8 +39,8 @@ def main():
                    "instead of starting a local one; same as --set cluster.address=ADDR.")
 def train(config_path, overrides, out, overwrite, resume_dir, address):
     """Train a model as the config says."""
-    from recsync.driver import run
-    from recsync.dist_driver import RunFailed
+    from recsync.distributed.errors import RunFailed
+    from recsync.run import run
     if resume_dir:
         if config_path or overrides or overwrite or (out and Path(out) != Path(resume_dir)):
             raise click.UsageError("--resume DIR goes on with DIR's own config.toml and "

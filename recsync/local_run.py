@@ -2,24 +2,29 @@
 
 The step is the algorithm every mode distributes: pull the batch's rows, forward, loss,
 backward, dense optimizer step, push the row gradients. Reading it top to bottom is reading the
-algorithm.
+algorithm. At the end: the local run itself (``run_local``: train, evaluate, record).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
-from recsync.config import ModelConfig, TrainConfig
-from recsync.data.reader import Batch, Dataset
+from recsync.config import ModelConfig, RunConfig, TrainConfig
+from recsync.data.reader import Batch, Dataset, chunk_order
 from recsync.embedding.lookup import LocalLookup
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.embedding.store import EmbeddingStore
+from recsync.evaluate import evaluate
+from recsync.metrics import MetricsLog
 from recsync.model import loss as model_loss
 from recsync.model.optim import make_dense_optimizer
 from recsync.model.registry import build_model, table_rows_for
+from recsync.record import RunRecord
 
 
 @dataclass
@@ -67,3 +72,89 @@ class StepTimer:
         self.steps += 1
         self.samples += samples
         self.loss_sum += loss * samples
+
+
+# -- the local run: train, evaluate, record ------------------------------------------------------
+
+CHUNK_BATCHES = 16  # default chunk: this many batches
+
+
+def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float) -> dict:
+    """Train as ``cfg`` says in this process; returns the final evaluation and the run's record
+    (``started``: when the run began). On Ctrl-C the KeyboardInterrupt carries ``record`` and
+    ``model`` (the work done so far, to evaluate)."""
+    record = RunRecord(start=started)
+    model = build_local_model(cfg.model, cfg.train, ds)
+    record.train_start = time.perf_counter()
+    try:
+        _train(cfg, ds, model, log, record)
+    except KeyboardInterrupt as e:
+        e.record, e.model = record, model
+        raise
+    finally:
+        record.stop()
+    return {"eval": final_eval(cfg, ds, model), "record": record}
+
+
+def final_eval(cfg: RunConfig, ds: Dataset, model: LocalModel) -> dict:
+    """The trained model on the whole eval split."""
+    return evaluate(model.dense, model.lookup, ds, ds.rows("eval"), cfg.train.eval_batch_size)
+
+
+def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
+           record: RunRecord) -> None:
+    t = cfg.train
+    chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
+    total = t.epochs * ds.rows("train")
+    if t.max_steps:
+        total = min(total, t.max_steps * t.batch_size)
+    eval_every = t.eval_every_samples or max(1, math.ceil(total / 8))
+    next_eval = eval_every
+    shuffle_seed = t.seed if cfg.data.shuffle else None
+    timer = StepTimer()
+    bar = tqdm(total=total, unit="sample", unit_scale=True, desc=f"train ({cfg.mode})",
+               disable=None if cfg.output.progress else True, smoothing=0.1)
+    try:
+        for epoch in range(t.epochs):
+            for chunk in chunk_order(chunks, epoch=epoch, shuffle_seed=shuffle_seed):
+                for batch in ds.batches(chunk, t.batch_size, shuffle_seed=shuffle_seed,
+                                        epoch=epoch):
+                    loss = train_step(model, batch)
+                    record.steps += 1
+                    record.samples += len(batch)
+                    timer.add(len(batch), loss)
+                    bar.update(len(batch))
+                    eval_now = record.samples >= next_eval
+                    if eval_now or record.steps % cfg.output.log_every_steps == 0:
+                        line = _interval_record(cfg, record, timer)
+                        bar.set_postfix(loss=f"{line['loss']:.4f}")
+                        if eval_now:
+                            line["eval"] = _timed_eval(cfg, ds, model, record)
+                            next_eval += eval_every
+                        log.write(line)
+                        timer.reset()
+                    if t.max_steps and record.steps >= t.max_steps:
+                        return
+    finally:
+        if timer.steps:  # the steps since the last record (also on Ctrl-C)
+            log.write(_interval_record(cfg, record, timer))
+        bar.close()
+
+
+def _interval_record(cfg: RunConfig, record: RunRecord, timer: StepTimer) -> dict:
+    interval_s = time.perf_counter() - timer.start
+    return {"time_s": record.elapsed(), "samples": record.samples, "step": record.steps,
+            "loss": timer.loss_sum / max(timer.samples, 1),
+            "samples_per_s": timer.samples / interval_s if interval_s > 0 else None,
+            "mode": cfg.mode, "worker_step_s": [interval_s / max(timer.steps, 1)],
+            "staleness": None, "events": [], "eval": None}
+
+
+def _timed_eval(cfg: RunConfig, ds: Dataset, model: LocalModel, record: RunRecord) -> dict:
+    start = time.perf_counter()
+    result = evaluate(model.dense, model.lookup, ds, cfg.train.eval_sample_rows,
+                      cfg.train.eval_batch_size)
+    record.eval_s += time.perf_counter() - start
+    result.update(samples=record.samples, time_s=record.elapsed())
+    record.evals.append(result)
+    return result

@@ -38,7 +38,7 @@ def straggler_in_the_middle(cfg: RunConfig, out: Path) -> tuple[float, float, fl
     """(start_s, end_s, samples/s): a short calibration run of ``cfg`` without stragglers
     measures this machine's speed, which gives the time T one pass takes; an emulated straggler
     then comes at T/3 and goes at 2T/3."""
-    from recsync.driver import run
+    from recsync.run import run
     from recsync.metrics import read_jsonl
     calib = cfg.model_copy(update={"train": cfg.train.model_copy(
         update={"max_steps": CALIBRATION_STEPS}), "output": cfg.output.model_copy(
@@ -60,7 +60,7 @@ def quickstart(out: Path) -> dict:
     for the middle third of the run, trained in sync only and with the mode controller
     switching to gba and back (both on the embedded Ray instance)."""
     from recsync.cluster import ray_session
-    from recsync.driver import run
+    from recsync.run import run
     data = ensure_synthetic(out / "data", QUICKSTART_ROWS)
     base = load_config(None, [f"data.path={json.dumps(str(data))}", *QUICKSTART_OVERRIDES])
     with ray_session(ClusterConfig()):  # one Ray instance for the three runs

@@ -5,7 +5,7 @@ embedding rows and Adagrad on dense parameters with the same learning rates):
 
 - ``plain_torch``: the reference: ``nn.Embedding(sparse=True)`` tables, ``torch.optim.SGD`` on
   them, batches preloaded in memory, nothing else in the loop.
-- ``local``: ``recsync train`` as a user runs it (``driver.run``): memory-mapped reader, the
+- ``local``: ``recsync train`` as a user runs it (``run.run``): memory-mapped reader, the
   embedding store with lazy row initialisation, metrics logging, progress accounting.
 
 The arms alternate over ``ROUNDS`` rounds; each arm's figure is the median of its rounds, and
@@ -33,7 +33,7 @@ from recsync.data.criteo import convert_criteo
 from recsync.data.criteo_writer import write_criteo_tsv
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.driver import run as run_training
+from recsync.run import run as run_training
 from recsync.metrics import auc_logloss
 from recsync.model.dlrm import DLRM
 

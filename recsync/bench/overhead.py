@@ -10,7 +10,7 @@ rates, the same synthetic data read in the same order, the same number of steps)
 - ``sync_1w``: mode sync, 1 worker, 1 PS shard (all-reduce of a group of one; the PS applies each
   step's row gradients before the next pull).
 
-Every arm is a ``driver.run`` call, as ``recsync train`` makes it. Throughput: each run's
+Every arm is a ``run.run`` call, as ``recsync train`` makes it. Throughput: each run's
 ``metrics.jsonl`` records (time, samples done) once per step in mode local and at every 0.5 s
 poll of the workers in distributed modes; an arm's figure is the samples done between the first
 record at or past a warm-up of ``WARMUP_STEPS`` steps per worker and the last record, divided by
@@ -43,7 +43,7 @@ from recsync.bench.memory import RssSampler
 from recsync.config import RunConfig, load_config
 from recsync.data.format import NUM_TABLES
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.driver import run as run_training
+from recsync.run import run as run_training
 from recsync.metrics import read_jsonl
 
 ROUNDS = 2
@@ -190,7 +190,7 @@ def steady_rate(metrics: list[dict], warmup_samples: int) -> dict:
 
 
 def run_arm(cfg: RunConfig, out_dir: Path, name: str) -> dict:
-    """One ``driver.run`` with the memory sampler around it; the summary plus what we measured."""
+    """One ``run.run`` with the memory sampler around it; the summary plus what we measured."""
     ctx = embedded_ray() if cfg.mode != "local" else contextlib.nullcontext()
     with ctx, RssSampler() as sampler:
         begin = time.perf_counter()  # the run's time_s 0, give or take a few ms

@@ -23,10 +23,11 @@ from recsync.checkpoint import files, job
 from recsync.config import load_config
 from recsync.data.reader import Batch, Dataset
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.dist_driver import RunFailed, run_distributed
-from recsync.driver import Progress, run
+from recsync.distributed.errors import RunFailed
+from recsync.distributed.train import run_distributed
 from recsync.metrics import MetricsLog
 from recsync.local_run import build_local_model, train_step
+from recsync.run import run
 
 B = 64
 
@@ -50,7 +51,7 @@ def test_sync_two_workers_equal_local_with_the_global_batch(ray_cluster, data, t
     steps = 6
     cfg = config(data, 'mode="sync"', "cluster.workers=2", "cluster.ps_shards=2",
                  f"data.chunk_rows={B}", "data.shuffle=false", f"train.max_steps={steps}")
-    result = run_distributed(cfg, Dataset(data), MetricsLog(tmp_path / "m.jsonl"), Progress())
+    result = run_distributed(cfg, Dataset(data), MetricsLog(tmp_path / "m.jsonl"))
     ds = Dataset(data)
     local = build_local_model(cfg.model, cfg.train, ds)
     touched = []
@@ -224,12 +225,12 @@ def test_shadow_replicas_that_start_apart_converge_while_training(ray_cluster, d
                                                                    algorithm):
     """Two trainers start from different dense parameters; with the shadow thread running,
     their distance falls below 2% of where it started while both are still training."""
-    from recsync.dist_driver import DistributedRun
+    from recsync.distributed.handle import DistributedRun
     from recsync.worker.worker import Worker
     cfg = config(data, 'mode="shadow"', f'shadow.algorithm="{algorithm}"', "cluster.workers=2",
                  "cluster.ps_shards=2", "train.epochs=200", "train.dense_lr=0.001",
                  "shadow.min_interval_s=0.01")
-    run_ = DistributedRun(cfg, Dataset(data), Progress())
+    run_ = DistributedRun(cfg, Dataset(data))
     start = parameters_to_vector(run_.dense_model.parameters()).detach().numpy()
     apart = [start, start + np.random.default_rng(0).normal(0, 0.5, len(start)).astype(np.float32)]
     run_.workers = [Worker.remote(r, cfg, run_.shards, run_.queue, {"params": apart[r]})
@@ -241,14 +242,14 @@ def test_shadow_replicas_that_start_apart_converge_while_training(ray_cluster, d
         initial = np.linalg.norm(apart[0] - apart[1])
         deadline = time.time() + 60
         while True:
-            a, b = ray.get([w.dense_vector.remote() for w in run_.workers])
+            a, b = [d["params"] for d in ray.get([w.dense_state.remote() for w in run_.workers])]
             states = [s["state"] for s in ray.get([w.status.remote() for w in run_.workers])]
             assert states == ["running", "running"], states
             if np.linalg.norm(a - b) < 0.02 * initial:
                 break
             assert time.time() < deadline, f"distance {np.linalg.norm(a - b)} of {initial}"
             time.sleep(0.2)
-        assert min(ray.get(w.shadow_stats.remote())["rounds"] for w in run_.workers) > 0
+        assert min(ray.get(w.mode_stats.remote())["rounds"] for w in run_.workers) > 0
     finally:
         for w in run_.workers:
             ray.kill(w)
@@ -260,7 +261,8 @@ def test_shadow_replicas_that_start_apart_converge_while_training(ray_cluster, d
 def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster, data,
                                                                      tmp_path):
     from recsync.checkpoint import files
-    from recsync.dist_driver import JOB_KEEP_EXTRA, _make_core
+    from recsync.distributed.checkpoints import JOB_KEEP_EXTRA
+    from recsync.ps.build import make_core
     from recsync.model.registry import build_model
     from recsync.model.registry import table_rows_for
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
@@ -283,8 +285,8 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
         assert {int(p.stem.split("-")[1]) for p in files.manifests(directory)} == named
         ckpt = files.latest(directory)
         assert ckpt.sequence == rec["checkpoints"] + 1 and ckpt.skipped == []
-        core = _make_core(tables, cfg, s, np.zeros(ckpt.arrays["dense.params"].shape,
-                                                   np.float32) if s == 0 else None)
+        core = make_core(tables, cfg, s, np.zeros(ckpt.arrays["dense.params"].shape,
+                                                  np.float32) if s == 0 else None)
         core.restore(ckpt.arrays, ckpt.meta)
         assert 0 < core.version <= summary["per_shard"][s]["version"]
         assert core.store.num_initialized() > 0

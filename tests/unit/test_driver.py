@@ -1,4 +1,4 @@
-"""driver.run: the output contract (config.toml, metrics.jsonl, summary.json, training.png),
+"""run.run: the output contract (config.toml, metrics.jsonl, summary.json, training.png),
 max_steps, Ctrl-C, and `recsync plot`."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import recsync.driver as driver
+from recsync import local_run
 from recsync.cli import main
 from recsync.config import load_config
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.metrics import read_jsonl
 from recsync.plot import plot_runs
+from recsync.run import run
 
 TRAIN_ROWS, EVAL_ROWS, BATCH = 1200, 300, 50
 
@@ -48,7 +49,7 @@ def run2(data, tmp_path_factory):
     """Two epochs; plot on."""
     out = tmp_path_factory.mktemp("run2")
     cfg = config(data, "train.epochs=2")
-    return cfg, out, driver.run(cfg, out)
+    return cfg, out, run(cfg, out)
 
 
 def test_config_toml_loads_back(run2):
@@ -129,7 +130,7 @@ def test_training_png(run2):
 
 def test_max_steps_is_honoured(data, tmp_path):
     cfg = config(data, "train.max_steps=7", "train.epochs=3", "output.plot=false")
-    summary = driver.run(cfg, tmp_path)
+    summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     assert summary["steps"] == 7
     assert summary["samples"] == 7 * BATCH
@@ -140,14 +141,13 @@ def test_max_steps_is_honoured(data, tmp_path):
 
 def test_threads_setting_is_applied(data, tmp_path):
     torch.set_num_threads(2)
-    driver.run(config(data, "train.max_steps=1", "train.threads=1", "output.plot=false"),
-               tmp_path)
+    run(config(data, "train.max_steps=1", "train.threads=1", "output.plot=false"), tmp_path)
     assert torch.get_num_threads() == 1
 
 
 def test_same_config_same_result(data, tmp_path):
-    a = driver.run(config(data, "train.max_steps=10", "output.plot=false"), tmp_path / "a")
-    b = driver.run(config(data, "train.max_steps=10", "output.plot=false"), tmp_path / "b")
+    a = run(config(data, "train.max_steps=10", "output.plot=false"), tmp_path / "a")
+    b = run(config(data, "train.max_steps=10", "output.plot=false"), tmp_path / "b")
     assert a["eval"] == b["eval"]
     la = [r["loss"] for r in read_jsonl(tmp_path / "a" / "metrics.jsonl")]
     lb = [r["loss"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl")]
@@ -155,7 +155,7 @@ def test_same_config_same_result(data, tmp_path):
 
 
 def test_keyboard_interrupt_still_writes_the_summary(data, tmp_path, monkeypatch):
-    real, calls = driver.train_step, []
+    real, calls = local_run.train_step, []
 
     def step(model, batch):
         if len(calls) == 9:
@@ -163,8 +163,8 @@ def test_keyboard_interrupt_still_writes_the_summary(data, tmp_path, monkeypatch
         calls.append(len(batch))
         return real(model, batch)
 
-    monkeypatch.setattr(driver, "train_step", step)
-    returned = driver.run(config(data, "train.epochs=2"), tmp_path)
+    monkeypatch.setattr(local_run, "train_step", step)
+    returned = run(config(data, "train.epochs=2"), tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == returned["status"] == "interrupted"
     assert summary["steps"] == 9
@@ -179,24 +179,24 @@ def test_keyboard_interrupt_still_writes_the_summary(data, tmp_path, monkeypatch
 
 def test_a_second_run_into_the_same_dir_is_refused_unless_overwrite(data, tmp_path):
     cfg = config(data, "train.max_steps=3", "output.plot=false")
-    driver.run(cfg, tmp_path)
+    run(cfg, tmp_path)
     with pytest.raises(FileExistsError, match="--overwrite"):
-        driver.run(cfg, tmp_path)
-    driver.run(cfg, tmp_path, overwrite=True)
+        run(cfg, tmp_path)
+    run(cfg, tmp_path, overwrite=True)
     steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
     assert steps == sorted(steps) and steps[-1] == 3  # one run's records, not two appended
 
 
 def test_missing_data_dir(tmp_path):
     with pytest.raises(ValueError, match=re.escape(str(tmp_path / "nope"))):
-        driver.run(config(tmp_path / "nope"), tmp_path / "out")
+        run(config(tmp_path / "nope"), tmp_path / "out")
 
 
 # ------------------------------------------------------------------------------------ plot
 
 def test_plot_two_runs(run2, data, tmp_path):
     other = tmp_path / "other"
-    driver.run(config(data, "train.max_steps=12", "output.plot=false"), other)
+    run(config(data, "train.max_steps=12", "output.plot=false"), other)
     png = tmp_path / "both.png"
     result = CliRunner().invoke(main, ["plot", str(run2[1]), str(other), "--out", str(png)])
     assert result.exit_code == 0, result.output

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from recsync.config import ConfigError, RunConfig, load_config
-from recsync.driver import _per_worker, _staleness
+from recsync.summary import per_worker, staleness
 from recsync.worker.worker import straggle_factor
 
 
@@ -158,7 +158,7 @@ def test_faults_round_trip_through_toml(tmp_path):
 
 def test_staleness_summary_over_shards():
     # 4 pushes at staleness 0, 2 at 1, 1 at 3 (key types as Ray/JSON may hand them over)
-    st = _staleness([{"staleness": {0: 3, 2: 1}}, {"staleness": {"0": 1, "1": 2}},
+    st = staleness([{"staleness": {0: 3, 2: 1}}, {"staleness": {"0": 1, "1": 2}},
                      {"staleness": {}}])
     assert st["mean"] == pytest.approx((0 * 4 + 1 * 2 + 2 * 1) / 7)
     assert st["max"] == 2
@@ -166,28 +166,28 @@ def test_staleness_summary_over_shards():
 
 
 def test_staleness_p99_ignores_a_rare_tail():
-    st = _staleness([{"staleness": {0: 990, 7: 10}}, {"staleness": {"50": 1}}])
+    st = staleness([{"staleness": {0: 990, 7: 10}}, {"staleness": {"50": 1}}])
     assert st == {"mean": pytest.approx((7 * 10 + 50) / 1001), "p99": 7, "max": 50}
-    st = _staleness([{"staleness": {0: 99, 5: 1}}])
+    st = staleness([{"staleness": {0: 99, 5: 1}}])
     assert st["p99"] == 0 and st["max"] == 5
 
 
 def test_staleness_p99_is_an_observed_value():
-    st = _staleness([{"staleness": {1: 50, 4: 50}}])
+    st = staleness([{"staleness": {1: 50, 4: 50}}])
     assert st == {"mean": 2.5, "p99": 4, "max": 4}
-    st = _staleness([{"staleness": {3: 1}}])
+    st = staleness([{"staleness": {3: 1}}])
     assert st == {"mean": 3.0, "p99": 3, "max": 3}
 
 
 @pytest.mark.parametrize("stats", [[], [{"staleness": {}}], [{"staleness": {}}] * 3])
 def test_staleness_without_pushes_is_none(stats):
-    assert _staleness(stats) == {"mean": None, "p99": None, "max": None}
+    assert staleness(stats) == {"mean": None, "p99": None, "max": None}
 
 
 def test_per_worker_joins_statuses_with_queue_counts():
     result = {"statuses": [{"rank": 0, "steps": 5, "samples": 50},
                            {"rank": 1, "steps": 2, "samples": 20}],
               "queue": {"by_worker": {"0": {"chunks": 3, "samples": 50}}}}
-    assert _per_worker(result) == [{"rank": 0, "steps": 5, "samples": 50, "chunks": 3},
+    assert per_worker(result) == [{"rank": 0, "steps": 5, "samples": 50, "chunks": 3},
                                    {"rank": 1, "steps": 2, "samples": 20, "chunks": 0}]
-    assert _per_worker({}) == []
+    assert per_worker({}) == []

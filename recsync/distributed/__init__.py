@@ -1,0 +1,16 @@
+"""A distributed run (PS shards, a work queue and workers on Ray) and the driver's side of it.
+
+- ``handle``: ``DistributedRun``, the actors of one run and the verbs the driver uses on them.
+- ``watch``: the one loop that polls them, writes metrics and carries out decisions.
+- ``policy``: what a failure means (a plain function from statuses to a ``Decision``, no Ray);
+  ``actions`` carries a decision out.
+- ``checkpoints``, ``switching``, ``faults``: checkpoint rounds, switching modes at run time,
+  injected failures.
+- ``train``: a run from start to end.
+- ``status``, ``errors``: the typed statuses (no Ray) and RunFailed.
+
+The run's record (events, checkpoints, recoveries, modes) is recsync/record.py: a local run
+keeps one too, and recsync/summary.py builds summary.json from it.
+
+This package's ``__init__`` imports nothing: the policy and its tests stay free of Ray.
+"""

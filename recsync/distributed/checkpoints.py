@@ -1,0 +1,202 @@
+"""Checkpoint rounds (``recovery``): every shard writes its own checkpoint, and the driver a job
+checkpoint naming them with the data position and, where the workers hold them, the dense
+parameters (checkpoint/job.py). A mode that ``pauses_for_checkpoint`` pauses the workers after
+a step for it, so that replicas, shards and data position agree. A round at the start and one
+at the end (the trained model) make every run resumable: ``recsync train --resume DIR`` starts
+from the newest round.
+
+The interval is configured (``checkpoint_every_s``) or chosen from the first round's measured
+cost and ``mtbf_s`` (checkpoint/interval.py)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import ray
+
+from recsync.checkpoint import job
+from recsync.checkpoint.interval import choose
+from recsync.checkpoint.writer import CheckpointWriter
+from recsync.modes import MODES
+
+# A shard that dies loses at most two checkpoints not yet on disk (one being written, one
+# waiting: writer.py), which the newest job checkpoints may name: keep two more of those.
+JOB_KEEP_EXTRA = 2
+
+
+class CheckpointRounds:
+    """The checkpoint rounds of one run (``run``: its DistributedRun): when they are due, taking
+    one, and what they cost (in the run's record)."""
+
+    def __init__(self, run):
+        self.run = run
+        r = run.cfg.recovery
+        self.writer = (None if run.checkpoint_dir is None else
+                       CheckpointWriter(job.job_dir(run.checkpoint_dir),
+                                        keep=r.keep + JOB_KEEP_EXTRA))
+        # the shards' sequence numbers of the job checkpoints kept, oldest first: the shards
+        # keep those checkpoints
+        self.named: deque = deque(maxlen=r.keep + JOB_KEEP_EXTRA)
+        self.every = r.checkpoint_every_s
+        self.choosing = not self.every and r.mtbf_s > 0  # the first round measures the cost
+        self.next_s = self.every if self.every else (0.0 if self.choosing else math.inf)
+
+    def if_due(self, elapsed_s: float, trained: bool) -> None:
+        """A round if one is due (``trained``: the workers have trained some samples)."""
+        if elapsed_s < self.next_s or not trained:
+            return
+        ckpt = self.take()
+        if ckpt is None:
+            return
+        self.log(ckpt, elapsed_s)
+        if self.choosing:
+            self.every = self.choose_interval(ckpt, elapsed_s)
+            self.choosing = False
+        self.next_s = elapsed_s + self.every
+
+    def take(self, final: bool = False) -> dict | None:
+        """A checkpoint round: every shard's own checkpoint and, if every shard took one, a job
+        checkpoint naming them. A mode that pauses for it pauses the workers after a step
+        first (None if it cannot: a worker finished); other modes do not pause, and a chunk
+        leased at that moment is trained again from its start after a rollback. ``final``:
+        the workers are done.
+
+        Returns each shard's sequence number and version (None for a shard that is restarting
+        with recovery on: it is skipped this time), the job checkpoint's sequence, and how
+        long training was blocked: the pause, else the slowest shard's snapshot (calls to it
+        wait)."""
+        run = self.run
+        begin = time.perf_counter()
+        started = run.workers[0] is not None
+        paused = MODES[run.mode].pauses_for_checkpoint and not final and started
+        if paused and not run.pause_all("checkpoint"):
+            return None
+        try:
+            positions = {}
+            if paused:
+                for p in ray.get([w.positions.remote() for w in run.workers]):
+                    positions.update(p)
+            counts = ([{"samples": s.samples, "steps": s.steps} for s in run.poll()] if started
+                      else [{"samples": 0, "steps": 0} for _ in run.workers])
+            # the data position before the shards' state: what completes in between is
+            # trained again after a rollback, never skipped
+            queue_state = ray.get(run.queue.state.remote(positions))
+            if not paused:  # leased chunks start again: only completed ones are done
+                completed = queue_state["by_worker"]
+                batch = run.cfg.train.batch_size
+                counts = [{"samples": completed.get(str(r), {}).get("samples", 0),
+                           "steps": c["steps"] - round((c["samples"] - completed.get(
+                               str(r), {}).get("samples", 0)) / batch)}
+                          for r, c in enumerate(counts)]
+            # keep what the job checkpoints kept after this round name (this one drops the
+            # oldest once the driver keeps as many as it may)
+            named = list(self.named)[1 - self.named.maxlen:]
+            floor = [min(r[i] for r in named) if named else None
+                     for i in range(len(run.shards))]
+            refs = [s.checkpoint.remote(floor[i]) for i, s in enumerate(run.shards)]
+            done = []
+            for ref in refs:
+                try:
+                    done.append(ray.get(ref, timeout=120))
+                except ray.exceptions.RayActorError:
+                    if run.cfg.recovery.kind == "none":
+                        raise
+                    done.append(None)
+            dense = self._dense_for_job(started)
+        finally:
+            if paused:
+                run.resume_all()
+        taken = [d for d in done if d is not None]
+        sequences = [d and d["sequence"] for d in done]
+        # A shard that Ray restarted since the driver last looked answers too (calls wait for
+        # the restart), with the state it reloaded: such a round mixes old and new states, so
+        # it makes no job checkpoint (full recovery rolls back to the one before).
+        restarted = [i for i, d in enumerate(done) if d is not None and i in run.shard_seen
+                     and d["pid"] != run.shard_seen[i]["pid"]]
+        job_sequence = None
+        if len(taken) == len(done) and not restarted:
+            self.named.append(sequences)
+            job_sequence = self.writer.save(job.dense_arrays(dense), {
+                "final": final, "mode": run.mode, "shard_sequences": sequences,
+                "step_index": (max(d["version"] for d in done) if MODES[run.mode].lockstep
+                               else 0),
+                "queue": queue_state, "unix": time.time(),
+                "done": [{"samples": c["samples"], "steps": c["steps"]} for c in counts],
+                "samples": sum(c["samples"] for c in counts),
+                "steps": max(c["steps"] for c in counts),
+                "train_s": time.time() - run.start_unix,
+                "dense_param_groups": job.dense_meta(dense)})
+        blocked = (time.perf_counter() - begin if paused
+                   else max((d["blocked_s"] for d in taken), default=0.0))
+        return {"sequences": sequences, "versions": [d and d["version"] for d in done],
+                "job_sequence": job_sequence, "blocked_s": blocked,
+                "partial": [d and d["partial"] for d in done],
+                "rows": [d and d["rows"] for d in done]}
+
+    def _dense_for_job(self, started: bool) -> dict | None:
+        """The dense state a job checkpoint holds where the workers hold it (flat layout;
+        None where PS shard 0 holds it: its checkpoint has it). Before the workers start: the
+        initial model."""
+        if not started:
+            if MODES[self.run.mode].dense_on_ps:
+                return None
+            return {"params": self.run.initial_dense(), "optimizer": None}
+        return self.run.dense_state(0)
+
+    def log(self, ckpt: dict, elapsed_s: float, training: bool = True) -> None:
+        """Record a round; ``training``: whether workers were training (else it blocked
+        nothing: the round before they start)."""
+        record = self.run.record
+        if not training:
+            ckpt = {**ckpt, "blocked_s": 0.0}
+        record.checkpoints.append({"time_s": elapsed_s, "samples": record.samples, **ckpt})
+        partial = [i for i, x in enumerate(ckpt["partial"]) if x]
+        record.event(elapsed_s, (
+            f"checkpoint: shards' sequence numbers {ckpt['sequences']}"
+            + (f" (partial: shard(s) {partial})" if partial else "")
+            + f", versions {ckpt['versions']}, job checkpoint {ckpt['job_sequence']}, training "
+            f"blocked {ckpt['blocked_s'] * 1e3:.0f} ms"))
+
+    def choose_interval(self, ckpt: dict, elapsed_s: float) -> float:
+        """The checkpoint interval from the measured save cost and recovery.mtbf_s; the inputs
+        and the decision go into the events and the summary. The save cost is what the round
+        ``ckpt`` blocked training; its write to disk (waited for here, once, and added to the
+        round's blocked time: the shards wait meanwhile) bounds the interval from below, as a
+        writer slower than the interval would block every save."""
+        run, record = self.run, self.run.record
+        r = run.cfg.recovery
+        begin = time.perf_counter()
+        write_s = 0.0
+        for ref in [s.checkpoints_written.remote() for s in run.shards]:
+            try:
+                written = ray.get(ref, timeout=300)
+            except ray.exceptions.RayActorError:  # restarting (recovery on)
+                continue
+            write_s = max([write_s] + [w["write_s"] for w in written[-1:]])
+        record.checkpoints[-1]["blocked_s"] += time.perf_counter() - begin
+        decision = choose(ckpt["blocked_s"], r.mtbf_s, run.cfg.cluster.ps_shards, r.pls_target)
+        text = decision.text()
+        if r.kind == "auto":
+            run.recovery = decision.kind
+        used = run.recovery
+        interval = decision.full_interval_s if used == "full" else decision.partial_interval_s
+        if used != decision.kind:
+            text += (f"; recovery.kind = \"{r.kind}\" is configured, so {used} recovery goes on "
+                     f"at its own interval ({interval:.1f} s)")
+        if interval < write_s:
+            interval = write_s
+            text += f"; the interval is raised to the measured write time {write_s:.2f} s"
+        record.interval_decision = {**decision.as_dict(), "used_kind": used,
+                                    "used_interval_s": interval, "write_s": write_s}
+        record.event(elapsed_s, text)
+        print(text, flush=True)
+        return interval
+
+    def flush(self) -> None:
+        """Every job checkpoint taken is on disk."""
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

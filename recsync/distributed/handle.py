@@ -1,0 +1,308 @@
+"""``DistributedRun``: the actors of one distributed run (PS shards, a work queue, workers) and
+the few verbs the driver uses on them: start workers, poll them and the shards (typed
+statuses), pause and resume all, retire and restart workers, roll back to a job checkpoint,
+kill (fault injection), finish. What to do when, and why, is decided elsewhere (watch, policy,
+actions, checkpoints, switching)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from recsync.checkpoint import files, job
+from recsync.config import RunConfig
+from recsync.data.reader import Dataset, chunk_order
+from recsync.distributed.checkpoints import CheckpointRounds
+from recsync.distributed.errors import RunFailed
+from recsync.distributed.faults import death_cause
+from recsync.distributed.policy import recovery_kind
+from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
+from recsync.evaluate import evaluate
+from recsync.local_run import CHUNK_BATCHES, LocalModel
+from recsync.model.registry import build_model, table_rows_for
+from recsync.modes import MODES
+from recsync.ps.build import make_core
+from recsync.ps.client import PSClient
+from recsync.ps.shard import PSShard
+from recsync.record import RunRecord
+from recsync.worker.queue import WorkQueue
+from recsync.worker.worker import Worker
+
+PAUSE_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
+MAX_SHARD_RESTARTS = 20  # per shard, with full or partial recovery
+SHARD_RESTART_WAIT_S = 60  # recovery: how long a restarting shard may take to answer
+RATE_WINDOW_POLLS = 20  # the training rate that prices work done again: over the last 10 s
+ACTOR_GONE = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
+
+
+class DistributedRun:
+    """The actors of one run, what the driver knows of them, and the run's record."""
+
+    def __init__(self, cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
+                 started: float | None = None):
+        """``checkpoint_root``: where the shards' checkpoints go if ``recovery`` asks for them
+        (``recovery.dir`` wins); ``started``: when the run began (perf_counter; default now)."""
+        self.cfg, self.ds = cfg, ds
+        self.record = RunRecord() if started is None else RunRecord(start=started)
+        c, t = cfg.cluster, cfg.train
+        torch.manual_seed(t.seed)
+        self.dense_model, self.tables = build_model(cfg.model, ds.meta["num_dense"],
+                                                    ds.table_names,
+                                                    table_rows_for(cfg.model, ds.table_rows))
+        dense_init = self.initial_dense()
+        net = cfg.network
+        network = (net.latency_ms / 1e3, net.ms_per_mb / 1e3 / 2**20) if net.enabled else None
+        self.checkpoint_dir = None
+        if cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s:
+            root = Path(cfg.recovery.dir) if cfg.recovery.dir else checkpoint_root
+            if root is None:
+                raise ValueError("recovery.checkpoint_every_s is set but there is no directory "
+                                 "for checkpoints: set recovery.dir")
+            self.checkpoint_dir = root.resolve()
+        restarts = MAX_SHARD_RESTARTS if cfg.recovery.kind != "none" else 0
+        # The shards' constructor arguments, held here: Ray needs them again to restart a
+        # shard, and drops a large one (shard 0's dense parameters) once nothing refers to it.
+        self._builders = [ray.put(functools.partial(make_core, self.tables, cfg, s,
+                                                    dense_init if s == 0 else None))
+                          for s in range(c.ps_shards)]
+        self.shards = [PSShard.options(max_restarts=restarts).remote(
+            self._builders[s], network,
+            None if self.checkpoint_dir is None else str(job.shard_dir(self.checkpoint_dir, s)),
+            cfg.recovery.keep)
+            for s in range(c.ps_shards)]
+        chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
+        seed = t.seed if cfg.data.shuffle else None
+        self.queue = WorkQueue.remote([(e, ch) for e in range(t.epochs)
+                                       for ch in chunk_order(chunks, epoch=e, shuffle_seed=seed)])
+        self.workers: list = [None] * c.workers
+        self.done_before = [{"samples": 0, "steps": 0} for _ in range(c.workers)]  # dead ones'
+        self.last = [{"samples": 0, "steps": 0} for _ in range(c.workers)]
+        self.taken: list[list] = [[] for _ in range(c.workers)]
+        self.restarts = 0  # workers restarted after a death
+        self.start_unix = 0.0  # epoch seconds when training starts: fault schedules count from it
+        self.mode = cfg.mode  # the mode now (switching changes it)
+        self.recovery = recovery_kind(cfg)  # the recovery in force ("auto": chosen later)
+        self.shard_seen: dict[int, dict] = {}  # each shard's incarnation the driver last saw
+        self.killed_at: dict[int, float] = {}  # shard -> epoch seconds of an injected kill
+        self.resumed_unix = 0.0  # when the last rollback had workers going again
+        self.recent: deque = deque(maxlen=RATE_WINDOW_POLLS)  # (epoch s, samples) per poll
+        self.rounds = CheckpointRounds(self)
+
+    @property
+    def facts(self):
+        """The mode now's facts (recsync.modes.base.Mode)."""
+        return MODES[self.mode]
+
+    def initial_dense(self) -> np.ndarray:
+        return parameters_to_vector(self.dense_model.parameters()).detach().numpy().copy()
+
+    # -- workers -------------------------------------------------------------------------
+    def start_workers(self, ranks: list[int], dense_state: dict | None = None,
+                      step_index: int = 0) -> None:
+        """Fresh workers for ``ranks`` (``dense_state``: flat layout, as ``dense_state()``
+        gives it), on a new group where the mode has one; then they start training."""
+        for r in ranks:
+            self.workers[r] = Worker.remote(r, self.cfg, self.shards, self.queue, dense_state,
+                                            step_index, self.mode)
+        if self.facts.needs_group(self.cfg):
+            host, port = ray.get(self.workers[0].address.remote())
+            ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
+        ray.get([self.workers[r].start.remote(self.start_unix) for r in ranks])
+
+    def poll(self) -> list[WorkerStatus]:
+        """Every worker's status, its counts including its rank's earlier processes'; a dead
+        worker reads as state "dead"."""
+        refs = [w.status.remote() for w in self.workers]
+        out = []
+        for r, ref in enumerate(refs):
+            try:
+                s = WorkerStatus.from_dict(ray.get(ref, timeout=30))
+            except ACTOR_GONE:
+                s = WorkerStatus(rank=r, state=DEAD, **self.last[r])
+            self.last[r] = {"samples": s.samples, "steps": s.steps}
+            out.append(replace(s, samples=s.samples + self.done_before[r]["samples"],
+                               steps=s.steps + self.done_before[r]["steps"]))
+        return out
+
+    def retire(self, ranks: list[int]) -> None:
+        """Count each worker's work as done by its rank, forget the process, and put its
+        leased chunks back in the queue."""
+        for r in ranks:
+            try:
+                self.taken[r] += ray.get(self.workers[r].taken_chunks.remote(), timeout=5)
+            except ACTOR_GONE:
+                pass
+            self.done_before[r] = {k: self.done_before[r][k] + self.last[r][k] for k in
+                                   ("samples", "steps")}
+            self.last[r] = {"samples": 0, "steps": 0}
+            ray.kill(self.workers[r], no_restart=True)
+            ray.get(self.queue.release.remote(r))
+
+    def restart(self, ranks: list[int], dense_state: dict | None = None,
+                step_index: int = 0) -> None:
+        self.retire(ranks)
+        self.start_workers(ranks, dense_state, step_index)
+
+    def dense_state(self, rank: int = 0, timeout: float | None = 60) -> dict | None:
+        """Worker ``rank``'s dense parameters and optimizer state (flat layout), or None where
+        the PS holds them."""
+        return ray.get(self.workers[rank].dense_state.remote(), timeout=timeout)
+
+    def recovery_states(self, rank: int) -> dict[int, dict]:
+        """Worker ``rank``'s dense states by step (modes that rebuild their group)."""
+        return ray.get(self.workers[rank].recovery_states.remote(), timeout=30)
+
+    def pause_all(self, why: str) -> bool:
+        """Ask every worker to pause after a step and wait until all have. Returns False (and
+        lets them go on) if a worker finished or failed meanwhile (the run is ending, or
+        recovery comes first), or a shard changed (workers waiting for it cannot pause)."""
+        ray.get([w.request_pause.remote() for w in self.workers])
+        states: list[str] = []
+        deadline = time.time() + PAUSE_TIMEOUT_S
+        while True:
+            if time.time() > deadline:
+                raise RunFailed(f"{why}: the workers did not all pause within "
+                                f"{PAUSE_TIMEOUT_S} s (states: {states})")
+            states = [s["state"] for s in ray.get([w.status.remote() for w in self.workers],
+                                                   timeout=60)]
+            if ("error" in states or "done" in states
+                    or (self.cfg.recovery.kind != "none" and self._shard_changed())):
+                self.resume_all()
+                return False
+            if all(s == "paused" for s in states):
+                return True
+            time.sleep(0.05)
+
+    def resume_all(self, mode: str | None = None, dense_state: dict | None = None,
+                   step_index: int = 0) -> None:
+        """Paused workers go on, in ``mode`` (default: the mode now)."""
+        ray.get([w.resume.remote(mode or self.mode, dense_state, step_index)
+                 for w in self.workers])
+
+    # -- shards --------------------------------------------------------------------------
+    def shard_statuses(self, patience_s: float | None = None) -> list[ShardStatus]:
+        """Every shard's status. Without ``patience_s`` (every poll, recovery on): one look;
+        a shard that does not answer reads as restarting. With it: a shard that does not
+        answer (5 s a try) for ``patience_s`` reads as dead, with the cause. A shard that
+        Ray restarted reads as ``restarted`` until ``acknowledge`` d."""
+        out = []
+        if patience_s is None:
+            for i, ref in enumerate([s.incarnation.remote() for s in self.shards]):
+                try:
+                    out.append(self._seen(i, ray.get(ref, timeout=30)))
+                except ACTOR_GONE as e:
+                    out.append(ShardStatus(i, RESTARTING, cause=death_cause(e)))
+            return out
+        for i, s in enumerate(self.shards):
+            deadline = time.monotonic() + patience_s
+            while True:
+                try:
+                    out.append(self._seen(i, ray.get(s.incarnation.remote(), timeout=5)))
+                    break
+                except ACTOR_GONE as e:
+                    if time.monotonic() >= deadline:
+                        out.append(ShardStatus(i, DEAD, cause=death_cause(e)))
+                        break
+                    time.sleep(0.5)
+        return out
+
+    def _seen(self, i: int, inc: dict) -> ShardStatus:
+        before = self.shard_seen.get(i)
+        restarted = before is not None and before["pid"] != inc["pid"]
+        if not restarted:
+            self.shard_seen[i] = inc
+        return ShardStatus(i, ALIVE, pid=inc["pid"], version=inc["version"],
+                           ready_unix=inc["ready_unix"], restored=inc["restored"],
+                           restarted=restarted,
+                           version_before=None if before is None else before["version"])
+
+    def acknowledge(self, s: ShardStatus) -> None:
+        """The restart of shard ``s`` is dealt with: its new process is the one seen."""
+        self.shard_seen[s.index] = {"pid": s.pid, "version": s.version,
+                                    "ready_unix": s.ready_unix, "restored": s.restored}
+
+    def _shard_changed(self) -> bool:
+        """Whether a shard is dead or restarting, or restarted since the driver last looked."""
+        refs = [s.incarnation.remote() for s in self.shards]
+        try:
+            pids = [inc["pid"] for inc in ray.get(refs, timeout=1.0)]
+        except ACTOR_GONE:
+            return True
+        return any(i in self.shard_seen and pid != self.shard_seen[i]["pid"]
+                   for i, pid in enumerate(pids))
+
+    def shard_call(self, verb: str, *args) -> list:
+        """A verb of the shards' mode rule (``end``, ``drop_incomplete``, ...) on every shard."""
+        return ray.get([s.call.remote(verb, *args) for s in self.shards])
+
+    def shard_versions(self) -> list[int]:
+        return [st["version"] for st in ray.get([s.stats.remote() for s in self.shards])]
+
+    def advance_shards(self, step: int, which: list[int] | None = None) -> None:
+        """Shards (``which``, default all) go on at version ``step``."""
+        which = range(len(self.shards)) if which is None else which
+        ray.get([self.shards[i].advance_to.remote(step) for i in which])
+
+    # -- roll back, kill ---------------------------------------------------------------------
+    def rollback(self, ckpt: files.Checkpoint) -> dict:
+        """Full recovery and resume: every shard back to its checkpoint of job checkpoint
+        ``ckpt``, the data position and the counts too, and fresh workers from its dense
+        state. Returns the shards' versions and the slowest load."""
+        for w in self.workers:
+            if w is not None:
+                ray.kill(w, no_restart=True)
+        meta = ckpt.meta
+        loaded = ray.get([s.rollback.remote(seq) for s, seq in
+                          zip(self.shards, meta["shard_sequences"])], timeout=300)
+        ray.get(self.queue.restore.remote(meta["queue"]))
+        self.done_before = [dict(d) for d in meta["done"]]
+        self.last = [{"samples": 0, "steps": 0} for _ in self.workers]
+        self.workers = [None] * len(self.workers)
+        self.start_workers(list(range(len(self.workers))), job.dense_state(ckpt),
+                           meta["step_index"])
+        return {"versions": [x["version"] for x in loaded],
+                "load_s": max(x["load_s"] for x in loaded)}
+
+    def kill(self, target: str, index: int) -> None:
+        """Fault injection: the worker or PS shard ``index`` exits at once."""
+        if target != "worker":
+            self.killed_at[index] = time.time()
+        (self.workers if target == "worker" else self.shards)[index].die.remote()
+
+    # -- the end ---------------------------------------------------------------------------
+    def finish(self) -> dict:
+        """After the workers are done: apply what the shards still hold, the final job
+        checkpoint (the trained model), the figures, and the trained model evaluated."""
+        for r, w in enumerate(self.workers):
+            self.taken[r] += ray.get(w.taken_chunks.remote())
+        self.shard_call("end")  # e.g. the last, partial global batch: nothing left unapplied
+        final_checkpoint = None
+        if self.checkpoint_dir is not None:  # the trained model, and a run that can be resumed
+            final_checkpoint = self.rounds.take(final=True)
+            self.rounds.close()
+        shard_stats = ray.get([s.stats.remote() for s in self.shards])
+        written = ray.get([s.checkpoints_written.remote() for s in self.shards])
+        mode_stats = ray.get([w.mode_stats.remote() for w in self.workers])
+        final_dense = ray.get(self.shards[0].call.remote("model_dense"))
+        if final_dense is None:  # the workers hold it (all replicas alike now, or worker 0's)
+            final_dense = self.dense_state(0, timeout=None)["params"]
+        with torch.no_grad():
+            vector_to_parameters(torch.tensor(final_dense),
+                                 list(self.dense_model.parameters()))
+        model = LocalModel(self.dense_model,
+                           PSClient(self.shards, [tb.dim for tb in self.tables]), None)
+        final_eval = evaluate(model.dense, model.lookup, self.ds, self.ds.rows("eval"),
+                              self.cfg.train.eval_batch_size)
+        return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,
+                "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
+                "final_checkpoint": final_checkpoint,
+                "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
+                "model": model}  # its lookup serves the trained rows while the session lasts

@@ -1,0 +1,63 @@
+"""What the driver sees of the run's actors at one poll: typed, and free of Ray (the policy and
+its tests use them)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+ALIVE, RESTARTING, DEAD = "alive", "restarting", "dead"  # ShardStatus.state
+
+
+@dataclass
+class WorkerStatus:
+    """One worker's status: cumulative counts (over every process that held its rank) plus
+    the loss, step time and waits since the previous poll. ``state``: created, running,
+    paused, done, error, or dead (its process is gone)."""
+
+    rank: int
+    state: str
+    error: str | None = None
+    steps: int = 0
+    samples: int = 0
+    pid: int | None = None
+    loss_sum: float = 0.0
+    loss_samples: int = 0
+    step_s: float = 0.0
+    interval_steps: int = 0
+    straggle_s: float = 0.0
+    compute_s: float = 0.0
+    pull_wait_s: float = 0.0
+    push_wait_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WorkerStatus:
+        """From a worker's ``status()`` (keys this class does not know are left out)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def per_step(self, key: str) -> float | None:
+        """``key``'s time (step_s, compute_s, ...) per step over the last interval."""
+        return getattr(self, key) / self.interval_steps if self.interval_steps else None
+
+
+@dataclass
+class ShardStatus:
+    """One PS shard: ``alive`` (answered), ``restarting`` (did not answer; recovery is on and
+    Ray may be restarting it) or ``dead`` (gone for good: ``cause`` says why).
+
+    ``restarted``: it answered from another process than the one the driver saw before (Ray
+    restarted it, and it reloaded ``restored``); ``version_before`` is the last version the
+    driver saw of the process before."""
+
+    index: int
+    state: str
+    cause: str | None = None
+    pid: int | None = None
+    version: int | None = None
+    ready_unix: float | None = None
+    restored: dict | None = None
+    restarted: bool = False
+    version_before: int | None = None

@@ -1,0 +1,50 @@
+"""A distributed run from start to end: build the actors, start (or resume from a job
+checkpoint), watch until the workers are done, finish."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from recsync.checkpoint import files
+from recsync.config import RunConfig
+from recsync.data.reader import Dataset
+from recsync.distributed.actions import carry_out
+from recsync.distributed.errors import RunFailed
+from recsync.distributed.handle import DistributedRun
+from recsync.distributed.policy import Kind, decide
+from recsync.distributed.watch import watch
+from recsync.metrics import MetricsLog
+
+
+def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path | None = None,
+                    resume: files.Checkpoint | None = None, *,
+                    started: float | None = None) -> dict:
+    """Train on Ray; returns what the summary needs beyond the local fields, with the run's
+    record (on Ctrl-C or RunFailed the exception carries it). Checkpoints, if any, go to
+    ``recovery.dir`` or ``out_dir``/checkpoints. ``resume``: a job checkpoint of an earlier
+    run of this config to go on from; ``started``: when the run began (perf_counter)."""
+    run = DistributedRun(cfg, ds, None if out_dir is None else Path(out_dir) / "checkpoints",
+                         started)
+    record = run.record
+    try:
+        run.start_unix = time.time() - (resume.meta["train_s"] if resume else 0.0)
+        record.train_start = time.perf_counter()
+        record.modes = [{"mode": cfg.mode, "from_s": record.elapsed(), "to_s": None,
+                         "cause": "config"}]
+        if cfg.recovery.kind != "none":
+            run.shard_statuses()  # the shards' first processes, to tell a restart by
+        start = decide(run.facts, cfg, [], [], resuming=resume is not None)
+        if start.kind is Kind.ROLL_BACK:
+            carry_out(run, start, [], 0.0, resume=resume)
+        else:
+            if run.checkpoint_dir is not None:  # round 0: a rollback or resume before the first
+                run.rounds.log(run.rounds.take(), 0.0, training=False)
+            run.start_workers(list(range(cfg.cluster.workers)))
+        statuses = watch(run, log)
+        record.stop()
+        return {**run.finish(), "statuses": [s.as_dict() for s in statuses], "record": record}
+    except (KeyboardInterrupt, RunFailed) as e:
+        record.stop()
+        e.record = record
+        raise

@@ -1,0 +1,103 @@
+"""The one watch loop of a distributed run: every half second it looks at the shards and the
+workers, asks the policy what a failure means and carries that out, writes a metrics record,
+and takes checkpoint rounds, switches and injected failures when they are due."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from tqdm import tqdm
+
+from recsync.distributed.actions import carry_out
+from recsync.distributed.faults import FaultInjector
+from recsync.distributed.handle import SHARD_RESTART_WAIT_S
+from recsync.distributed.policy import Decision, Kind, decide
+from recsync.distributed.status import DEAD, ShardStatus, WorkerStatus
+from recsync.distributed.switching import Switcher, log_switch, switch
+from recsync.metrics import MetricsLog
+
+POLL_S = 0.5
+WAIT_KEYS = ("pull_wait_s", "push_wait_s")
+
+
+def watch(run, log: MetricsLog) -> list[WorkerStatus]:
+    """Poll until every worker is done; write metrics; recover, or raise RunFailed."""
+    cfg, record = run.cfg, run.record
+    t = cfg.train
+    total = t.epochs * run.ds.rows("train")
+    if t.max_steps:
+        total = min(total, t.max_steps * t.batch_size * cfg.cluster.workers)
+    bar = tqdm(total=total, unit="sample", unit_scale=True, desc=f"train ({run.mode})",
+               disable=None if cfg.output.progress else True, smoothing=0.1)
+    faults, switcher = FaultInjector(cfg), Switcher(cfg)
+    recovering = cfg.recovery.kind != "none"
+    last = time.perf_counter()
+    try:
+        while True:
+            time.sleep(POLL_S)
+            elapsed = time.time() - run.start_unix
+            # a shard that Ray restarted: partial or full recovery (before the kills: the
+            # versions just before an injected death are then known)
+            settle(run, [], run.shard_statuses() if recovering else [], elapsed)
+            faults.inject_due(run, elapsed)
+            statuses = run.poll()
+            if any(s.state in (DEAD, "error") for s in statuses):
+                # is a shard gone too? (a restarting one is given time to come back)
+                shards = run.shard_statuses(SHARD_RESTART_WAIT_S if recovering else 0.0)
+                settle(run, statuses, shards, elapsed)
+                continue
+            now = time.perf_counter()
+            line = metrics_line(run, statuses, now - last)
+            bar.update(max(0, line["samples"] - record.samples))
+            record.samples, record.steps = line["samples"], line["step"]
+            run.recent.append((time.time(), line["samples"]))
+            last = now
+            log.write(line)
+            if line["loss"] is not None:
+                bar.set_postfix(loss=f"{line['loss']:.4f}")
+            if all(s.state == "done" for s in statuses):
+                return statuses
+            run.rounds.if_due(elapsed, any(s.samples for s in statuses))
+            due = switcher.due(run.mode, statuses, elapsed, line["step"])
+            if due and switch(run, due[0]):
+                log_switch(run, *due, elapsed)
+                bar.set_description(f"train ({run.mode})")
+                switcher.switched()
+    finally:
+        bar.close()
+
+
+def settle(run, workers: list[WorkerStatus], shards: list[ShardStatus],
+           elapsed_s: float) -> Decision:
+    """Ask the policy and carry out its decision; after a partial recovery (logged only) ask
+    again about the rest. Returns the last decision."""
+    while True:
+        d = decide(run.facts, run.cfg, workers, shards, recovery=run.recovery,
+                   restarts=run.restarts)
+        carry_out(run, d, shards, elapsed_s)
+        if d.kind is not Kind.RELOAD_SHARD:
+            return d
+        shards = [replace(s, restarted=False) if s.index in d.shards else s for s in shards]
+
+
+def metrics_line(run, statuses: list[WorkerStatus], interval_s: float) -> dict:
+    """One record of metrics.jsonl; modes that report waits add where a step's time went, per
+    worker (and their totals go into the record for the summary)."""
+    record = run.record
+    samples = sum(s.samples for s in statuses)
+    loss_n = sum(s.loss_samples for s in statuses)
+    line = {
+        "time_s": record.elapsed(), "samples": samples,
+        "step": max(s.steps for s in statuses),
+        "loss": sum(s.loss_sum for s in statuses) / loss_n if loss_n else None,
+        "samples_per_s": (samples - record.samples) / interval_s, "mode": run.mode,
+        "worker_step_s": [s.per_step("step_s") for s in statuses],
+        "worker_compute_s": [s.per_step("compute_s") for s in statuses],
+        "staleness": None, "events": record.unlogged_events(), "eval": None}
+    if run.facts.reports_waits:
+        for key in WAIT_KEYS:
+            line[f"worker_{key}"] = [s.per_step(key) for s in statuses]
+        for key in ("step_s", "compute_s", *WAIT_KEYS, "interval_steps"):
+            record.waits[key] = record.waits.get(key, 0) + sum(getattr(s, key) for s in statuses)
+    return line

@@ -1,0 +1,123 @@
+"""summary.json, built in one place from what a run returns: its record (recsync/distributed/
+record.py: counts, events, checkpoints, recoveries, modes) and its result (the final evaluation,
+the shards' and workers' figures, the queue's counts)."""
+
+from __future__ import annotations
+
+from recsync.modes import MODES
+from recsync.stats import distribution, merged_counts
+
+
+def build_summary(cfg, ds, record, result: dict, status: str, error: str | None) -> dict:
+    train_s = record.train_s()
+    synthetic = ds.synthetic or {}
+    final = result.get("eval") or {"auc": None, "logloss": None, "rows": 0}
+    wall_s = record.elapsed()
+    distributed = cfg.mode != "local"
+    shards = result.get("shards", [])
+    modes = ([{**m, "to_s": wall_s if m["to_s"] is None else m["to_s"]} for m in record.modes]
+             or [{"mode": cfg.mode, "from_s": 0.0, "to_s": wall_s, "cause": "config"}])
+    return {
+        "status": status,
+        "error": error,
+        "mode": modes[-1]["mode"],
+        "modes": modes,
+        "workers": cfg.cluster.workers if distributed else 1,
+        "ps_shards": cfg.cluster.ps_shards if distributed else 0,
+        "samples": record.samples,
+        "steps": record.steps,
+        "wall_s": wall_s,
+        "train_s": train_s,
+        "samples_per_s": record.samples / train_s if train_s > 0 else None,
+        "eval": {**final, "bayes_auc": synthetic.get("bayes_auc"),
+                 "bayes_logloss": synthetic.get("bayes_logloss")},
+        "evals": record.evals,
+        "staleness": staleness(shards),
+        **mode_sections(cfg, [m["mode"] for m in modes], result.get("mode_stats"), shards,
+                        record.waits),
+        "network_emulated": ({"latency_ms": cfg.network.latency_ms,
+                              "ms_per_mb": cfg.network.ms_per_mb}
+                             if cfg.network.enabled and distributed else None),
+        "per_worker": per_worker(result),
+        "per_shard": [{k: st[k] for k in ("version", "pulls", "pushes", "rows_touched",
+                                          "samples_applied")}
+                      for st in shards],
+        "queue": {k: v for k, v in result.get("queue", {}).items() if k != "by_worker"},
+        "failures": [e for e in record.events if "killed" in e["event"]],
+        "recovery": recovery_summary(cfg, record, result, train_s),
+        "stragglers_emulated": bool(cfg.faults.stragglers),
+        "data": str(cfg.data.path),
+    }
+
+
+def mode_sections(cfg, used: list[str], worker_stats: list | None, shards: list[dict],
+                  waits: dict) -> dict:
+    """Every mode's section (``Mode.summary_key``), None unless the run used the mode. The
+    workers' figures (``mode_stats``, taken at the end) belong to the mode the run ended in."""
+    sections = {m.summary_key: None for m in MODES.values() if m.summary_key}
+    if worker_stats is not None and all(s is None for s in worker_stats):
+        worker_stats = None
+    for name in dict.fromkeys(used):  # each once, in order
+        facts = MODES.get(name)
+        if facts is None or not facts.summary_key:
+            continue
+        section = facts.summary(cfg, worker_stats if name == used[-1] else None, shards, waits)
+        if section is not None or sections.get(facts.summary_key) is None:
+            sections[facts.summary_key] = section
+    return sections
+
+
+def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
+    """Checkpoints taken, what was written, the failures recovered from, and what it all cost:
+    ``overhead`` = training time blocked by checkpoints (snapshots; a mode that pauses for
+    them: the pause), without training after a failure (from the kill to the restarted shard
+    serving; full recovery: to fresh workers training again) and lost (full recovery: the
+    training since the checkpoint rolled back to, done again), each in seconds and as a
+    fraction of training time. ``pls`` (partial recovery): for each shard failure, the samples
+    trained between its restored checkpoint and its death, over the samples of the run, over
+    the number of shards (each shard holds 1 / S of the model)."""
+    r = cfg.recovery
+    blocked = sum(c["blocked_s"] for c in record.checkpoints)
+    written = result.get("checkpoints_written") or []
+    downtime = sum(x.get("downtime_s", 0.0) for x in record.recoveries)
+    lost_work = sum(x.get("lost_work_s", 0.0) for x in record.recoveries)
+    total = blocked + downtime + lost_work
+    lost = sum(x["lost_samples"] for x in record.recoveries)
+    pls = None
+    if r.kind != "none" and record.samples:
+        pls = lost / record.samples / cfg.cluster.ps_shards
+    partial_saves = sum(1 for c in record.checkpoints for x in c["partial"] if x)
+    final = result.get("final_checkpoint")
+    return {"kind": None if r.kind == "none" else r.kind,
+            "rows": r.rows if r.kind == "partial" else None,
+            "pls": pls,
+            "samples_redone": sum(x.get("samples_redone", 0) for x in record.recoveries),
+            "recoveries": record.recoveries,
+            "interval_decision": record.interval_decision,
+            "checkpoints": len(record.checkpoints),
+            "partial_checkpoints": partial_saves,
+            "overhead": {"checkpoint_blocked_s": blocked, "downtime_s": downtime,
+                         "lost_work_s": lost_work, "total_s": total,
+                         "frac": total / train_s if train_s else None},
+            "checkpoint_overhead_frac": blocked / train_s if record.checkpoints and train_s
+            else None,
+            "checkpoint_blocked_s": blocked,
+            "checkpoint_dir": (str(result["checkpoint_dir"]) if result.get("checkpoint_dir")
+                               else None),
+            "final_job_checkpoint": final and final["job_sequence"],
+            "written_per_shard": [len(w) for w in written],
+            "write_s_mean": (sum(x["write_s"] for w in written for x in w)
+                             / max(1, sum(len(w) for w in written))) if any(written) else None}
+
+
+def staleness(shard_stats: list[dict]) -> dict:
+    """Mean, p99 and max staleness of every applied gradient, over all shards."""
+    return distribution(merged_counts(st["staleness"] for st in shard_stats))
+
+
+def per_worker(result: dict) -> list[dict]:
+    """Each rank's steps and samples (the final statuses) and chunks (the queue's counts)."""
+    by_worker = result.get("queue", {}).get("by_worker", {})
+    return [{"rank": s["rank"], "steps": s["steps"], "samples": s["samples"],
+             "chunks": by_worker.get(str(s["rank"]), {}).get("chunks", 0)}
+            for s in result.get("statuses", [])]

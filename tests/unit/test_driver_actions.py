@@ -1,0 +1,151 @@
+"""The driver's actions (recsync/distributed/actions.py), its watch loop's decisions and its
+switch schedule on a fake run, without Ray: what each decision does to the run and how it is
+logged."""
+
+from __future__ import annotations
+
+import pytest
+
+from recsync.config import load_config
+from recsync.distributed import actions
+from recsync.distributed.errors import RunFailed
+from recsync.distributed.policy import Decision, Kind
+from recsync.distributed.status import ShardStatus, WorkerStatus
+from recsync.distributed.switching import Switcher
+from recsync.distributed.watch import settle
+from recsync.modes.base import REPLACE, Mode
+from recsync.record import RunRecord
+
+
+class FakeRun:
+    """The verbs actions use, recording the calls."""
+
+    def __init__(self, cfg, versions=(7, 7), states=(6, 7), mode="m"):
+        self.cfg, self.mode, self.record = cfg, mode, RunRecord()
+        self.calls: list = []
+        self.versions, self.states = list(versions), {s: {"params": s} for s in states}
+        self.restarts, self.start_unix, self.killed_at = 0, 0.0, {}
+        self.seen: dict = {}
+        self.recovery = "partial"
+        self.facts = type("Replace", (Mode,), {"name": "m", "worker_death": REPLACE})
+
+    def restart(self, ranks, dense_state=None, step_index=0):
+        self.calls.append(("restart", ranks, dense_state, step_index))
+
+    def retire(self, ranks):
+        self.calls.append(("retire", ranks))
+
+    def start_workers(self, ranks, dense_state=None, step_index=0):
+        self.calls.append(("start", ranks, dense_state, step_index))
+
+    def recovery_states(self, rank):
+        return self.states
+
+    def dense_state(self, rank=0, timeout=None):
+        return {"params": f"replica {rank}", "optimizer": "kept?"}
+
+    def shard_call(self, verb):
+        self.calls.append(("call", verb))
+
+    def shard_versions(self):
+        return self.versions
+
+    def advance_shards(self, step, which=None):
+        self.calls.append(("advance", step, which))
+
+    def acknowledge(self, s):
+        self.seen[s.index] = s.pid
+
+
+def cfg(*extra):
+    return load_config(None, ['mode="async"', "cluster.workers=3", "cluster.ps_shards=2",
+                              *extra])
+
+
+def test_replace_restarts_the_ranks_and_logs_it():
+    run = FakeRun(cfg())
+    actions.carry_out(run, Decision(Kind.REPLACE_WORKERS, ranks=(1,), dead=(1,)), [], 3.0)
+    assert run.calls == [("restart", [1], None, 0)] and run.restarts == 1
+    assert run.record.events[-1]["event"] == "worker(s) [1] died; restarted, their chunks requeued"
+    actions.carry_out(run, Decision(Kind.REPLACE_WORKERS, ranks=(0, 1, 2), dead=(2,)), [], 3.0)
+    assert run.calls[-1] == ("restart", [0, 1, 2], None, 0) and run.restarts == 2
+    assert run.record.events[-1]["event"] == ("worker(s) [2] died; every worker restarted on a "
+                                              "new group, chunks requeued")
+
+
+def test_rebuild_group_starts_every_rank_at_the_step_the_ps_completed():
+    run = FakeRun(cfg(), versions=(7, 6), states=(6, 7))
+    actions.carry_out(run, Decision(Kind.REBUILD_GROUP, ranks=(0, 1, 2), dead=(0,), source=1),
+                      [], 1.0)
+    assert run.calls == [("retire", [0, 1, 2]), ("call", "drop_incomplete"),
+                         ("advance", 7, [1]), ("start", [0, 1, 2], {"params": 7}, 7)]
+    assert run.record.events[-1]["event"] == (
+        "worker(s) [0] died; m group rebuilt at step 7 from worker 1's replica, chunks "
+        "requeued; shard(s) [1] had not completed step 6 and skip its row update")
+
+
+def test_rebuild_group_without_the_completed_step_fails():
+    run = FakeRun(cfg(), versions=(9, 9), states=(6, 7))
+    with pytest.raises(RunFailed, match=r"cannot rebuild the m group: the PS completed step 9, "
+                                        r"worker 1's replica knows steps \[6, 7\]"):
+        actions.carry_out(run, Decision(Kind.REBUILD_GROUP, ranks=(0, 1), dead=(0,), source=1),
+                          [], 1.0)
+
+
+def test_restart_from_replica_resets_the_optimizer_state():
+    run = FakeRun(cfg())
+    actions.carry_out(run, Decision(Kind.RESTART_FROM_REPLICA, ranks=(2,), dead=(2,), source=0),
+                      [], 1.0)
+    assert run.calls == [("restart", [2], {"params": "replica 0", "optimizer": None}, 0)]
+    assert "restarted from worker 0's dense replica (dense optimizer state reset)" in \
+        run.record.events[-1]["event"]
+
+
+def test_abort_raises_with_the_message():
+    with pytest.raises(RunFailed, match="^boom$"):
+        actions.carry_out(FakeRun(cfg()), Decision(Kind.ABORT, reason="boom"), [], 0.0)
+
+
+def restarted_shard(index=1, sequence=2):
+    return ShardStatus(index, "alive", pid=42, version=30, ready_unix=100.0,
+                       restored={"sequence": sequence, "version": 30, "skipped": [],
+                                 "load_s": 0.1},
+                       restarted=True, version_before=34)
+
+
+def test_partial_recovery_counts_the_lost_updates_and_acknowledges_the_restart():
+    c = cfg("train.batch_size=8", 'recovery.kind="partial"', "recovery.checkpoint_every_s=1")
+    run = FakeRun(c)
+    run.killed_at[1] = 97.5
+    shards = [ShardStatus(0, "alive", pid=1, version=40), restarted_shard()]
+    actions.carry_out(run, Decision(Kind.RELOAD_SHARD, shards=(1,)), shards, 12.0)
+    [rec] = run.record.recoveries
+    assert rec["kind"] == "partial" and rec["shard"] == 1 and rec["lost_updates"] == 4
+    assert rec["lost_samples"] == 4 * 8 and rec["downtime_s"] == 2.5 and rec["sequence"] == 2
+    assert run.seen == {1: 42} and run.killed_at == {}
+    assert run.record.events[-1]["event"] == ("partial recovery: shard 1 restarted from "
+                                              "checkpoint 2 (version 30); its 4 updates since "
+                                              "(~32 samples) are lost")
+
+
+def test_settle_logs_a_partial_recovery_then_replaces_the_dead_worker():
+    run = FakeRun(cfg('recovery.kind="partial"', "recovery.checkpoint_every_s=1"))
+    workers = [WorkerStatus(0, "running"), WorkerStatus(1, "dead"), WorkerStatus(2, "running")]
+    shards = [ShardStatus(0, "alive", pid=1, version=40), restarted_shard()]
+    d = settle(run, workers, shards, 5.0)
+    assert d.kind is Kind.REPLACE_WORKERS and run.calls == [("restart", [1], None, 0)]
+    assert [r["kind"] for r in run.record.recoveries] == ["partial"]
+
+
+def test_the_switch_schedule_and_no_controller():
+    c = load_config(None, ['mode="sync"', "cluster.workers=2",
+                           'switching.schedule=[{to="gba", at_step=20}, {to="gba", at_s=5.0}, '
+                           '{to="sync", at_s=9.0}]'])
+    sw = Switcher(c)
+    assert sw.due("sync", [], 1.0, 19) is None
+    assert sw.due("sync", [], 1.0, 20) == ("gba", "schedule: switching.schedule says gba "
+                                                  "at_step = 20")
+    assert sw.due("gba", [], 6.0, 30) is None  # already in gba: that entry passes
+    assert sw.due("gba", [], 9.0, 40) == ("sync", "schedule: switching.schedule says sync "
+                                                  "at_s = 9")
+    assert sw.controller is None  # (no controller without switching.auto)

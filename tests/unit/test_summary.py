@@ -1,0 +1,40 @@
+"""summary.json's mode sections (recsync/summary.py): every mode's key is there, None unless the
+run used the mode; the workers' figures go to the mode the run ended in."""
+
+from __future__ import annotations
+
+import pytest
+
+import recsync.summary as summary
+from recsync.config import load_config
+from recsync.modes.base import Mode
+
+
+def section_mode(name, key):
+    def make(cls, cfg, workers, shards, waits):
+        return {"mode": name, "workers": workers, "shards": len(shards), "waits": waits}
+    return type(name, (Mode,), {"name": name, "summary_key": key,
+                                "summary": classmethod(make)})
+
+
+@pytest.fixture
+def modes(monkeypatch):
+    fake = {"a": section_mode("a", None), "b": section_mode("b", "bee"),
+            "c": section_mode("c", "sea"), "d": section_mode("d", "sea")}
+    monkeypatch.setattr(summary, "MODES", fake)
+    return fake
+
+
+def test_every_section_key_is_there_and_none_unless_used(modes):
+    cfg = load_config(None, [])
+    assert summary.mode_sections(cfg, ["a"], None, [], {}) == {"bee": None, "sea": None}
+    assert summary.mode_sections(cfg, ["local"], None, [], {}) == {"bee": None, "sea": None}
+
+
+def test_the_workers_figures_go_to_the_last_mode(modes):
+    cfg = load_config(None, [])
+    got = summary.mode_sections(cfg, ["b", "c", "b"], [{"x": 1}], [{}, {}], {"step_s": 2})
+    assert got["bee"] == {"mode": "b", "workers": [{"x": 1}], "shards": 2, "waits": {"step_s": 2}}
+    assert got["sea"]["workers"] is None  # used, then left: only the shards' figures
+    got = summary.mode_sections(cfg, ["d"], [None, None], [], {})  # workers without figures
+    assert got == {"bee": None, "sea": {"mode": "d", "workers": None, "shards": 0, "waits": {}}}

@@ -22,7 +22,7 @@ from recsync.checkpoint.files import CheckpointError
 from recsync.checkpoint.writer import CheckpointWriter
 from recsync.embedding.row_optim import RowAdagrad
 from recsync.embedding.spec import TableSpec
-from recsync.ps.core import DenseState, ShardCore
+from recsync.ps.core import DenseState
 
 TABLES = [TableSpec("a", 50, 4), TableSpec("b", 30, 4)]
 

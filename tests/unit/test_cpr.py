@@ -13,7 +13,6 @@ from recsync.checkpoint.priority import MostUsed, SampledRows
 from recsync.data.reader import Chunk
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.embedding.spec import TableSpec
-from recsync.ps.core import ShardCore
 from recsync.worker.queue import ChunkQueue
 
 

@@ -18,7 +18,7 @@ from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import RowSGD
 from recsync.model.registry import build_model
 from recsync.ps.client import PSClient
-from recsync.ps.core import DenseState, ShardCore
+from recsync.ps.core import DenseState
 from recsync.modes.eager import EagerWorker, modulation
 from recsync.model.registry import table_rows_for
 

@@ -1,7 +1,7 @@
 """A run from start to end: prepare the output directory, train (locally, or on Ray), write the
 output contract.
 
-Outputs (DESIGN §9): ``config.toml`` (resolved config), ``metrics.jsonl`` (one record per logging
+Outputs (docs/design.md §9): ``config.toml`` (resolved config), ``metrics.jsonl`` (one record per logging
 interval), ``summary.json`` (at the end, also after Ctrl-C or a failure) and ``training.png``.
 """
 

@@ -1,5 +1,5 @@
-"""summary.json, built in one place from what a run returns: its record (recsync/distributed/
-record.py: counts, events, checkpoints, recoveries, modes) and its result (the final evaluation,
+"""summary.json, built in one place from what a run returns: its record (recsync/record.py:
+counts, events, checkpoints, recoveries, modes) and its result (the final evaluation,
 the shards' and workers' figures, the queue's counts)."""
 
 from __future__ import annotations
@@ -116,8 +116,10 @@ def staleness(shard_stats: list[dict]) -> dict:
 
 
 def per_worker(result: dict) -> list[dict]:
-    """Each rank's steps and samples (the final statuses) and chunks (the queue's counts)."""
+    """Each rank's steps and samples (the final statuses), chunks (the queue's counts) and the
+    pushes its last process lost to shards that died (recovery on)."""
     by_worker = result.get("queue", {}).get("by_worker", {})
     return [{"rank": s["rank"], "steps": s["steps"], "samples": s["samples"],
-             "chunks": by_worker.get(str(s["rank"]), {}).get("chunks", 0)}
+             "chunks": by_worker.get(str(s["rank"]), {}).get("chunks", 0),
+             "lost_pushes": s.get("lost_pushes", 0)}
             for s in result.get("statuses", [])]

@@ -28,6 +28,7 @@ class WorkerStatus:
     compute_s: float = 0.0
     pull_wait_s: float = 0.0
     push_wait_s: float = 0.0
+    lost_pushes: int = 0  # pushes to a shard that died before applying them (recovery on)
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkerStatus:

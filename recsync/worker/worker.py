@@ -62,8 +62,6 @@ class Worker:
                                          table_rows_for(cfg.model, self.ds.table_rows))
         self.dims = [t.dim for t in tables]
         self.clients: list[PSClient] = []
-        self.mode_name = mode or cfg.mode
-        self.mode = self._make_mode(self.mode_name, dense_state, step_index)
         self.state, self.error = "created", None
         self.steps = self.samples = 0
         self._interval = dict.fromkeys(INTERVAL_KEYS, 0)
@@ -74,6 +72,8 @@ class Worker:
         self._thread = None
         self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
         self.position: dict[int, int] = {}  # slot -> batches of its leased chunk handed out
+        self.mode_name = mode or cfg.mode
+        self.mode = self._make_mode(self.mode_name, dense_state, step_index)
 
     # -- what the driver calls -------------------------------------------------------------
     def address(self) -> tuple[str, int]:

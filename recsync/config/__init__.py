@@ -18,20 +18,21 @@ from pydantic import ValidationError, model_validator
 from recsync.config.base import ConfigError, Section
 from recsync.config.faults import (FaultsConfig, KillConfig, NetworkConfig, RecoveryConfig,
                                    StragglerConfig)
-from recsync.config.modes import (EagerConfig, GBAConfig, ShadowConfig, SwitchConfig,
-                                  SwitchingConfig)
+from recsync.config.modes import (EagerConfig, GBAConfig, HybridConfig, ShadowConfig,
+                                  SwitchConfig, SwitchingConfig)
 from recsync.config.sections import (ClusterConfig, DataConfig, ModelConfig, OutputConfig,
                                      TrainConfig)
 
 __all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EagerConfig", "FaultsConfig",
-           "GBAConfig", "KillConfig", "ModelConfig", "NetworkConfig", "OutputConfig",
-           "RecoveryConfig", "RunConfig", "Section", "ShadowConfig", "StragglerConfig",
+           "GBAConfig", "HybridConfig", "KillConfig", "ModelConfig", "NetworkConfig",
+           "OutputConfig", "RecoveryConfig", "RunConfig", "Section", "ShadowConfig", "StragglerConfig",
            "SwitchConfig", "SwitchingConfig", "TrainConfig", "apply_overrides", "load_config",
            "parse_override"]
 
 
 class RunConfig(Section):
-    mode: Literal["local", "sync", "async", "gba", "shadow", "foreground", "eager"] = "local"
+    mode: Literal["local", "sync", "async", "gba", "shadow", "foreground", "eager",
+                  "hybrid"] = "local"
     """how workers synchronize: "local" (one process, the baseline), "sync" (all-reduce dense
     gradients, PS applies row gradients once all workers' arrived), "async" (PS applies every
     gradient as it arrives), "gba" (PS applies the mean of a global batch of gradients, decaying
@@ -39,7 +40,8 @@ class RunConfig(Section):
     Hogwild threads, a background thread keeps the replicas in step: [shadow]), "foreground"
     (the same, synchronizing every shadow.foreground_every iterations inside training),
     "eager" (async with the next batch's pull sent before this one is computed, and learning
-    rates scaled down for stale updates: [eager])"""
+    rates scaled down for stale updates: [eager]), "hybrid" (dense gradients all-reduced every
+    step as in sync, embedding rows with bounded staleness: [hybrid])"""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
@@ -49,6 +51,7 @@ class RunConfig(Section):
     switching: SwitchingConfig = SwitchingConfig()
     shadow: ShadowConfig = ShadowConfig()
     eager: EagerConfig = EagerConfig()
+    hybrid: HybridConfig = HybridConfig()
     network: NetworkConfig = NetworkConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     faults: FaultsConfig = FaultsConfig()

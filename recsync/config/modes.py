@@ -91,3 +91,9 @@ class SwitchingConfig(Section):
     @property
     def enabled(self) -> bool:
         return self.auto or bool(self.schedule)
+
+
+class HybridConfig(Section):
+    max_staleness: int = Field(2, ge=0)
+    """mode hybrid: how many steps a worker's embedding pull may run ahead of the last step
+    every PS shard has applied (0: it waits for every step before it, which is mode sync)"""

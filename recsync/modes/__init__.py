@@ -4,6 +4,7 @@ from recsync.modes.async_ps import Async
 from recsync.modes.base import Mode
 from recsync.modes.eager import Eager
 from recsync.modes.gba import GBA
+from recsync.modes.hybrid import Hybrid
 from recsync.modes.shadow import Foreground, Shadow
 from recsync.modes.sync import Sync
 
@@ -14,4 +15,5 @@ MODES: dict[str, type[Mode]] = {m.name: m for m in (
     Shadow,      # a dense replica per worker, Hogwild threads, synchronized in the background
     Foreground,  # the same, synchronized every k iterations inside training
     Eager,       # async with the next batch's pull sent early and staleness-aware lr
+    Hybrid,      # dense all-reduced every step, embeddings with bounded staleness
 )}

@@ -48,8 +48,17 @@ def config(data, *extra):
 
 
 def test_sync_two_workers_equal_local_with_the_global_batch(ray_cluster, data, tmp_path):
+    _equals_local_with_the_global_batch(data, tmp_path, 'mode="sync"')
+
+
+def test_hybrid_without_staleness_equals_sync_and_local_with_the_global_batch(ray_cluster, data,
+                                                                             tmp_path):
+    _equals_local_with_the_global_batch(data, tmp_path, 'mode="hybrid"', "hybrid.max_staleness=0")
+
+
+def _equals_local_with_the_global_batch(data, tmp_path, *mode):
     steps = 6
-    cfg = config(data, 'mode="sync"', "cluster.workers=2", "cluster.ps_shards=2",
+    cfg = config(data, *mode, "cluster.workers=2", "cluster.ps_shards=2",
                  f"data.chunk_rows={B}", "data.shuffle=false", f"train.max_steps={steps}")
     result = run_distributed(cfg, Dataset(data), MetricsLog(tmp_path / "m.jsonl"))
     ds = Dataset(data)
@@ -73,7 +82,8 @@ def test_sync_two_workers_equal_local_with_the_global_batch(ray_cluster, data, t
     assert sync_rows.abs().sum() > 0 and not torch.equal(sync_rows, torch.zeros_like(sync_rows))
 
 
-@pytest.mark.parametrize("mode", ["async", "gba", "shadow", "foreground", "eager"])
+@pytest.mark.parametrize("mode", ["async", "gba", "shadow", "foreground", "eager",
+                                  "hybrid"])
 def test_ps_modes_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path, mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
                  f"data.chunk_rows={4 * B}", "train.epochs=2", "shadow.hogwild_threads=2",
@@ -145,7 +155,7 @@ def test_an_embedded_run_leaves_no_ray_process(data, tmp_path):
     assert _wait_gone(proc.pid) == []
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "gba", "shadow", "eager"])
+@pytest.mark.parametrize("mode", ["async", "sync", "gba", "shadow", "eager", "hybrid"])
 def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster, data, tmp_path,
                                                                       mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",

@@ -63,6 +63,7 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
 
 
 def _print_summary(summary: dict, out: Path) -> None:
+    from recsync.modes import MODES
     ev = summary["eval"]
     line = f"eval AUC {ev['auc']:.4f}, logloss {ev['logloss']:.4f} on {ev['rows']:,} rows"
     if ev.get("bayes_auc") is not None:
@@ -96,21 +97,11 @@ def _print_summary(summary: dict, out: Path) -> None:
             if rec["pls"]:
                 line += f", PLS {rec['pls']:.4f}"
         click.echo(line)
-    sh = summary.get("shadow")
-    if sh and sh["algorithm"] != "none":
-        rates = [r for r in sh["syncs_per_s"] if r is not None]
-        gap = sh["sync_gap"]
-        click.echo(f"{'background' if sh['background'] else 'foreground'} {sh['algorithm']}: "
-                   f"{sum(rates) / max(len(rates), 1):.1f} syncs/s per worker, sync gap "
-                   + (f"{gap['mean']:.2f} iterations (p99 {gap['p99']})" if gap["mean"] is not None
-                      else "n/a"))
-    eager = summary.get("eager")
-    if eager and eager["iteration_s"]:
-        it, tau = eager["iteration_s"], eager["tau"]
-        click.echo(f"step {it['step']:.3f} s: compute {it['compute']:.3f}, waiting for pull "
-                   f"{it['pull_wait']:.3f}, for push {it['push_wait']:.3f}; staleness known "
-                   f"to workers: mean {tau['mean']:.2f}, max {tau['max']}; lr x "
-                   f"{eager['multiplier']['mean']:.3f} on average")
+    for facts in {m.summary_key: m for m in MODES.values() if m.summary_key}.values():
+        section = summary.get(facts.summary_key)
+        line = facts.console_line(section) if section else None
+        if line:
+            click.echo(line)
     click.echo(f"outputs: {out}/summary.json, metrics.jsonl, config.toml"
                + (", training.png" if (out / 'training.png').exists() else ""))
 

@@ -1,8 +1,9 @@
 """A run from start to end: prepare the output directory, train (locally, or on Ray), write the
 output contract.
 
-Outputs (docs/design.md §9): ``config.toml`` (resolved config), ``metrics.jsonl`` (one record per logging
-interval), ``summary.json`` (at the end, also after Ctrl-C or a failure) and ``training.png``.
+Outputs (docs/design.md §9): ``config.toml`` (resolved config), ``metrics.jsonl`` (one record
+per logging interval), ``summary.json`` (at the end, also after Ctrl-C or a failure) and
+``training.png``.
 """
 
 from __future__ import annotations

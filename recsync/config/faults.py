@@ -31,9 +31,9 @@ class RecoveryConfig(Section):
     classic recovery: the work since is done again); "partial" restarts the shard alone from
     its own last checkpoint while the other shards and the workers go on (the updates it
     applied since are lost, counted in summary recovery.pls; not with the modes whose shards
-    move in lock-step, sync and hybrid); "auto" chooses between the two at run time from mtbf_s and the
-    first checkpoint's measured cost (partial only if its expected overhead is lower; logged).
-    All need checkpoint_every_s or mtbf_s"""
+    move in lock-step, sync and hybrid); "auto" chooses between the two at run time from
+    mtbf_s and the first checkpoint's measured cost (partial only if its expected overhead is
+    lower; logged). All need checkpoint_every_s or mtbf_s"""
     rows: Literal["all", "mfu", "ssu"] = "all"
     """what a partial-recovery checkpoint saves (CPR): "all" every row touched; "mfu" the
     mfu_fraction most used rows since their last save, with a full save every full_every

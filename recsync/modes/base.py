@@ -184,6 +184,11 @@ class Mode:
         return cfg.train.batch_size
 
     @classmethod
+    def console_line(cls, section: dict) -> str | None:
+        """What the end of ``recsync train`` prints of the mode's summary section."""
+        return None
+
+    @classmethod
     def summary(cls, cfg, workers: list[dict] | None, shards: list[dict],
                 waits: dict) -> dict | None:
         """The mode's section of summary.json (under ``summary_key``) from each worker's

@@ -111,6 +111,16 @@ class Eager(Mode):
         return ApplyNow()  # with each push's lr_scale
 
     @classmethod
+    def console_line(cls, eager: dict) -> str | None:
+        if not eager["iteration_s"]:
+            return None
+        it, tau = eager["iteration_s"], eager["tau"]
+        return (f"step {it['step']:.3f} s: compute {it['compute']:.3f}, waiting for pull "
+                f"{it['pull_wait']:.3f}, for push {it['push_wait']:.3f}; staleness known "
+                f"to workers: mean {tau['mean']:.2f}, max {tau['max']}; lr x "
+                f"{eager['multiplier']['mean']:.3f} on average")
+
+    @classmethod
     def summary(cls, cfg, workers, shards, waits) -> dict | None:
         """The staleness τ each update's worker knew of, the learning-rate multipliers m(τ)
         applied, and where a step's time went (means per step over all workers' steps)."""

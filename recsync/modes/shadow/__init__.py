@@ -128,6 +128,18 @@ class Shadow(Mode):
         }
 
 
+    @classmethod
+    def console_line(cls, sh: dict) -> str | None:
+        if sh["algorithm"] == "none":
+            return None
+        rates = [r for r in sh["syncs_per_s"] if r is not None]
+        gap = sh["sync_gap"]
+        return (f"{'background' if sh['background'] else 'foreground'} {sh['algorithm']}: "
+                f"{sum(rates) / max(len(rates), 1):.1f} syncs/s per worker, sync gap "
+                + (f"{gap['mean']:.2f} iterations (p99 {gap['p99']})" if gap["mean"] is not None
+                   else "n/a"))
+
+
 class Foreground(Shadow):
     name = "foreground"
     worker = ForegroundWorker

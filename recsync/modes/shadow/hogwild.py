@@ -9,9 +9,9 @@ synchronizers.py).
 
 Either way a trainer whose training threads have all finished goes on taking part in rounds,
 saying it is done, until a round says every trainer is done (synchronizers.py), and then
-stops: no collective is left waiting for it, and no thread is left running. If a training thread fails,
-the others stop at their next step and the shadow thread before its next round; ``run`` raises
-the error (the driver then stops the run and its processes).
+stops: no collective is left waiting for it, and no thread is left running. If a training
+thread fails, the others stop at their next step and the shadow thread before its next round;
+``run`` raises the error (the driver then stops the run and its processes).
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from recsync.config.sections import (ClusterConfig, DataConfig, ModelConfig, Out
 __all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EagerConfig", "FaultsConfig",
            "GBAConfig", "HybridConfig", "KillConfig", "ModelConfig", "NetworkConfig",
            "OutputConfig", "RecoveryConfig", "RunConfig", "Section", "ShadowConfig",
-           "StragglerConfig", "SwitchConfig", "SwitchingConfig", "TrainConfig", "apply_overrides", "load_config",
-           "parse_override"]
+           "StragglerConfig", "SwitchConfig", "SwitchingConfig", "TrainConfig", "apply_overrides",
+           "load_config", "parse_override"]
 
 
 class RunConfig(Section):

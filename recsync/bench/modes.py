@@ -188,20 +188,18 @@ def _round_rows(name: str, a: dict) -> list[list]:
 
 def plot_modes(arms: dict, out_png: Path) -> Path:
     """samples/s against eval AUC, a labelled point per arm (its rounds as small dots)."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, a in arms.items():
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, a in arms.items():  # a legend, not labels: close arms would overlap
         ref = name == REFERENCE
         point, = ax.plot([a["samples_per_s"]], [a["eval"]["auc"]], ls="none",
-                         marker="s" if ref else "o", ms=8)
+                         marker="s" if ref else "o", ms=8,
+                         label=name + (" (1 process)" if ref else ""))
         ax.plot(a["rounds_samples_per_s"], a["auc_rounds"], ls="none", marker=".", ms=4,
                 alpha=0.5, color=point.get_color())
-        ax.annotate(name + (" (1 process)" if ref else ""),
-                    (a["samples_per_s"], a["eval"]["auc"]), textcoords="offset points",
-                    xytext=(6, 4), fontsize=9)
     bayes = next(iter(arms.values()))["eval"].get("bayes_auc")
     if bayes is not None:
         ax.axhline(bayes, ls="--", color="gray", lw=1, label="Bayes-optimal AUC")
-        ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set(xlabel="training samples/s (median of rounds, after warm-up)",
            ylabel="eval AUC (mean of rounds)",
            title=f"modes: {WORKERS} workers x {SHARDS} PS shards, same data")

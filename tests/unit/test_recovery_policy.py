@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-import recsync.modes
 from recsync.config import load_config
 from recsync.distributed.policy import MAX_WORKER_RESTARTS, Decision, Kind, decide
 from recsync.distributed.status import ShardStatus, WorkerStatus
+from recsync.modes import MODES
 from recsync.modes.base import FROM_REPLICA, REBUILD_GROUP, REPLACE, Mode
-
-MODES = getattr(recsync.modes, "MODES", {})  # (filled by the modes package)
 
 
 def fake_mode(death, lockstep=False, group=False):

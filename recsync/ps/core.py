@@ -196,6 +196,9 @@ class ShardCore:
         if chain[0][1].get("partial"):
             raise ValueError("a chain of snapshots starts with a full one")
         arrays, meta = chain[-1]
+        if "rule" not in meta:
+            raise ValueError("the snapshot was written by a recsync from before the modes' shard "
+                             "rules (it holds no rule state); this version cannot restore it")
         if meta["tables"] != len(self.store.tables):
             raise ValueError(f"the snapshot has {meta['tables']} tables, this shard "
                              f"{len(self.store.tables)}")

@@ -206,3 +206,11 @@ def test_the_writer_writes_in_the_background_keeps_the_newest_and_reports_failur
     assert again.save({"x": np.zeros(1, np.float32)}, {}) == 5  # after the newest on disk
     again.close()
     assert files.latest(tmp_path).sequence == 5
+
+
+def test_a_snapshot_from_before_the_shard_rules_is_refused_with_a_clear_error():
+    c = core("adagrad")
+    arrays, meta = c.snapshot()
+    old = {k: v for k, v in meta.items() if k not in ("rule", "mode")}
+    with pytest.raises(ValueError, match="before the modes' shard rules"):
+        core("adagrad").restore(arrays, {**old, "gba_counts": {}, "easgd_pushes": 0})

@@ -75,7 +75,8 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
     training since the checkpoint rolled back to, done again), each in seconds and as a
     fraction of training time. ``pls`` (partial recovery): for each shard failure, the samples
     trained between its restored checkpoint and its death, over the samples of the run, over
-    the number of shards (each shard holds 1 / S of the model)."""
+    the number of shards (each shard holds 1 / S of the model). ``lost_pushes``: pushes the
+    workers (their last processes) had in flight to a shard that died."""
     r = cfg.recovery
     blocked = sum(c["blocked_s"] for c in record.checkpoints)
     written = result.get("checkpoints_written") or []
@@ -92,6 +93,7 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
             "rows": r.rows if r.kind == "partial" else None,
             "pls": pls,
             "samples_redone": sum(x.get("samples_redone", 0) for x in record.recoveries),
+            "lost_pushes": sum(s.get("lost_pushes", 0) for s in result.get("statuses", [])),
             "recoveries": record.recoveries,
             "interval_decision": record.interval_decision,
             "checkpoints": len(record.checkpoints),
@@ -116,10 +118,8 @@ def staleness(shard_stats: list[dict]) -> dict:
 
 
 def per_worker(result: dict) -> list[dict]:
-    """Each rank's steps and samples (the final statuses), chunks (the queue's counts) and the
-    pushes its last process lost to shards that died (recovery on)."""
+    """Each rank's steps and samples (the final statuses) and chunks (the queue's counts)."""
     by_worker = result.get("queue", {}).get("by_worker", {})
     return [{"rank": s["rank"], "steps": s["steps"], "samples": s["samples"],
-             "chunks": by_worker.get(str(s["rank"]), {}).get("chunks", 0),
-             "lost_pushes": s.get("lost_pushes", 0)}
+             "chunks": by_worker.get(str(s["rank"]), {}).get("chunks", 0)}
             for s in result.get("statuses", [])]

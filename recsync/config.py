@@ -2,8 +2,8 @@
 
 Every section rejects unknown keys and bad values with a message naming the key (``train.lr``)
 and what was expected. ``--set key=value`` overrides are applied to the raw tree before
-validation, so they are checked exactly like the file. Distributed sections (cluster, faults,
-recovery, per-mode settings) join this tree as their features land.
+validation, so they are checked exactly like the file. The modes' sections are here; the
+sections every run has, and faults and recovery, are in config_sections.py.
 """
 
 from __future__ import annotations
@@ -13,21 +13,107 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from recsync.config.base import ConfigError, Section
-from recsync.config.faults import (FaultsConfig, KillConfig, NetworkConfig, RecoveryConfig,
-                                   StragglerConfig)
-from recsync.config.modes import (EagerConfig, GBAConfig, HybridConfig, ShadowConfig,
-                                  SwitchConfig, SwitchingConfig)
-from recsync.config.sections import (ClusterConfig, DataConfig, ModelConfig, OutputConfig,
-                                     TrainConfig)
+from recsync.config_sections import (ClusterConfig, ConfigError, DataConfig, FaultsConfig,
+                                     KillConfig, ModelConfig, NetworkConfig, OutputConfig,
+                                     RecoveryConfig, Section, StragglerConfig, TrainConfig)
 
 __all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EagerConfig", "FaultsConfig",
            "GBAConfig", "HybridConfig", "KillConfig", "ModelConfig", "NetworkConfig",
            "OutputConfig", "RecoveryConfig", "RunConfig", "Section", "ShadowConfig",
            "StragglerConfig", "SwitchConfig", "SwitchingConfig", "TrainConfig", "apply_overrides",
            "load_config", "parse_override"]
+
+
+class GBAConfig(Section):
+    gradients_per_update: int = Field(0, ge=0)
+    """M: gradients a PS shard aggregates into one update (0: cluster.workers, so that an update
+    is on the global batch of mode sync, workers x train.batch_size samples)"""
+    staleness_threshold: int = Field(4, ge=0)
+    """ι: gradients at most this many updates stale count fully (see docs/sync_modes.md)"""
+    decay: Literal["inverse", "drop", "none"] = "inverse"
+    """what happens to a gradient staler than the threshold: "inverse" weighs it
+    1 / (1 + staleness - threshold), "drop" drops it, "none" keeps it whole"""
+
+
+class ShadowConfig(Section):
+    algorithm: Literal["ma", "easgd", "bmuf", "none"] = "ma"
+    """how the trainers' dense replicas are kept in step: "ma" (model averaging), "easgd"
+    (elastic averaging against a center copy on PS shard 0), "bmuf" (block-wise model update
+    filtering), "none" (never: each trainer trains its own dense replica)"""
+    hogwild_threads: int = Field(1, ge=1)
+    """training threads per trainer, sharing its dense replica without locks (Hogwild)"""
+    min_interval_s: float = Field(0.1, ge=0)
+    """mode shadow: the least time between the starts of two background syncs (0: back to
+    back, as fast as they go). A shadow thread that loops without pause takes CPU and the GIL
+    from training where no core is spare for it (2 trainers on 2 cores: -25% throughput at
+    136 syncs/s), while syncing much more often than once per training step gains nothing"""
+    foreground_every: int = Field(10, ge=1)
+    """mode foreground: k, the training iterations of a trainer between two syncs"""
+    easgd_alpha: float = Field(0.0, ge=0, le=1)
+    """EASGD's moving rate alpha (0: 0.9 / cluster.workers, the EASGD paper's beta = 0.9)"""
+    bmuf_momentum: float = Field(-1.0, lt=1)
+    """BMUF's block momentum eta (< 0: 1 - 1 / cluster.workers)"""
+    bmuf_lr: float = Field(1.0, gt=0)
+    """BMUF's block learning rate zeta"""
+    bmuf_nesterov: bool = False
+    """BMUF: move the replicas to the Nesterov look-ahead w_g + eta x delta"""
+
+    def alpha(self, trainers: int) -> float:
+        return self.easgd_alpha or 0.9 / trainers
+
+    def momentum(self, trainers: int) -> float:
+        return self.bmuf_momentum if self.bmuf_momentum >= 0 else 1.0 - 1.0 / trainers
+
+
+class EagerConfig(Section):
+    overlap: bool = True
+    """send the next batch's pull before computing this one, and push without waiting (false:
+    pull, compute, push, each waited for: the baseline)"""
+    lr_modulation: Literal["inverse", "inverse_sqrt", "none"] = "inverse"
+    """m(τ), the learning-rate multiplier of an update whose worker knew it missed τ updates:
+    "inverse" 1 / max(1, τ), "inverse_sqrt" 1 / sqrt(max(1, τ)), "none" 1"""
+
+
+class SwitchConfig(Section):
+    to: Literal["sync", "gba"]
+    """the mode to switch to"""
+    at_s: float = Field(-1.0)
+    """seconds after training starts (set this or at_step)"""
+    at_step: int = Field(-1)
+    """when the most advanced worker has done this many steps (set this or at_s)"""
+
+    @model_validator(mode="after")
+    def _check_when(self):
+        if (self.at_s >= 0) == (self.at_step >= 0):
+            raise ValueError(f"a switch to {self.to!r} needs exactly one of at_s and at_step "
+                             f"(>= 0), got at_s = {self.at_s}, at_step = {self.at_step}")
+        return self
+
+
+class SwitchingConfig(Section):
+    schedule: list[SwitchConfig] = []
+    """switches between sync and gba at given times or steps, e.g.
+    [{ to = "gba", at_s = 60.0 }, { to = "sync", at_step = 5000 }]"""
+    auto: bool = False
+    """let the mode controller switch: sync -> gba when a worker's compute time per step stays
+    over ratio x the median for window_s, gba -> sync when it stays under"""
+    ratio: float = Field(1.5, gt=1.0)
+    """slowest / median compute time per step that means a straggler"""
+    window_s: float = Field(5.0, gt=0)
+    """how long the ratio (taken over the last 2 s of 0.5 s polls) must stay over (or under)
+    the threshold before a switch"""
+
+    @property
+    def enabled(self) -> bool:
+        return self.auto or bool(self.schedule)
+
+
+class HybridConfig(Section):
+    max_staleness: int = Field(2, ge=0)
+    """mode hybrid: how many steps a worker's embedding pull may run ahead of the last step
+    every PS shard has applied (0: it waits for every step before it, which is mode sync)"""
 
 
 class RunConfig(Section):

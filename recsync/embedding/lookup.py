@@ -28,6 +28,7 @@ class PulledBatch:
     index: torch.Tensor       # int64 [B, T]: sample i's row of table t is rows[index[i, t]]
     placement: Any = None     # where the ids live, for a sharded lookup's push
     versions: list[int] | None = None  # a sharded lookup: the version each shard read
+    dense: Any = None  # a sharded lookup: the dense vector, if a shard holds it (flat numpy)
 
     def embeddings(self) -> torch.Tensor:
         """The model's input, [B, T, dim]; gradients flow back into ``rows``."""

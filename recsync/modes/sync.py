@@ -47,7 +47,7 @@ class SyncWorker(WorkerMode):
 
     def _load(self, state: dict) -> None:
         with torch.no_grad():
-            vector_to_parameters(torch.as_tensor(state["params"]), self.params)
+            vector_to_parameters(torch.tensor(state["params"]), self.params)  # a copy
         if state.get("optimizer") is not None:
             self.optimizer.load_state_dict(from_flat(state["optimizer"],
                                                      [p.shape for p in self.params]))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import torch
+
 from recsync.model.optim import DENSE_OPTIMIZERS
 from recsync.modes.async_ps import ApplyNow
 from recsync.modes.base import FROM_REPLICA, Mode, WorkerMode
@@ -34,7 +36,7 @@ class ShadowWorker(WorkerMode):
         sh, t = ctx.cfg.shadow, ctx.cfg.train
         self.replica = DenseReplica(ctx.model, DENSE_OPTIMIZERS[t.dense_optimizer], t.dense_lr)
         if ctx.dense_state is not None:  # a restart from a live replica's parameters
-            self.replica.load(ctx.dense_state["params"])
+            self.replica.load(torch.tensor(ctx.dense_state["params"]))  # a copy
         self.threads = sh.hogwild_threads
         self.steps = [HogwildStep(self.replica, ctx.client if i == 0 else ctx.new_client(),
                                   ctx.after_compute) for i in range(self.threads)]

@@ -139,9 +139,9 @@ class CheckpointRounds:
         """The dense state a job checkpoint holds where the workers hold it (flat layout;
         None where PS shard 0 holds it: its checkpoint has it). Before the workers start: the
         initial model."""
+        if MODES[self.run.mode].dense_on_ps:
+            return None  # no call to a worker that holds nothing
         if not started:
-            if MODES[self.run.mode].dense_on_ps:
-                return None
             return {"params": self.run.initial_dense(), "optimizer": None}
         return self.run.dense_state(0)
 

@@ -150,11 +150,14 @@ class StepBarrier(ShardRule):
         every step that is complete, in order. Returns whether a step was applied."""
         step = meta["step"]
         self.check_step(core, step)  # before queueing: a bad push must not poison the step
-        buffer, stale = self.pending.setdefault(step, (GradientBuffer(), Counter()))
+        if step not in self.pending:
+            self.pending[step] = (GradientBuffer(), Counter())
+        buffer, stale = self.pending[step]
         buffer.add(ids, grads, dense_grad, meta["samples"])
         stale[self.staleness(step, meta)] += 1
         applied = False
-        while len(self.pending.get(core.version, ((),))[0]) >= self.num_workers:
+        while core.version in self.pending and (len(self.pending[core.version][0])
+                                                >= self.num_workers):
             buffer, stale = self.pending.pop(core.version)
             for staleness, n in stale.items():
                 core.record_staleness(staleness, n)

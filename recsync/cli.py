@@ -41,6 +41,7 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
     """Train a model as the config says."""
     from recsync.distributed.errors import RunFailed
     from recsync.run import run
+    from recsync.stopping import EXIT_FAILED, Interrupted
     if resume_dir:
         if config_path or overrides or overwrite or (out and Path(out) != Path(resume_dir)):
             raise click.UsageError("--resume DIR goes on with DIR's own config.toml and "
@@ -53,25 +54,51 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
     try:
         cfg = load_config(config_path, overrides)
         summary = run(cfg, out, overwrite=overwrite, resume=bool(resume_dir))
+    except Interrupted as e:
+        _print_summary(_read_summary(out), Path(out))
+        click.echo(f"interrupted by {e.signal_name}: summary.json in {out} has what was done",
+                   err=True)
+        sys.exit(e.exit_code)
     except RunFailed as e:
+        _print_summary(_read_summary(out), Path(out))
         click.echo(f"error: the run failed: {e}\n(summary.json in {out} has what was done)",
                    err=True)
-        sys.exit(1)
+        sys.exit(EXIT_FAILED)
     except USER_ERRORS as e:
         _fail(e)
     _print_summary(summary, Path(out))
 
 
-def _print_summary(summary: dict, out: Path) -> None:
+def _read_summary(out) -> dict | None:
+    try:
+        return json.loads((Path(out) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _num(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _print_summary(summary: dict | None, out: Path) -> None:
+    """Whatever the summary holds: a run stopped before its evaluation has none."""
     from recsync.modes import MODES
+    if summary is None:
+        return
     ev = summary["eval"]
-    line = f"eval AUC {ev['auc']:.4f}, logloss {ev['logloss']:.4f} on {ev['rows']:,} rows"
-    if ev.get("bayes_auc") is not None:
-        line += (f"  (Bayes-optimal: AUC {ev['bayes_auc']:.4f}, logloss "
-                 f"{ev['bayes_logloss']:.4f}; gap {ev['bayes_auc'] - ev['auc']:.4f})")
+    startup = summary.get("startup_s")
     click.echo(f"{summary['status']}: {summary['samples']:,} samples in {summary['steps']:,} "
-               f"steps, {summary['samples_per_s']:,.0f} samples/s (measured)")
-    click.echo(line)
+               f"steps, {_num(summary['samples_per_s'], ',.0f')} samples/s (measured from the "
+               f"first step" + (f"; start-up {startup:.1f} s)" if startup is not None else ")"))
+    if ev.get("auc") is not None:
+        line = (f"eval AUC {ev['auc']:.4f}, logloss {_num(ev['logloss'], '.4f')} on "
+                f"{ev['rows']:,} rows")
+        if ev.get("bayes_auc") is not None:
+            line += (f"  (Bayes-optimal: AUC {ev['bayes_auc']:.4f}, logloss "
+                     f"{ev['bayes_logloss']:.4f}; gap {ev['bayes_auc'] - ev['auc']:.4f})")
+        click.echo(line)
+    else:
+        click.echo("no evaluation (the run stopped before it)")
     emulated = []
     if summary.get("stragglers_emulated"):
         emulated.append("stragglers")

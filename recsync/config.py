@@ -255,6 +255,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
             tree = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not a text file (a TOML config is UTF-8 text)") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the config file ({e.strerror})") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
     if overrides:

@@ -14,7 +14,11 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    """Strict: a boolean is true or false (not 1), an integer is not 2.0 or true, a number is
+    finite (inf and nan are refused); every key is known."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True,
+                              strict=True, allow_inf_nan=False)
 
 
 class DataConfig(Section):
@@ -158,7 +162,7 @@ class StragglerConfig(Section):
     """the worker runs this many times slower: between computing a step's gradients and sending
     them it sleeps (factor - 1) x the compute time, so its gradients arrive late and stale"""
     start_s: float = Field(0.0, ge=0)
-    end_s: float = float("inf")
+    end_s: float = Field(float("inf"), allow_inf_nan=True)
 
     @model_validator(mode="after")
     def _check_window(self):

@@ -25,6 +25,7 @@ from recsync.model import loss as model_loss
 from recsync.model.optim import make_dense_optimizer
 from recsync.model.registry import build_model, table_rows_for
 from recsync.record import RunRecord
+from recsync.stopping import check_loss
 
 
 @dataclass
@@ -120,6 +121,7 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
                 for batch in ds.batches(chunk, t.batch_size, shuffle_seed=shuffle_seed,
                                         epoch=epoch):
                     loss = train_step(model, batch)
+                    check_loss(loss, step=record.steps + 1, mode=cfg.mode, who="the run")
                     record.steps += 1
                     record.samples += len(batch)
                     timer.add(len(batch), loss)
@@ -143,7 +145,7 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
 
 def _interval_record(cfg: RunConfig, record: RunRecord, timer: StepTimer) -> dict:
     interval_s = time.perf_counter() - timer.start
-    return {"time_s": record.elapsed(), "samples": record.samples, "step": record.steps,
+    return {"time_s": record.time_s(), "samples": record.samples, "step": record.steps,
             "loss": timer.loss_sum / max(timer.samples, 1),
             "samples_per_s": timer.samples / interval_s if interval_s > 0 else None,
             "mode": cfg.mode, "worker_step_s": [interval_s / max(timer.steps, 1)],
@@ -155,6 +157,6 @@ def _timed_eval(cfg: RunConfig, ds: Dataset, model: LocalModel, record: RunRecor
     result = evaluate(model.dense, model.lookup, ds, cfg.train.eval_sample_rows,
                       cfg.train.eval_batch_size)
     record.eval_s += time.perf_counter() - start
-    result.update(samples=record.samples, time_s=record.elapsed())
+    result.update(samples=record.samples, time_s=record.time_s())
     record.evals.append(result)
     return result

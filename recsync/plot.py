@@ -47,7 +47,8 @@ def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) 
             axes[1, col].plot([e[x] for e in evals], [e["auc"] for e in evals], marker="o",
                               ms=3, color=line.get_color(), label=f"{label} (eval sample)")
             if final.get("auc") is not None:
-                at = summary["samples"] if x == "samples" else summary["wall_s"]
+                at = summary["samples"] if x == "samples" else max(
+                    (r["time_s"] for r in records), default=0.0)
                 axes[1, col].plot([at], [final["auc"]], marker="*", ms=11, ls="none",
                                   color=line.get_color(),
                                   label=f"{label} final ({final['rows']:,} eval rows)")
@@ -56,7 +57,8 @@ def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) 
                 axes[1, col].axhline(bayes, ls="--", color="gray", lw=1, label="Bayes-optimal")
         bayes_drawn = bayes_drawn or bool((summary or {}).get("eval", {}).get("bayes_auc"))
         _shade_switched_modes(axes[0, 1], summary, line.get_color(), label)
-    for col, xlabel in enumerate(("training samples", "seconds since start")):
+    for col, xlabel in enumerate(("training samples",
+                                  "seconds of training (from the first step)")):
         axes[0, col].set(xlabel=xlabel, ylabel="training log loss (interval mean)")
         axes[1, col].set(xlabel=xlabel, ylabel="eval AUC")
     for ax in axes.flat:

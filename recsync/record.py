@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 @dataclass
 class RunRecord:
     start: float = field(default_factory=time.perf_counter)  # when the run began (wall_s)
-    train_start: float | None = None  # when the first step could begin (after start-up)
+    train_start: float | None = None  # when the first step began (after start-up)
     train_end: float | None = None
     steps: int = 0
     samples: int = 0
@@ -29,7 +29,19 @@ class RunRecord:
     train_s_before: float = 0.0  # resumed: training time of the run(s) before
 
     def elapsed(self) -> float:
+        """Seconds since the run began (start-up included)."""
         return time.perf_counter() - self.start
+
+    def time_s(self) -> float:
+        """The training clock of metrics.jsonl, evaluations and mode periods: seconds since
+        the first step (start-up excluded; evaluations included), plus the training time of
+        the run(s) a resumed run goes on from."""
+        begin = self.start if self.train_start is None else self.train_start
+        return time.perf_counter() - begin + self.train_s_before
+
+    def startup_s(self) -> float | None:
+        """From the run's start to its first step: Ray, actors, the model, the data."""
+        return None if self.train_start is None else self.train_start - self.start
 
     def train_s(self) -> float:
         """Time training ran: start-up, final evaluation and evaluations during it excluded."""

@@ -8,27 +8,34 @@ per logging interval), ``summary.json`` (at the end, also after Ctrl-C or a fail
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
+import signal
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from recsync.config import RunConfig
-from recsync.data.reader import Dataset
 from recsync.distributed.errors import RunFailed
 from recsync.local_run import final_eval, run_local
 from recsync.metrics import MetricsLog, write_json
+from recsync.preflight import preflight
 from recsync.record import RunRecord
+from recsync.stopping import (Interrupted, catch_signals, keep_signals_from_ray, known_cause,
+                              remove_temp_files)
 from recsync.summary import build_summary
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to mix a new run into an earlier one's outputs, unless told to replace them."""
+    """Refuse to mix a new run into an earlier one's outputs, unless told to replace them, or
+    unless the earlier run ended before it trained anything (its outputs hold nothing)."""
     existing = [f for f in (*RUN_FILES, "checkpoints") if (out / f).exists()]
-    if existing and not overwrite:
+    if existing and not overwrite and not _trained_nothing(out):
         raise FileExistsError(f"{out} already holds the outputs of a run ({', '.join(existing)}); "
                               f"choose another --out or pass --overwrite to replace them")
     for f in existing:
@@ -39,60 +46,108 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def _trained_nothing(out: Path) -> bool:
+    """The run in ``out`` failed or was stopped before its first step, and wrote no
+    checkpoint: nothing of it is lost by starting again there."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    ckpts = out / "checkpoints"
+    return (summary.get("status") != "completed" and not summary.get("samples")
+            and not (ckpts.is_dir() and any(ckpts.iterdir())))
+
+
 def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
         resume: bool = False) -> dict:
     """Train as ``cfg`` says, write outputs into ``out_dir``, return the summary.
 
     Raises FileExistsError if ``out_dir`` holds an earlier run's outputs and not ``overwrite``,
-    and RunFailed (after writing the summary) if the run could not go on.
-    ``resume``: go on with the run in ``out_dir`` (``cfg`` is its config.toml) from its newest
-    complete job checkpoint; metrics.jsonl is appended to.
+    ValueError (nothing written) if the preflight checks refuse the run, RunFailed (after
+    writing the summary) if the run could not go on, and Interrupted (after writing the summary)
+    on SIGINT, SIGTERM or SIGHUP. ``resume``: go on with the run in ``out_dir`` (``cfg`` is its
+    config.toml) from its newest complete job checkpoint; metrics.jsonl is appended to.
     """
     out = Path(out_dir)
-    checkpoint = None
-    if resume:
-        checkpoint = resume_point(cfg, out)
-    else:
+    started = time.perf_counter()
+    checkpoint = resume_point(cfg, out) if resume else None
+    ds = preflight(cfg, out, overwrite=overwrite, resume=resume)
+    if not resume:
         prepare_run_dir(out, overwrite)
         (out / "config.toml").write_text(cfg.to_toml())
     torch.set_num_threads(cfg.train.threads)
-    ds = Dataset(cfg.data.path)
-    log = MetricsLog(out / "metrics.jsonl")
-    started = time.perf_counter()
-    status, failure, result, record = "completed", None, {}, None
+    status, cause, raised, result, record = "completed", None, None, {}, None
+    with catch_signals() as signals:
+        log = MetricsLog(out / "metrics.jsonl")
+        try:
+            try:
+                if cfg.mode == "local":
+                    result = run_local(cfg, ds, log, started)
+                else:
+                    from recsync.cluster import ray_session
+                    from recsync.distributed.train import run_distributed
+                    keep_signals_from_ray()
+                    with ray_session(cfg.cluster):
+                        signals.install()  # again: ray.init installed handlers of its own
+                        result = run_distributed(cfg, ds, log, out, checkpoint,
+                                                 started=started)
+            finally:
+                with contextlib.suppress(OSError):  # a full disk: the summary says so
+                    log.close()
+        except (KeyboardInterrupt, SystemExit) as e:
+            if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
+                raise
+            # SystemExit(SIGTERM): Ray's own handler, while ray.init had it installed
+            name = getattr(e, "signal_name", "SIGINT" if isinstance(e, KeyboardInterrupt)
+                           else "SIGTERM")
+            status, cause, record = "interrupted", f"{name} received", getattr(e, "record", None)
+            raised = e if isinstance(e, Interrupted) else Interrupted(name)
+            print(f"\nInterrupted ({name}): writing the summary of the work done so far.",
+                  file=sys.stderr)
+            if getattr(e, "model", None) is not None:  # local: evaluate the work done so far
+                result = {"eval": final_eval(cfg, ds, e.model)}
+        except RunFailed as e:
+            status, cause, raised, record = "failed", str(e), e, e.record
+        except Exception as e:  # noqa: BLE001 - recorded, then raised again
+            record = getattr(e, "record", None)
+            known = known_cause(e)
+            status, cause = "failed", known or f"{type(e).__name__}: {e}".splitlines()[0]
+            raised = RunFailed(known, record) if known else e
+        record = result.get("record") or record or RunRecord(start=started)
+        remove_temp_files(out, checkpoint_root(cfg, out))
+        summary = build_summary(cfg, ds, record, result, status, cause)
+        write_outputs(cfg, out, summary)
+    if raised is not None:
+        raise raised
+    return summary
+
+
+def write_outputs(cfg: RunConfig, out: Path, summary: dict) -> None:
+    """summary.json and the plot; where the disk is full, the summary goes to stderr."""
     try:
-        if cfg.mode == "local":
-            result = run_local(cfg, ds, log, started)
-        else:
-            from recsync.cluster import ray_session
-            from recsync.distributed.train import run_distributed
-            with ray_session(cfg.cluster):
-                result = run_distributed(cfg, ds, log, out, checkpoint, started=started)
-    except KeyboardInterrupt as e:
-        status, record = "interrupted", getattr(e, "record", None)
-        print("\nInterrupted: writing the summary of the work done so far.")
-        if getattr(e, "model", None) is not None:  # local: evaluate the work done so far
-            result = {"eval": final_eval(cfg, ds, e.model)}
-    except RunFailed as e:
-        status, failure, record = "failed", e, e.record
-    finally:
-        log.close()
-    record = result.get("record") or record or RunRecord(start=started)
-    summary = build_summary(cfg, ds, record, result, status, failure and str(failure))
-    write_json(out / "summary.json", summary)
+        write_json(out / "summary.json", summary)
+    except OSError as e:
+        remove_temp_files(out)
+        print(f"error: could not write {out / 'summary.json'} ({e.strerror}); the summary:\n"
+              f"{json.dumps(summary, default=str)}", file=sys.stderr)
+        return
     if cfg.output.plot:
         from recsync.plot import plot_runs
-        plot_runs([out], out / "training.png")
-    if failure is not None:
-        raise failure
-    return summary
+        try:
+            plot_runs([out], out / "training.png")
+        except OSError as e:
+            print(f"warning: could not write {out / 'training.png'}: {e}", file=sys.stderr)
+
+
+def checkpoint_root(cfg: RunConfig, out: Path) -> Path:
+    return Path(cfg.recovery.dir) if cfg.recovery.dir else out / "checkpoints"
 
 
 def resume_point(cfg: RunConfig, out: Path):
     """The job checkpoint to resume the run in ``out`` from; ValueError says why there is
     none (or that the run completed)."""
     from recsync.checkpoint import job
-    root = Path(cfg.recovery.dir) if cfg.recovery.dir else out / "checkpoints"
+    root = checkpoint_root(cfg, out)
     if cfg.mode == "local" or not (cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s):
         raise ValueError(f"{out}/config.toml: the run wrote no checkpoints to resume from "
                          f"(recovery.checkpoint_every_s and recovery.mtbf_s are 0)")

@@ -15,8 +15,9 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
     wall_s = record.elapsed()
     distributed = cfg.mode != "local"
     shards = result.get("shards", [])
-    modes = ([{**m, "to_s": wall_s if m["to_s"] is None else m["to_s"]} for m in record.modes]
-             or [{"mode": cfg.mode, "from_s": 0.0, "to_s": wall_s, "cause": "config"}])
+    end_s = record.time_s()  # the training clock's end (modes' periods are on that clock)
+    modes = ([{**m, "to_s": end_s if m["to_s"] is None else m["to_s"]} for m in record.modes]
+             or [{"mode": cfg.mode, "from_s": 0.0, "to_s": end_s, "cause": "config"}])
     return {
         "status": status,
         "error": error,
@@ -27,6 +28,7 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
         "samples": record.samples,
         "steps": record.steps,
         "wall_s": wall_s,
+        "startup_s": record.startup_s(),
         "train_s": train_s,
         "samples_per_s": record.samples / train_s if train_s > 0 else None,
         "eval": {**final, "bayes_auc": synthetic.get("bayes_auc"),

@@ -146,7 +146,7 @@ def run(out: Path, scale: float) -> dict:
         "wall_s": wall_s,
         "tables": {
             "Per round": [row for n, a in arms.items() for row in _round_rows(n, a)],
-            "Throughput as summary.json reports it (train_s includes worker start-up)":
+            "Throughput as summary.json reports it (train_s from the first step)":
                 ov.summary_rows(arms, {}),
             "Start-up and measurement window (medians of rounds)": ov.timeline_rows(arms),
             "CPU used while measured (cores; 0.5 s polls of /proc)": ov.cpu_rows(arms),

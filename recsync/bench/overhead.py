@@ -16,8 +16,8 @@ poll of the workers in distributed modes; an arm's figure is the samples done be
 record at or past a warm-up of ``WARMUP_STEPS`` steps per worker and the last record, divided by
 the time between those records. So neither Ray's start-up nor the workers' (process start,
 imports, first remote calls) is counted, in any arm. The ``samples_per_s`` of ``summary.json``
-(samples / train_s) is reported beside it: its train_s starts before the worker actors are
-created, so it also counts their start-up, several seconds per run. The arms alternate over
+(samples / train_s) is reported beside it: its train_s starts at the first step (start-up is
+summary.json's ``startup_s``) and so includes the warm-up steps. The arms alternate over
 ``ROUNDS`` rounds; each arm's figure is the median of its rounds and the ratios are ratios of
 medians.
 
@@ -132,7 +132,7 @@ def run(out: Path, scale: float) -> dict:
                 ["a worker's peak RSS (GB), 1e6 rows per table", w6,
                  "the same runs with model.table_rows = 1e6 on the same data"],
             ],
-            "Throughput as summary.json reports it (train_s includes worker start-up)":
+            "Throughput as summary.json reports it (train_s from the first step)":
                 summary_rows(arms, summary_ratios),
             "Start-up and measurement window (medians of rounds)": timeline_rows(arms),
             "CPU used while measured (cores; 0.5 s polls of /proc)": cpu_rows(arms),
@@ -280,9 +280,9 @@ def timeline_rows(arms: dict) -> list[list]:
         rows += [[f"{n}: wall s (whole driver.run)", a["wall_s"], ""],
                  [f"{n}: train_s of summary.json", a["train_s"],
                   "the training loop" if a["mode"] == "local" else
-                  "from before the worker actors are created to the poll that saw them done"],
+                  "from the first step to the poll that saw the workers done"],
                  [f"{n}: first step done at s", a["first_step_done_s"],
-                  "seconds since the run began, first metrics record with samples"],
+                  "on the training clock (from the first step): first record with samples"],
                  [f"{n}: measured window s", a["window_s"],
                   f"after the warm-up ({WARMUP_STEPS} steps per worker)"]]
     return rows

@@ -88,6 +88,8 @@ class DistributedRun:
         self.taken: list[list] = [[] for _ in range(c.workers)]
         self.restarts = 0  # workers restarted after a death
         self.start_unix = 0.0  # epoch seconds when training starts: fault schedules count from it
+        self.train_s_before = 0.0  # resumed: the training time of the run(s) before
+        self.clock_started = False  # set when the first workers start training
         self.mode = cfg.mode  # the mode now (switching changes it)
         self.recovery = recovery_kind(cfg)  # the recovery in force ("auto": chosen later)
         self.shard_seen: dict[int, dict] = {}  # each shard's incarnation the driver last saw
@@ -115,6 +117,10 @@ class DistributedRun:
         if self.facts.needs_group(self.cfg):
             host, port = ray.get(self.workers[0].address.remote())
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
+        if not self.clock_started:  # training starts now: start-up is not training time
+            self.clock_started = True
+            self.start_unix = time.time() - self.train_s_before
+            self.record.train_start = time.perf_counter()
         ray.get([self.workers[r].start.remote(self.start_unix) for r in ranks])
 
     def poll(self) -> list[WorkerStatus]:

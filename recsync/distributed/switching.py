@@ -65,7 +65,7 @@ def switch(run, to: str) -> bool:
 
 def log_switch(run, to: str, cause: str, elapsed_s: float) -> None:
     record = run.record
-    at = record.elapsed()
+    at = record.time_s()
     frm = record.modes[-1]["mode"]
     record.modes[-1]["to_s"] = at
     record.modes.append({"mode": to, "from_s": at, "to_s": None, "cause": cause})

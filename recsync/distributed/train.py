@@ -10,7 +10,6 @@ from recsync.checkpoint import files
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
 from recsync.distributed.actions import carry_out
-from recsync.distributed.errors import RunFailed
 from recsync.distributed.handle import DistributedRun
 from recsync.distributed.policy import Kind, decide
 from recsync.distributed.watch import watch
@@ -28,12 +27,12 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
                          started)
     record = run.record
     try:
-        run.start_unix = time.time() - (resume.meta["train_s"] if resume else 0.0)
-        record.train_start = time.perf_counter()
-        record.modes = [{"mode": cfg.mode, "from_s": record.elapsed(), "to_s": None,
-                         "cause": "config"}]
-        if cfg.recovery.kind != "none":
-            run.shard_statuses()  # the shards' first processes, to tell a restart by
+        # provisional: the clock starts again when the first workers start training
+        run.train_s_before = resume.meta["train_s"] if resume else 0.0
+        run.start_unix = time.time() - run.train_s_before
+        record.modes = [{"mode": cfg.mode, "from_s": 0.0, "to_s": None, "cause": "config"}]
+        run.shard_statuses()  # every shard is up (and its first process known, to tell a
+        # restart by), so that start-up is not counted as training
         start = decide(run.facts, cfg, [], [], resuming=resume is not None)
         if start.kind is Kind.ROLL_BACK:
             carry_out(run, start, [], 0.0, resume=resume)
@@ -44,7 +43,7 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
         statuses = watch(run, log)
         record.stop()
         return {**run.finish(), "statuses": [s.as_dict() for s in statuses], "record": record}
-    except (KeyboardInterrupt, RunFailed) as e:
+    except BaseException as e:  # Ctrl-C, RunFailed, an actor's error: the summary needs it
         record.stop()
         e.record = record
         raise

@@ -88,7 +88,7 @@ def metrics_line(run, statuses: list[WorkerStatus], interval_s: float) -> dict:
     samples = sum(s.samples for s in statuses)
     loss_n = sum(s.loss_samples for s in statuses)
     line = {
-        "time_s": record.elapsed(), "samples": samples,
+        "time_s": record.time_s(), "samples": samples,
         "step": max(s.steps for s in statuses),
         "loss": sum(s.loss_sum for s in statuses) / loss_n if loss_n else None,
         "samples_per_s": (samples - record.samples) / interval_s, "mode": run.mode,

@@ -16,6 +16,7 @@ import ray
 
 from recsync.checkpoint import files
 from recsync.checkpoint.writer import CheckpointWriter
+from recsync.stopping import ignore_interrupts
 from recsync.ps.core import ShardCore
 
 
@@ -37,6 +38,7 @@ class PSShard:
         half the latency plus its request's bytes before it is served, and half the latency
         (plus the answer's bytes) before it answers. Other calls are served meanwhile.
         ``checkpoint_dir``: where ``checkpoint`` writes this shard's checkpoints."""
+        ignore_interrupts()
         self.core: ShardCore = build_core()
         self._changed = asyncio.Condition()
         self.network = network

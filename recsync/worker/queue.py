@@ -17,6 +17,7 @@ from collections import Counter, deque
 import ray
 
 from recsync.data.reader import Chunk
+from recsync.stopping import ignore_interrupts
 
 Item = tuple[int, Chunk]  # (epoch, chunk)
 
@@ -108,6 +109,7 @@ class WorkQueue:
     """The Ray actor around ChunkQueue."""
 
     def __init__(self, items: list[Item]):
+        ignore_interrupts()
         self.q = ChunkQueue(items)
 
     def take_with_skip(self, worker: int, slot: int = 0) -> tuple[Item, int] | None:

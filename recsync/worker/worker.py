@@ -32,6 +32,7 @@ from recsync.model.registry import build_model, table_rows_for
 from recsync.modes import MODES
 from recsync.modes.base import STOP, WorkerContext
 from recsync.ps.client import PSClient
+from recsync.stopping import check_loss, ignore_interrupts, known_cause
 
 INTERVAL_KEYS = ("loss_sum", "loss_samples", "step_s", "interval_steps", "straggle_s",
                  "compute_s", "pull_wait_s", "push_wait_s")
@@ -54,6 +55,7 @@ class Worker:
         """``dense_state`` (another replica's or a checkpoint's, in the flat layout) and
         ``step_index`` let a rebuilt group go on where the old one stopped; ``mode``: the run's
         mode now (default ``cfg.mode``; it differs after a switch)."""
+        ignore_interrupts()
         torch.set_num_threads(cfg.train.threads)
         self.rank, self.cfg, self.queue, self.shards = rank, cfg, queue, shards
         self.ds = Dataset(cfg.data.path)
@@ -188,7 +190,8 @@ class Worker:
                            for t in range(self.mode.threads)])
             self.state = "done"
         except Exception as e:  # reported through status(); the driver decides what to do
-            self.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+            known = known_cause(e)  # bad data, a diverging model: one line, no traceback
+            self.error = known or f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
             self.state = "error"
 
     def _one_step(self, thread: int, feed) -> bool:
@@ -199,6 +202,7 @@ class Worker:
         if loss == STOP:
             self.mode.finish(thread)
             return False
+        check_loss(loss, step=self.steps + 1, mode=self.mode_name, who=f"worker {self.rank}")
         self._record(batch, loss, time.perf_counter() - begin)
         if finished is not None:
             self._chunk_done(*finished)

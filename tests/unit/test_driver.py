@@ -18,6 +18,7 @@ from recsync.data.synthetic import SynthSpec, generate
 from recsync.metrics import read_jsonl
 from recsync.plot import plot_runs
 from recsync.run import run
+from recsync.stopping import Interrupted
 
 TRAIN_ROWS, EVAL_ROWS, BATCH = 1200, 300, 50
 
@@ -94,7 +95,9 @@ def test_summary_has_every_key(run2, data):
     (mode,) = summary["modes"]
     assert set(mode) == {"mode", "from_s", "to_s", "cause"}
     assert mode["mode"] == "local" and mode["from_s"] == 0.0
-    assert mode["to_s"] == pytest.approx(summary["wall_s"])
+    assert 0 <= summary["startup_s"] < summary["wall_s"]
+    # modes' periods are on the training clock: from the first step to the end
+    assert mode["to_s"] == pytest.approx(summary["wall_s"] - summary["startup_s"], abs=0.05)
     assert summary["workers"] == 1
     assert summary["ps_shards"] == 0
     assert summary["samples"] == 2 * TRAIN_ROWS
@@ -164,9 +167,11 @@ def test_keyboard_interrupt_still_writes_the_summary(data, tmp_path, monkeypatch
         return real(model, batch)
 
     monkeypatch.setattr(local_run, "train_step", step)
-    returned = run(config(data, "train.epochs=2"), tmp_path)
+    with pytest.raises(Interrupted) as stopped:  # raised again once the summary is written
+        run(config(data, "train.epochs=2"), tmp_path)
+    assert stopped.value.exit_code == 130
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == returned["status"] == "interrupted"
+    assert summary["status"] == "interrupted" and summary["error"] == "SIGINT received"
     assert summary["steps"] == 9
     assert summary["samples"] == sum(calls) == 9 * BATCH
     assert summary["eval"]["rows"] == EVAL_ROWS  # the work done so far is still evaluated

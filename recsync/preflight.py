@@ -1,0 +1,128 @@
+"""Checks before any actor starts, so that a run refused is refused in a second, with nothing
+written, instead of minutes in with a traceback: the data set opens (and is a valid one), the
+output and checkpoint directories exist or can be made and are writable, and their file
+systems have room for what the run writes (an estimate, shown beside the free space)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from recsync.config import RunConfig
+from recsync.data.format import DataFormatError
+from recsync.data.reader import Dataset
+from recsync.model.registry import table_rows_for
+
+DEFAULT_DATA = "runs/data/synth"
+METRICS_BYTES = 2 << 20  # metrics.jsonl, summary.json, training.png of a run: a few MB at most
+FLOAT = 4
+
+
+@dataclass
+class WriteEstimate:
+    """What a run writes into one directory, in bytes, and in what."""
+
+    directory: Path
+    nbytes: int
+    what: str
+
+
+def preflight(cfg: RunConfig, out: Path, *, overwrite: bool = False,
+              resume: bool = False) -> Dataset:
+    """Open the data set and check every path the run writes to; ValueError (one line,
+    naming the path) if the run cannot start. Prints the free space against the estimate."""
+    ds = open_data(cfg)
+    estimates = estimate_writes(cfg, ds, out)
+    for e in estimates:
+        free = check_writable(e.directory)
+        if free < e.nbytes:
+            raise ValueError(f"{e.directory}: {_size(free)} free on its file system; this run "
+                             f"writes about {_size(e.nbytes)} there ({e.what}); free space or "
+                             f"choose another directory")
+        print(f"preflight: {e.directory}: {_size(free)} free, the run writes about "
+              f"{_size(e.nbytes)} ({e.what})", file=sys.stderr)
+    return ds
+
+
+def open_data(cfg: RunConfig) -> Dataset:
+    """The run's data set, opened (and so checked); the error says how to make one."""
+    path = Path(cfg.data.path)
+    if not path.exists():
+        default = " (the default)" if str(cfg.data.path) == DEFAULT_DATA else ""
+        raise DataFormatError(f"data.path = {str(path)!r}{default}: no data set there; make one "
+                              f"with `recsync data synth --rows 1000000 --out {path}` or "
+                              f"`recsync data criteo FILE... --out {path}`, or set data.path")
+    try:
+        return Dataset(path)
+    except OSError as e:
+        raise DataFormatError(f"{path}: cannot read the data set ({e.strerror or e})") from None
+
+
+def model_bytes(cfg: RunConfig, ds: Dataset) -> int:
+    """Bytes of the model's state a checkpoint holds: every table's rows with their row
+    optimizer's state (one number per row for Adagrad), the dense parameters with two
+    optimizer slots (an upper bound for the optimizers recsync has)."""
+    dim = 1 if cfg.model.name == "lr" else cfg.model.embedding_dim
+    rows = sum(table_rows_for(cfg.model, ds.table_rows))
+    state = 0 if cfg.train.embedding_optimizer == "sgd" else 1
+    m = cfg.model
+    widths = [ds.meta["num_dense"], *m.bottom_mlp, dim]
+    dense = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    return rows * (dim + state) * FLOAT + 3 * dense * FLOAT
+
+
+def estimate_writes(cfg: RunConfig, ds: Dataset, out: Path) -> list[WriteEstimate]:
+    """What the run writes into --out and its checkpoint directory (one entry where they are
+    on the same file system)."""
+    estimates = [WriteEstimate(out, METRICS_BYTES, "metrics, summary, plot")]
+    r = cfg.recovery
+    if cfg.mode != "local" and (r.checkpoint_every_s or r.mtbf_s):
+        root = Path(r.dir) if r.dir else out / "checkpoints"
+        copies = r.keep + 2  # kept ones, one being written, one more a job checkpoint holds
+        ckpt = WriteEstimate(root, copies * model_bytes(cfg, ds),
+                             f"{copies} checkpoints of {_size(model_bytes(cfg, ds))}")
+        if _device(root) == _device(out):
+            estimates[0] = WriteEstimate(out, estimates[0].nbytes + ckpt.nbytes,
+                                         f"{ckpt.what} and the run's outputs")
+        else:
+            estimates.append(ckpt)
+    return estimates
+
+
+def check_writable(directory: Path) -> int:
+    """The free bytes where ``directory`` is (or would be made); ValueError if it cannot be
+    made or written. Probes with a real temporary file: permissions, a read-only mount and a
+    file in the way are all found this way."""
+    directory = Path(directory)
+    existing = _nearest_existing(directory)
+    if not existing.is_dir():
+        raise ValueError(f"{directory}: cannot be made: {existing} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".recsync-probe-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{directory}: not writable ({e.strerror or e})") from None
+    return shutil.disk_usage(existing).free
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _device(path: Path) -> int:
+    return os.stat(_nearest_existing(Path(path))).st_dev
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,158 @@
+"""How a run ends when it does not finish: signals turned into one exception, the known causes
+of a failure said in one line, exit codes, and the temporary files a stopped run leaves.
+
+A run installs ``catch_signals`` for its whole length: SIGINT (Ctrl-C), SIGTERM (what a cluster
+scheduler and ``docker stop`` send) and SIGHUP (a closed terminal) all raise ``Interrupted``
+in the main thread, which the run catches like Ctrl-C: it stops its actors, writes
+summary.json (status ``interrupted``) and exits with ``128 + signal number``. Ray's ``init``
+installs handlers of its own (a Python SIGTERM handler that calls ``sys.exit``, and its core
+worker's C++ handler that dumps a stack and kills the process), so the run installs its
+handlers again once Ray is up (``SignalCatcher.install``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import signal
+from pathlib import Path
+
+CAUGHT = ("SIGINT", "SIGTERM", "SIGHUP")
+
+# exit codes of `recsync train` (README "Exit codes")
+EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was asked to stop by a signal; ``signal_name`` says which."""
+
+    def __init__(self, signal_name: str = "SIGINT"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(getattr(signal, self.signal_name))
+
+
+class NonFiniteLoss(ArithmeticError):
+    """The training loss became NaN or infinite: the model is diverging; training stops."""
+
+
+class SignalCatcher:
+    """Raises ``Interrupted`` on the first of SIGINT, SIGTERM, SIGHUP; a second signal while
+    the run is stopping raises again (a user who presses Ctrl-C twice means it)."""
+
+    def __init__(self):
+        self.previous: dict[int, object] = {}
+        self.received: str | None = None
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+        raise Interrupted(self.received)
+
+    def install(self) -> None:
+        for name in CAUGHT:
+            sig = getattr(signal, name)
+            old = signal.signal(sig, self._handle)
+            self.previous.setdefault(sig, old)
+
+    def restore(self) -> None:
+        for sig, old in self.previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        self.previous.clear()
+
+
+def keep_signals_from_ray() -> None:
+    """Before ray.init: Ray's C++ failure handler catches SIGTERM while ray.init runs (a
+    stack dump, then an abort, before our handlers are back). This turns it off for the
+    processes of an embedded run; Ray's crashes still end the process (without the dump)."""
+    import os
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+
+
+@contextlib.contextmanager
+def catch_signals():
+    """``SignalCatcher`` installed for the block (only in the main thread: elsewhere, e.g. a
+    test's thread, signals stay as they are)."""
+    import threading
+    catcher = SignalCatcher()
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        catcher.install()
+    try:
+        yield catcher
+    finally:
+        if main:
+            catcher.restore()
+
+
+def ignore_interrupts() -> None:
+    """In an actor: leave SIGINT to the driver. Ctrl-C in a terminal reaches every process
+    of the foreground group; the driver stops the run and its actors in order, so an actor
+    must not die of it on its own (with a stack trace each)."""
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+DISK_ERRNOS = {errno.ENOSPC: "no space left on the device",
+               errno.EDQUOT: "disk quota exceeded",
+               errno.EROFS: "read-only file system",
+               errno.EACCES: "permission denied",
+               errno.EPERM: "operation not permitted",
+               errno.EIO: "input/output error"}
+
+
+def known_cause(e: BaseException) -> str | None:
+    """One line for a failure whose cause is known (a full disk, an unwritable path, a
+    diverging model, bad data), None for anything else (a bug: its traceback is kept)."""
+    from recsync.data.format import DataFormatError
+    for err in _chain(e):
+        if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
+            where = f" writing {err.filename}" if err.filename else ""
+            return f"{DISK_ERRNOS[err.errno]}{where} ([Errno {err.errno}])"
+        if isinstance(err, (NonFiniteLoss, DataFormatError)):
+            return str(err).splitlines()[0] if str(err) else type(err).__name__
+    text = str(e)
+    for code, words in DISK_ERRNOS.items():  # an actor's error, as text
+        if f"[Errno {code}]" in text:
+            return f"{words}: {_line_with(text, f'[Errno {code}]')}"
+    return None
+
+
+def _chain(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _line_with(text: str, needle: str) -> str:
+    return next((line.strip() for line in text.splitlines() if needle in line), text.strip())
+
+
+def check_loss(loss: float | None, *, step: int, mode: str, who: str) -> None:
+    """Raise NonFiniteLoss if ``loss`` is NaN or infinite (naming the step, mode and who)."""
+    if loss is not None and not math.isfinite(loss):
+        raise NonFiniteLoss(f"the training loss is {loss} at step {step} of {who} in mode "
+                            f"{mode!r}: the model diverged (lower train.dense_lr or "
+                            f"train.embedding_lr); the run stops and keeps its last checkpoint")
+
+
+def remove_temp_files(*directories: Path) -> list[Path]:
+    """Remove the temporary files of unfinished atomic writes (``.NAME.tmp-PID`` of
+    checkpoint files, ``NAME.tmp`` of JSON outputs) under ``directories``; returns them."""
+    removed = []
+    for d in directories:
+        if d is None or not Path(d).is_dir():
+            continue
+        for p in [*Path(d).rglob(".*.tmp-*"), *Path(d).rglob("*.json.tmp")]:
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+

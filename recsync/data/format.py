@@ -122,23 +122,6 @@ class SplitWriter:
         self._buf, self._buffered = [], 0
 
 
-def prepare_output_dir(out: Path, overwrite: bool) -> None:
-    """Make ``out`` ready for a new data set: refuse to replace one unless ``overwrite``, and
-    remove the meta.json and part files of an earlier one (so no stale part survives)."""
-    out = Path(out)
-    if (out / "meta.json").exists():
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds a data set (meta.json); pass "
-                                  f"--overwrite to replace it")
-        (out / "meta.json").unlink()  # from here on the directory reads as incomplete
-    for split in SPLITS:
-        d = out / split
-        if d.is_dir():
-            for p in d.glob("part-*.npy*"):
-                p.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-
-
 def write_meta(root: Path, *, table_rows: list[int], splits: dict[str, SplitInfo],
                source: dict, synthetic: dict | None = None,
                table_names: list[str] | None = None) -> dict:

@@ -21,7 +21,7 @@ from recsync.embedding.row_optim import make_row_optimizer
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
 from recsync.local_run import build_local_model
-from tests.unit.test_reader import TABLE_ROWS, make_dataset
+from test_reader import TABLE_ROWS, make_dataset
 
 
 @pytest.fixture

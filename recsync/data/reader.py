@@ -56,7 +56,7 @@ class Dataset:
         self.meta = read_meta(self.root)
         self.table_rows = [t["rows"] for t in self.meta["tables"]]
         self.table_names = [t["name"] for t in self.meta["tables"]]
-        self._id_end = np.array(self.table_rows, dtype=np.int64)
+        self._id_end = np.array(self.table_rows, dtype=np.uint32)  # sparse parts are int32
         self._parts: dict[str, list[dict[str, np.ndarray]]] = {}
 
     @property
@@ -131,11 +131,13 @@ class Dataset:
 
     def _check_ids(self, chunk: Chunk, sparse: np.ndarray, sel: slice | np.ndarray) -> None:
         """Every id must be a row of its table: an id past the end would index out of the
-        embedding table far from here. Two vectorised reductions per read; the slow search for
-        the first bad row runs only when there is one."""
-        if not len(sparse) or (sparse.min() >= 0 and (sparse.max(axis=0) < self._id_end).all()):
+        embedding table far from here. One vectorised comparison per read (ids seen as uint32,
+        so a negative id is huge and fails the same test); the search for the first bad row
+        runs only when there is one."""
+        inside = sparse.view(np.uint32) < self._id_end
+        if inside.all():
             return
-        r, c = (int(x) for x in np.argwhere((sparse < 0) | (sparse >= self._id_end))[0])
+        r, c = (int(x) for x in np.argwhere(~inside)[0])
         row = sel.start + r if isinstance(sel, slice) else int(sel[r])
         info = self._split(chunk.split)["parts"][chunk.part]
         path = part_paths(self.root / chunk.split, info["name"])["sparse"]

@@ -154,7 +154,7 @@ def synth(rows, out, seed, eval_rows, max_table_rows, processes, overwrite):
         r = generate(out, rows=rows, eval_rows=eval_rows, processes=processes,
                      spec=SynthSpec(seed=seed, max_table_rows=max_table_rows),
                      overwrite=overwrite)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, OSError) as e:  # OSError: the output cannot be written (disk full)
         _fail(e)
     click.echo(f"wrote {r.train_rows:,} train + {r.eval_rows:,} eval rows to {out} in "
                f"{r.seconds:.1f} s ({r.rows_per_s:,.0f} rows/s); eval CTR {r.ctr:.3f}, "
@@ -185,16 +185,18 @@ def _table_sizes(values: tuple[str, ...]) -> tuple[int, dict[str, int]]:
                    "(e.g. C3=50000). Repeatable.")
 @click.option("--eval-fraction", type=float, default=0.1, show_default=True,
               help="The last fraction of the input lines becomes the eval split.")
-@click.option("--overwrite", is_flag=True, help="Replace a data set already in --out.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a data set already in --out (once the new one is complete).")
 def criteo(files, out, strict, table_size, eval_fraction, overwrite):
-    """Convert Criteo files (raw TSV or DeepCTR's CSV sample) into training shards."""
+    """Convert Criteo files (raw TSV or DeepCTR's CSV sample; plain, gzip, bz2 or xz) into
+    training shards."""
     from recsync.data.criteo import convert_criteo
     default, overrides = _table_sizes(table_size)
     try:
         r = convert_criteo(list(files), out, strict=strict, table_size=default,
                            table_size_overrides=overrides, eval_fraction=eval_fraction,
                            overwrite=overwrite)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, OSError) as e:  # OSError: the output cannot be written (disk full)
         _fail(e)
     click.echo(f"converted {r.lines:,} lines in {r.seconds:.1f} s "
                f"({r.lines / max(r.seconds, 1e-9):,.0f} lines/s): {r.train_rows:,} train + "

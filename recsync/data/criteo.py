@@ -1,5 +1,6 @@
 """Convert Criteo click logs (Kaggle / Terabyte raw TSV, or DeepCTR's CSV) into the binary format:
-the conversion driver (:func:`convert_criteo`), input file handling and the report.
+the conversion driver (:func:`convert_criteo`) and its report. Input files (plain or compressed)
+are read by :mod:`recsync.data.criteo_input`; the output is staged by :mod:`recsync.data.output`.
 
 * Raw Kaggle / Terabyte: tab-separated, no header.
 * DeepCTR sample CSV: comma-separated, first line ``label,I1,...,I13,C1,...,C26``. The layout is
@@ -28,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from recsync.data.criteo_block_parser import MAX_EXAMPLES, PAD, mod_groups, parse_block
-from recsync.data.criteo_rules import (CSV_HEADER, TABLE_NAMES, CriteoFormatError, check_rows,
-                                       show_bytes)
-from recsync.data.format import (NUM_TABLES, SplitInfo, SplitWriter, prepare_output_dir,
-                                 write_meta)
+from recsync.data.criteo_block_parser import MAX_EXAMPLES, mod_groups, parse_block
+from recsync.data.criteo_input import InputFile, blocks, scan
+from recsync.data.criteo_rules import TABLE_NAMES, CriteoFormatError, check_rows
+from recsync.data.format import NUM_TABLES, SplitInfo, SplitWriter, write_meta
+from recsync.data.output import check_target, staged_output
 
 BLOCK_BYTES = 2 << 20  # bytes per parsed block (fastest on 2 cores); tests shrink it
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
@@ -56,92 +57,6 @@ class ConversionReport:
     seconds: float
 
 
-# ---------------------------------------------------------------------------------------------
-# Files
-
-
-@dataclass
-class _File:
-    name: str  # as given, for messages
-    path: Path
-    csv: bool
-    start: int  # byte offset of the first data line
-    end: int  # byte offset where data ends (a skipped trailing blank line is beyond it)
-    first_line: int  # 1-based line number of the first data line
-    lines: int  # data lines
-
-
-def _scan(name: str, path: Path) -> _File:
-    """Detect the layout, check a CSV header, count data lines; reads the file once."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.readline(len(CSV_HEADER) + 3)
-        csv = head.startswith(b"label,")
-        start, first_line = 0, 1
-        if csv:
-            hdr = head.rstrip(b"\n")
-            hdr = hdr[:-1] if hdr.endswith(b"\r") else hdr
-            if hdr != CSV_HEADER or not (head.endswith(b"\n") or f.tell() == size):
-                raise CriteoFormatError(
-                    f"{name}:1: a CSV header must be exactly {CSV_HEADER.decode()!r}, got "
-                    f"{show_bytes(head.rstrip(), 80)}")
-            start, first_line = len(head), 2
-        f.seek(start)
-        newlines = 0
-        while chunk := f.read(16 << 20):
-            newlines += chunk.count(b"\n")
-        lines = newlines
-        end = size
-        if size > start:
-            f.seek(max(start, size - 3))
-            tail_off = max(start, size - 3)
-            tail = f.read()
-            byte = lambda i: tail[i - tail_off] if i >= tail_off else None  # noqa: E731
-            if byte(size - 1) != 10:
-                lines += 1  # unterminated last line
-            # the very last line: skip it if blank ("" or "\r")
-            e = size - 1 if byte(size - 1) == 10 else size
-            e2 = e - 1 if e > start and byte(e - 1) == 13 else e
-            if e2 == start or (e2 - 1 >= tail_off and byte(e2 - 1) == 10):
-                lines -= 1
-                end = e2
-    return _File(name, path, csv, start, end, first_line, lines)
-
-
-def _blocks(fi: _File, block_bytes: int):
-    """Yield (buffer, nbytes, bytes read): whole lines, each ending in ``\\n``, then padding."""
-    carry = b""
-    remaining = fi.end - fi.start
-    unreported = 0
-    with open(fi.path, "rb") as f:
-        f.seek(fi.start)
-        while remaining > 0 or carry:
-            want = min(block_bytes, remaining)
-            buf = bytearray(len(carry) + want + 1 + PAD)
-            buf[:len(carry)] = carry
-            got = f.readinto(memoryview(buf)[len(carry):len(carry) + want]) if want else 0
-            remaining -= got
-            unreported += got
-            end = len(carry) + got
-            if remaining <= 0 or got == 0:  # end of data: the last line may lack its "\n"
-                remaining = 0
-                if end and buf[end - 1] != 10:
-                    buf[end] = 10
-                    end += 1
-                carry = b""
-                cut = end
-                if not cut:
-                    break
-            else:
-                cut = buf.rfind(b"\n", 0, end) + 1
-                if cut == 0:  # a line longer than a block: keep reading
-                    carry = bytes(buf[:end])
-                    continue
-                carry = bytes(buf[cut:end])
-            yield buf, cut, unreported
-            unreported = 0
-
-
 def _table_rows(table_size: int, overrides: dict[str, int] | None) -> list[int]:
     rows = [check_rows(table_size, "table_size")] * NUM_TABLES
     for name, r in (overrides or {}).items():
@@ -158,13 +73,15 @@ def convert_criteo(paths, out_dir, *, strict: bool = False, table_size: int = 1_
                    progress: bool = True) -> ConversionReport:
     """Convert Criteo files (read in order, as one time-ordered stream) into ``out_dir``.
 
-    The last ``round(lines * eval_fraction)`` input lines form the "eval" split, the rest
-    "train" (bad lines count as lines but write no row). Raises CriteoFormatError for missing,
-    unreadable or empty inputs, a bad CSV header, a bad line in strict mode, or if no line at all
-    is valid; ValueError for bad arguments; FileExistsError if ``out_dir`` already holds a data set
-    and ``overwrite`` is False. All inputs are checked before anything is written; a conversion
-    that fails later (strict mode) leaves no meta.json, so the directory reads as incomplete.
-    With ``overwrite=True`` the old meta.json and part files are removed first.
+    Inputs may be plain, gzip, bz2 or xz files (detected by their first bytes). The last
+    ``round(lines * eval_fraction)`` input lines form the "eval" split, the rest "train" (bad
+    lines count as lines but write no row). Raises CriteoFormatError for missing, unreadable,
+    empty or zstd/zip inputs, a bad CSV header, a bad line in strict mode, or if no line at all is
+    valid; ValueError for bad arguments; FileExistsError if ``out_dir`` holds a data set and not
+    ``overwrite``, or holds anything that is not a data set (see data/output.py).
+
+    The data set is written into a temporary directory beside ``out_dir`` and replaces it only
+    when complete: whatever fails, or on Ctrl-C, ``out_dir`` is left exactly as it was.
     """
     t0 = time.perf_counter()
     if isinstance(paths, (str, os.PathLike)):
@@ -177,22 +94,27 @@ def convert_criteo(paths, out_dir, *, strict: bool = False, table_size: int = 1_
         raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction!r}")
     table_rows = _table_rows(table_size, table_size_overrides)
     out = Path(out_dir)
+    check_target(out, overwrite)  # before reading the inputs, which may take minutes
 
     missing = [str(p) for p in paths if not Path(p).is_file()]
     if missing:
         raise CriteoFormatError(f"input file(s) not found (or not regular files): "
                                 f"{', '.join(missing)}")
-    try:
-        files = [_scan(str(p), Path(p)) for p in paths]
-    except OSError as e:
-        raise CriteoFormatError(f"cannot read input: {e}") from e
+    files = [scan(str(p), Path(p)) for p in paths]
     total = sum(f.lines for f in files)
     if total == 0:
         raise CriteoFormatError(f"no data lines in {', '.join(f.name for f in files)}")
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory")
-    prepare_output_dir(out, overwrite)
+    with staged_output(out, overwrite) as tmp:
+        report = _convert(files, tmp, table_rows, strict=strict, eval_fraction=eval_fraction,
+                          progress=progress)
+    report.seconds = time.perf_counter() - t0
+    return report
 
+
+def _convert(files: list[InputFile], out: Path, table_rows: list[int], *, strict: bool,
+             eval_fraction: float, progress: bool) -> ConversionReport:
+    """Parse ``files`` (already scanned) and write the data set, meta.json last, into ``out``."""
+    total = sum(f.lines for f in files)
     n_eval = int(round(total * eval_fraction))
     split_at = total - n_eval  # global line index where eval begins
     mods = mod_groups(table_rows)
@@ -234,7 +156,7 @@ def convert_criteo(paths, out_dir, *, strict: bool = False, table_size: int = 1_
                         g0 += blk.n_lines
                         line0 += blk.n_lines
 
-                for buf, nbytes, consumed in _blocks(fi, BLOCK_BYTES):
+                for buf, nbytes, consumed in blocks(fi, BLOCK_BYTES):
                     pending.append((pool.submit(parse_block, buf, nbytes, fi.csv, mods),
                                     consumed))
                     drain(2 * _WORKERS)
@@ -256,4 +178,4 @@ def convert_criteo(paths, out_dir, *, strict: bool = False, table_size: int = 1_
         "bad_line_examples": [asdict(e) for e in examples]})
     return ConversionReport(lines=total, rows_written=rows, bad_lines=bad, examples=examples,
                             train_rows=infos["train"].rows, eval_rows=infos["eval"].rows,
-                            seconds=time.perf_counter() - t0)
+                            seconds=0.0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,10 +29,20 @@ NUM_DENSE = 13
 NUM_TABLES = 26
 SPLITS = ("train", "eval")
 MAX_TABLE_ROWS = 2**31 - 1  # ids are stored as int32
+PART_NAME = re.compile(r"part-[0-9]{5,}")  # what part_name() makes; nothing else is opened
+DTYPES = {"dense": np.dtype(np.float32), "sparse": np.dtype(np.int32),
+          "label": np.dtype(np.float32)}
 
 
 class DataFormatError(ValueError):
-    """A data set directory is missing, incomplete or not of this format."""
+    """A data set directory is missing, incomplete, not of this format, or inconsistent with its
+    meta.json. The message is one line naming the file (and the key or row): it is what a user
+    sees, also when a worker process raises it."""
+
+
+def one_line(e: BaseException | str) -> str:
+    """A message on one line (library errors may span several), for one-line user errors."""
+    return " ".join(str(e).split())
 
 
 @dataclass
@@ -87,7 +98,8 @@ class SplitWriter:
         """Append rows: dense float32 [n, num_dense], sparse int [n, num_tables], label [n]."""
         n = len(label)
         if dense.shape != (n, self.num_dense) or sparse.shape != (n, self.num_tables):
-            raise ValueError(f"bad shapes: dense {dense.shape}, sparse {sparse.shape}, label ({n},)")
+            raise ValueError(f"bad shapes: dense {dense.shape}, sparse {sparse.shape}, "
+                             f"label ({n},)")
         while n:
             take = min(n, self.part_rows - self._buffered)
             self._buf.append((dense[:take], sparse[:take], label[:take]))
@@ -108,23 +120,6 @@ class SplitWriter:
         self.info.parts.append({"name": name, "rows": self._buffered})
         self.info.rows += self._buffered
         self._buf, self._buffered = [], 0
-
-
-def prepare_output_dir(out: Path, overwrite: bool) -> None:
-    """Make ``out`` ready for a new data set: refuse to replace one unless ``overwrite``, and
-    remove the meta.json and part files of an earlier one (so no stale part survives)."""
-    out = Path(out)
-    if (out / "meta.json").exists():
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds a data set (meta.json); pass "
-                                  f"--overwrite to replace it")
-        (out / "meta.json").unlink()  # from here on the directory reads as incomplete
-    for split in SPLITS:
-        d = out / split
-        if d.is_dir():
-            for p in d.glob("part-*.npy*"):
-                p.unlink()
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def write_meta(root: Path, *, table_rows: list[int], splits: dict[str, SplitInfo],
@@ -160,12 +155,69 @@ def read_meta(root: Path) -> dict:
         raise DataFormatError(f"{path}: missing; the data set at {root} is incomplete or was "
                               f"never converted")
     try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        meta = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:  # JSON or UTF-8 errors; absurd nesting
         raise DataFormatError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(meta, dict):
+        raise DataFormatError(f"{path}: must hold a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT_NAME:
-        raise DataFormatError(f"{path}: format is {meta.get('format')!r}, expected {FORMAT_NAME!r}")
+        raise DataFormatError(f"{path}: format is {meta.get('format')!r:.80}, expected "
+                              f"{FORMAT_NAME!r}")
     if meta.get("version") != FORMAT_VERSION:
-        raise DataFormatError(f"{path}: format version {meta.get('version')!r} is not supported "
-                              f"(this recsync reads version {FORMAT_VERSION})")
+        raise DataFormatError(f"{path}: format version {meta.get('version')!r:.40} is not "
+                              f"supported (this recsync reads version {FORMAT_VERSION})")
+    check_meta(meta, path)
     return meta
+
+
+def _is_int(v, lo: int, hi: int | None = None) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool) and v >= lo
+            and (hi is None or v <= hi))
+
+
+def check_meta(meta: dict, path: Path) -> None:
+    """Check what meta.json says before anything is opened or sized from it: the counts of
+    features, each table's rows (the tables are allocated from them), and the splits' part names
+    (they become file names, so only ``part-NNNNN`` is accepted: never a path). Raises
+    DataFormatError naming ``path`` and the key."""
+    def bad(key: str, why: str):
+        raise DataFormatError(f"{path}: {key} {why}")
+
+    if meta.get("num_dense") != NUM_DENSE:
+        bad("num_dense", f"is {meta.get('num_dense')!r}; format version {FORMAT_VERSION} has "
+                         f"{NUM_DENSE} dense features")
+    tables = meta.get("tables")
+    if not isinstance(tables, list) or len(tables) != NUM_TABLES:
+        got = f"{len(tables)} entries" if isinstance(tables, list) else repr(tables)
+        bad("tables", f"must list {NUM_TABLES} tables, got {got}")
+    for i, t in enumerate(tables):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+            bad(f"tables[{i}]", f"must be {{\"name\": ..., \"rows\": ...}}, got {t!r:.80}")
+        if not _is_int(t.get("rows"), 1, MAX_TABLE_ROWS):
+            bad(f"tables[{i}].rows", f"(table {t['name']!r}) must be an integer in "
+                                     f"[1, {MAX_TABLE_ROWS}], got {t.get('rows')!r:.40}")
+    splits = meta.get("splits")
+    if not isinstance(splits, dict):
+        bad("splits", f"must be an object, got {splits!r:.80}")
+    for split, info in splits.items():
+        key = f"splits.{split}"
+        if split not in SPLITS:
+            bad("splits", f"has an unknown split {split!r:.40} (splits are {', '.join(SPLITS)})")
+        if (not isinstance(info, dict) or not _is_int(info.get("rows"), 0)
+                or not isinstance(info.get("parts"), list)):
+            bad(key, f"must be {{\"rows\": n, \"parts\": [...]}}, got {info!r:.80}")
+        names = set()
+        for j, part in enumerate(info["parts"]):
+            name = part.get("name") if isinstance(part, dict) else None
+            if not isinstance(name, str) or not PART_NAME.fullmatch(name):
+                bad(f"{key}.parts[{j}].name", f"must be part-NNNNN (a file name in {split}/, "
+                                              f"never a path), got {name!r:.80}")
+            if name in names:
+                bad(f"{key}.parts[{j}].name", f"repeats {name!r}")
+            names.add(name)
+            if not _is_int(part.get("rows"), 0):
+                bad(f"{key}.parts[{j}].rows", f"must be an integer >= 0, got "
+                                              f"{part.get('rows')!r:.40}")
+        total = sum(p["rows"] for p in info["parts"])
+        if total != info["rows"]:
+            bad(f"{key}.rows", f"is {info['rows']} but its parts hold {total} rows")

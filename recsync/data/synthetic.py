@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from recsync.data.format import (NUM_DENSE, NUM_TABLES, SPLITS, SplitInfo, part_name,
-                                 prepare_output_dir, write_meta, write_part)
+                                 write_meta, write_part)
+from recsync.data.output import staged_output
 
 # Cardinalities of the 26 categorical features of the Criteo Kaggle data set; synthetic tables
 # take these, capped at ``max_table_rows``, so small and huge tables mix as in the real data.
@@ -179,6 +180,36 @@ def _write_chunk(spec: SynthSpec, out: Path, split_index: int, chunk_index: int,
     return (label, prob) if SPLITS[split_index] == "eval" else None
 
 
+def _write_splits(out: Path, spec: SynthSpec, rows: int, eval_rows: int, processes: int,
+                  progress: bool):
+    """Generate and write every part into ``out``; return the eval labels and probabilities
+    (per chunk) and the splits' infos."""
+    from tqdm import tqdm
+
+    jobs = [(split_i, c, min(CHUNK_ROWS, n - c * CHUNK_ROWS))
+            for split_i, n in ((0, rows), (1, eval_rows))
+            for c in range(math.ceil(n / CHUNK_ROWS))]
+    splits = {name: SplitInfo() for name in SPLITS}
+    for name in SPLITS:
+        (out / name).mkdir()
+    eval_labels, eval_probs = [], []
+    # the teacher was built before, once; forked children inherit it
+    ctx = get_context("fork")  # children use numpy only; fork needs no __main__ guard
+    with (tqdm(total=rows + eval_rows, unit="row", unit_scale=True, desc="synth",
+               disable=not progress) as bar,
+          ProcessPoolExecutor(max_workers=max(1, processes), mp_context=ctx) as pool):
+        done = pool.map(_write_chunk, *zip(*[(spec, out, s, c, n) for s, c, n in jobs]))
+        for (split_i, chunk_i, n), eval_part in zip(jobs, done):
+            info = splits[SPLITS[split_i]]
+            info.parts.append({"name": part_name(chunk_i), "rows": n})
+            info.rows += n
+            if eval_part is not None:
+                eval_labels.append(eval_part[0])
+                eval_probs.append(eval_part[1])
+            bar.update(n)
+    return eval_labels, eval_probs, splits
+
+
 @dataclass
 class SynthReport:
     train_rows: int
@@ -191,14 +222,16 @@ class SynthReport:
 
 
 def generate(out_dir: str | Path, *, rows: int, eval_rows: int | None = None,
-             spec: SynthSpec = SynthSpec(), processes: int = 2, overwrite: bool = False, progress: bool = True) -> SynthReport:
+             spec: SynthSpec = SynthSpec(), processes: int = 2, overwrite: bool = False,
+             progress: bool = True) -> SynthReport:
     """Write a synthetic data set (train + eval splits and meta.json) to ``out_dir``.
 
     ``eval_rows`` defaults to a tenth of ``rows``. Uses ``processes`` worker processes; the output
-    does not depend on that number.
+    does not depend on that number. The data set is written beside ``out_dir`` and replaces it
+    only when complete (data/output.py): FileExistsError if ``out_dir`` holds a data set and not
+    ``overwrite``, or holds anything that is not a data set.
     """
     from sklearn.metrics import log_loss, roc_auc_score
-    from tqdm import tqdm
 
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
@@ -208,40 +241,20 @@ def generate(out_dir: str | Path, *, rows: int, eval_rows: int | None = None,
     out = Path(out_dir)
     start = time.perf_counter()
     teacher = _teacher(spec)  # checks the spec before anything on disk is touched
-    prepare_output_dir(out, overwrite)
-    jobs = [(split_i, c, min(CHUNK_ROWS, n - c * CHUNK_ROWS))
-            for split_i, n in ((0, rows), (1, eval_rows))
-            for c in range(math.ceil(n / CHUNK_ROWS))]
-    splits = {name: SplitInfo() for name in SPLITS}
-    for name in SPLITS:
-        (out / name).mkdir(exist_ok=True)
-    eval_labels, eval_probs = [], []
-    bar = tqdm(total=rows + eval_rows, unit="row", unit_scale=True, desc="synth",
-               disable=not progress)
-    # the teacher was built above, once; forked children inherit it
-    ctx = get_context("fork")  # children use numpy only; fork needs no __main__ guard
-    with ProcessPoolExecutor(max_workers=max(1, processes), mp_context=ctx) as pool:
-        done = pool.map(_write_chunk, *zip(*[(spec, out, s, c, n) for s, c, n in jobs]))
-        for (split_i, chunk_i, n), eval_part in zip(jobs, done):
-            info = splits[SPLITS[split_i]]
-            info.parts.append({"name": part_name(chunk_i), "rows": n})
-            info.rows += n
-            if eval_part is not None:
-                eval_labels.append(eval_part[0])
-                eval_probs.append(eval_part[1])
-            bar.update(n)
-    bar.close()
-    y, p = np.concatenate(eval_labels), np.concatenate(eval_probs).astype(np.float64)
-    both_classes = 0 < y.sum() < len(y)
-    bayes_auc = float(roc_auc_score(y, p)) if both_classes else float("nan")
-    bayes_logloss = float(log_loss(y, p, labels=[0, 1]))
+    with staged_output(out, overwrite) as tmp:
+        eval_labels, eval_probs, splits = _write_splits(tmp, spec, rows, eval_rows, processes,
+                                                        progress)
+        y, p = np.concatenate(eval_labels), np.concatenate(eval_probs).astype(np.float64)
+        both_classes = 0 < y.sum() < len(y)
+        bayes_auc = float(roc_auc_score(y, p)) if both_classes else float("nan")
+        bayes_logloss = float(log_loss(y, p, labels=[0, 1]))
+        write_meta(tmp, table_rows=teacher.rows, splits=splits,
+                   source={"kind": "synthetic", "spec": asdict(spec), "bias": teacher.bias},
+                   synthetic={"bayes_auc": bayes_auc, "bayes_logloss": bayes_logloss,
+                              "eval_ctr": float(y.mean()),
+                              "note": "Bayes-optimal scorer (true click probability) on this "
+                                      "eval split's drawn labels"})
     seconds = time.perf_counter() - start
-    write_meta(out, table_rows=teacher.rows, splits=splits,
-               source={"kind": "synthetic", "spec": asdict(spec), "bias": teacher.bias},
-               synthetic={"bayes_auc": bayes_auc, "bayes_logloss": bayes_logloss,
-                          "eval_ctr": float(y.mean()),
-                          "note": "Bayes-optimal scorer (true click probability) on this eval "
-                                  "split's drawn labels"})
     return SynthReport(train_rows=rows, eval_rows=eval_rows, seconds=seconds,
                        rows_per_s=(rows + eval_rows) / seconds, bayes_auc=bayes_auc,
                        bayes_logloss=bayes_logloss, ctr=float(y.mean()))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recsync.embedding.memory import check_table_memory
 from recsync.embedding.sharding import local_index, rows_on_shard
 from recsync.embedding.spec import TableSpec
 from recsync.hashing import splitmix64
@@ -42,12 +43,17 @@ class EmbeddingStore:
 
     def __init__(self, tables: list[TableSpec], optimizer, *, seed: int = 0,
                  init_scale: float = 0.05, shard: int = 0, num_shards: int = 1):
+        """Raises TableMemoryError, before allocating, if the tables fully touched would not
+        fit this machine's memory (embedding/memory.py)."""
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard must be in [0, {num_shards}), got {shard}")
         self.tables, self.optimizer = tables, optimizer
         self.seed, self.init_scale = seed, init_scale
         self.shard, self.num_shards = shard, num_shards
         local_rows = [rows_on_shard(t.rows, shard, num_shards) for t in tables]
+        # before any allocation: table sizes come from a data set's meta.json
+        check_table_memory(local_rows, max((t.dim for t in tables), default=1),
+                           state_dim=optimizer.state_dim, table_names=[t.name for t in tables])
         self.weights = [torch.empty(n, t.dim) for n, t in zip(local_rows, tables)]
         self.state = [torch.empty(n, optimizer.state_dim) for n in local_rows]
         self.initialized = [torch.zeros(n, dtype=torch.bool) for n in local_rows]

@@ -247,6 +247,7 @@ def test_meta_row_count_disagrees_with_part(tmp_path):
     root = make_dataset(tmp_path / "data")
     meta = json.loads((root / "meta.json").read_text())
     meta["splits"]["eval"]["parts"][0]["rows"] = 71
+    meta["splits"]["eval"]["rows"] = 71  # consistent within meta.json, not with the file
     (root / "meta.json").write_text(json.dumps(meta))
     ds = Dataset(root)
     dense = part_paths(root / "eval", "part-00000")["dense"]

@@ -1,7 +1,8 @@
 """Checks before any actor starts, so that a run refused is refused in a second, with nothing
-written, instead of minutes in with a traceback: the data set opens (and is a valid one), the
-output and checkpoint directories exist or can be made and are writable, and their file
-systems have room for what the run writes (an estimate, shown beside the free space)."""
+written, instead of minutes in with a traceback: the data set opens (and is a valid one), its
+tables fit in memory, the output and checkpoint directories exist or can be made and are
+writable, and their file systems have room for what the run writes (an estimate, shown beside
+the free space)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from recsync.config import RunConfig
 from recsync.data.format import DataFormatError
 from recsync.data.reader import Dataset
+from recsync.embedding.memory import check_table_memory, table_bytes
 from recsync.model.registry import table_rows_for
 
 DEFAULT_DATA = "runs/data/synth"
@@ -36,6 +38,10 @@ def preflight(cfg: RunConfig, out: Path, *, overwrite: bool = False,
     """Open the data set and check every path the run writes to; ValueError (one line,
     naming the path) if the run cannot start. Prints the free space against the estimate."""
     ds = open_data(cfg)
+    for split in ("train", "eval"):
+        ds.parts(split)  # every part file's header against meta.json, here and not in an actor
+    check_table_memory(table_rows_for(cfg.model, ds.table_rows), _dim(cfg),
+                       state_dim=_state_dim(cfg), table_names=ds.table_names)
     estimates = estimate_writes(cfg, ds, out)
     for e in estimates:
         free = check_writable(e.directory)
@@ -62,17 +68,23 @@ def open_data(cfg: RunConfig) -> Dataset:
         raise DataFormatError(f"{path}: cannot read the data set ({e.strerror or e})") from None
 
 
+def _dim(cfg: RunConfig) -> int:
+    return 1 if cfg.model.name == "lr" else cfg.model.embedding_dim
+
+
+def _state_dim(cfg: RunConfig) -> int:
+    return 0 if cfg.train.embedding_optimizer == "sgd" else 1
+
+
 def model_bytes(cfg: RunConfig, ds: Dataset) -> int:
     """Bytes of the model's state a checkpoint holds: every table's rows with their row
-    optimizer's state (one number per row for Adagrad), the dense parameters with two
-    optimizer slots (an upper bound for the optimizers recsync has)."""
-    dim = 1 if cfg.model.name == "lr" else cfg.model.embedding_dim
-    rows = sum(table_rows_for(cfg.model, ds.table_rows))
-    state = 0 if cfg.train.embedding_optimizer == "sgd" else 1
+    optimizer's state, the dense parameters with two optimizer slots (an upper bound for the
+    optimizers recsync has)."""
     m = cfg.model
-    widths = [ds.meta["num_dense"], *m.bottom_mlp, dim]
+    widths = [ds.meta["num_dense"], *m.bottom_mlp, _dim(cfg)]
     dense = sum(a * b + b for a, b in zip(widths, widths[1:]))
-    return rows * (dim + state) * FLOAT + 3 * dense * FLOAT
+    return (table_bytes(table_rows_for(m, ds.table_rows), _dim(cfg), _state_dim(cfg))
+            + 3 * dense * FLOAT)
 
 
 def estimate_writes(cfg: RunConfig, ds: Dataset, out: Path) -> list[WriteEstimate]:

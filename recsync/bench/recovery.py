@@ -6,11 +6,10 @@ same synthetic data in every arm. First ``no_failure`` runs (no checkpoints, no 
 training time T sets the failure schedule: exponential inter-arrival times with mean T / 4
 (``EXPECTED_FAILURES``), each on a random shard, drawn with the first seed from 0 whose
 schedule has 3 to 5 kills between ``FIRST_KILL_S`` and ``KILL_WINDOW`` x T after the first step
-(so that every arm, whose clock starts a few seconds before its first step, lives through all of
-them) and at least ``MIN_GAP_S`` between two kills (Ray takes seconds to restart a shard; a kill while it restarts would be a different
-experiment). The kills are real (the shard's process exits: ``os._exit``) and INJECTED
-(emulated failures), at the same times since the start of the run in every failing arm; the
-mean T / 4 is also each arm's ``recovery.mtbf_s``, from which the run chooses its checkpoint
+(so that every arm lives through all of them) and at least ``MIN_GAP_S`` between two kills (Ray
+takes seconds to restart a shard; a kill while it restarts would be a different experiment).
+The kills are real (the shard's process exits: ``os._exit``) and INJECTED (emulated failures),
+at the same times after the first step in every failing arm; the mean T / 4 is also each arm's ``recovery.mtbf_s``, from which the run chooses its checkpoint
 interval after measuring its first checkpoint's cost (full: Young's interval; partial, MFU,
 SSU: the longest interval whose expected PLS stays under ``PLS_TARGET``).
 
@@ -149,7 +148,8 @@ def run(out: Path, scale: float) -> dict:
             + f" (seed {seed} of exponential inter-arrival times with mean T1 / "
             f"{EXPECTED_FAILURES} = {mean:.1f} s, T1 = round 1's no_failure training time "
             f"{first['train_s']:.1f} s; the first seed with 3-5 kills after {FIRST_KILL_S:g} s, "
-            f"in the first {KILL_WINDOW:.0%} of T1 and {MIN_GAP_S:g} s apart). Each failing arm has recovery.mtbf_s = {mean:.1f} s and "
+            f"in the first {KILL_WINDOW:.0%} of T1 and {MIN_GAP_S:g} s apart). Each failing arm "
+            f"has recovery.mtbf_s = {mean:.1f} s and "
             f"chooses its checkpoint interval from it and its first checkpoint's measured cost "
             f"(PLS target {PLS_TARGET}). Overhead = (training blocked by checkpoints + time "
             f"without training after each failure + training done again) / T, each measured "

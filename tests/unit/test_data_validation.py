@@ -214,10 +214,8 @@ def train(root, out):
      "embedding tables need about"),
     (lambda root: np.save(part_paths(root / "train", "part-00002")["dense"],
                           np.zeros((50, 3), np.float32)), "part-00002.dense.npy"),
-    (lambda root: put_id(root, part=2, row=7, column=25, value=10**6),
-     "part-00002.sparse.npy: row 7, column 25 (table C26)"),
 ])
-def test_train_on_a_crafted_data_set_fails_with_one_line(root, tmp_path, craft, needle):
+def test_train_on_a_crafted_data_set_is_refused_with_one_line(root, tmp_path, craft, needle):
     craft(root)
     result = train(root, tmp_path / "run")
     assert result.exit_code == 2, result.output
@@ -225,4 +223,18 @@ def test_train_on_a_crafted_data_set_fails_with_one_line(root, tmp_path, craft, 
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert needle in lines[0]
-    assert not re.search(r"IndexError|RayTaskError", result.output)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_out_of_range_ids_stop_the_run_with_one_line(root, tmp_path):
+    """Ids are checked as chunks are read, so a bad one is found mid-run: the run fails with
+    its summary written and one error line naming the file and row."""
+    put_id(root, part=2, row=7, column=25, value=10**6)
+    result = train(root, tmp_path / "run")
+    needle = "part-00002.sparse.npy: row 7, column 25 (table C26)"
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and needle in errors[0], result.output
+    assert not re.search(r"Traceback|IndexError|RayTaskError", result.output)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and needle in summary["error"]

@@ -9,8 +9,8 @@ schedule has 3 to 5 kills between ``FIRST_KILL_S`` and ``KILL_WINDOW`` x T after
 (so that every arm lives through all of them) and at least ``MIN_GAP_S`` between two kills (Ray
 takes seconds to restart a shard; a kill while it restarts would be a different experiment).
 The kills are real (the shard's process exits: ``os._exit``) and INJECTED (emulated failures),
-at the same times after the first step in every failing arm; the mean T / 4 is also each arm's ``recovery.mtbf_s``, from which the run chooses its checkpoint
-interval after measuring its first checkpoint's cost (full: Young's interval; partial, MFU,
+at the same times after the first step in every failing arm; the mean T / 4 is also each
+arm's ``recovery.mtbf_s``, from which the run chooses its checkpoint interval after measuring its first checkpoint's cost (full: Young's interval; partial, MFU,
 SSU: the longest interval whose expected PLS stays under ``PLS_TARGET``).
 
 Arms: ``no_failure``; ``full`` (every shard, the workers and the data position roll back to

@@ -4,14 +4,15 @@ CPR's partial checkpoints (MFU, SSU), against a run without failures.
 N = 2 workers, S = 4 PS shards, mode async, the default DLRM and optimizers, one pass over the
 same synthetic data in every arm. First ``no_failure`` runs (no checkpoints, no failures); its
 training time T sets the failure schedule: exponential inter-arrival times with mean T / 4
-(``EXPECTED_FAILURES``), each on a random shard, drawn with the first seed from 0 whose
-schedule has 3 to 5 kills between ``FIRST_KILL_S`` and ``KILL_WINDOW`` x T after the first step
-(so that every arm lives through all of them) and at least ``MIN_GAP_S`` between two kills (Ray
-takes seconds to restart a shard; a kill while it restarts would be a different experiment).
-The kills are real (the shard's process exits: ``os._exit``) and INJECTED (emulated failures),
-at the same times after the first step in every failing arm; the mean T / 4 is also each
-arm's ``recovery.mtbf_s``, from which the run chooses its checkpoint interval after measuring its first checkpoint's cost (full: Young's interval; partial, MFU,
-SSU: the longest interval whose expected PLS stays under ``PLS_TARGET``).
+(``EXPECTED_FAILURES``), each on a random shard, drawn with the first seed from 0 whose schedule
+has 3 to 5 kills between ``FIRST_KILL_S`` and ``KILL_WINDOW`` x T after the first step (so that
+every arm lives through all of them) and at least ``MIN_GAP_S`` between two kills (Ray takes
+seconds to restart a shard; a kill while it restarts would be a different experiment). The kills
+are real (the shard's process exits: ``os._exit``) and INJECTED (emulated failures), at the same
+times after the first step in every failing arm; the mean T / 4 is also each arm's
+``recovery.mtbf_s``, from which the run chooses its checkpoint interval after measuring its
+first checkpoint's cost (full: Young's interval; partial, MFU, SSU: the longest interval whose
+expected PLS stays under ``PLS_TARGET``).
 
 Arms: ``no_failure``; ``full`` (every shard, the workers and the data position roll back to
 the last job checkpoint); ``partial`` (the failed shard alone reloads its own last checkpoint);

@@ -148,7 +148,7 @@ def test_evaluate_rows_and_determinism(tiny):
     m = build_local_model(MODEL, TrainConfig(seed=1), tiny)
     a = evaluate(m.dense, m.lookup, tiny, 100, 32)
     assert a["rows"] == 100
-    assert evaluate(m.dense, m.lookup, tiny, 100, 7) == pytest.approx(a)   # batch size does not matter
+    assert evaluate(m.dense, m.lookup, tiny, 100, 7) == pytest.approx(a)  # any batch size
     assert evaluate(m.dense, m.lookup, tiny, 10**9, 64)["rows"] == 256  # capped at the split
     assert evaluate(m.dense, m.lookup, tiny, 0, 64)["rows"] == 0
 

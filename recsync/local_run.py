@@ -121,9 +121,9 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
                 for batch in ds.batches(chunk, t.batch_size, shuffle_seed=shuffle_seed,
                                         epoch=epoch):
                     loss = train_step(model, batch)
-                    check_loss(loss, step=record.steps + 1, mode=cfg.mode, who="the run")
                     record.steps += 1
                     record.samples += len(batch)
+                    check_loss(loss, step=record.steps, mode=cfg.mode, who="the run")
                     timer.add(len(batch), loss)
                     bar.update(len(batch))
                     eval_now = record.samples >= next_eval

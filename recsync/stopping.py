@@ -139,7 +139,7 @@ def check_loss(loss: float | None, *, step: int, mode: str, who: str) -> None:
     if loss is not None and not math.isfinite(loss):
         raise NonFiniteLoss(f"the training loss is {loss} at step {step} of {who} in mode "
                             f"{mode!r}: the model diverged (lower train.dense_lr or "
-                            f"train.embedding_lr); the run stops and keeps its last checkpoint")
+                            f"train.embedding_lr) or the data holds NaN or inf")
 
 
 def remove_temp_files(*directories: Path) -> list[Path]:

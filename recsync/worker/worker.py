@@ -202,8 +202,8 @@ class Worker:
         if loss == STOP:
             self.mode.finish(thread)
             return False
-        check_loss(loss, step=self.steps + 1, mode=self.mode_name, who=f"worker {self.rank}")
         self._record(batch, loss, time.perf_counter() - begin)
+        check_loss(loss, step=self.steps, mode=self.mode_name, who=f"worker {self.rank}")
         if finished is not None:
             self._chunk_done(*finished)
         if self.mode.agreed_pause():

@@ -1,6 +1,9 @@
-"""One Ray instance for the whole integration session (starting Ray costs seconds)."""
+"""One Ray instance for the whole integration session (starting Ray costs seconds), and one
+small synthetic data set."""
 
 import pytest
+
+from recsync.data.synthetic import SynthSpec, generate
 
 
 @pytest.fixture(scope="session")
@@ -10,3 +13,12 @@ def ray_cluster():
              log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def data(tmp_path_factory):
+    """4,096 training rows, 512 eval rows, tables of at most 500 rows."""
+    root = tmp_path_factory.mktemp("data")
+    generate(root, rows=4096, eval_rows=512, spec=SynthSpec(seed=3, max_table_rows=500),
+             processes=1, progress=False)
+    return root

@@ -20,7 +20,6 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from recsync.checkpoint import files, job
-from recsync.config import load_config
 from recsync.data.reader import Batch, Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.distributed.errors import RunFailed
@@ -28,24 +27,7 @@ from recsync.distributed.train import run_distributed
 from recsync.metrics import MetricsLog
 from recsync.local_run import build_local_model, train_step
 from recsync.run import run
-
-B = 64
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    generate(root, rows=4096, eval_rows=512, spec=SynthSpec(seed=3, max_table_rows=500),
-             processes=1, progress=False)
-    return root
-
-
-def config(data, *extra):
-    return load_config(None, [
-        f"data.path={json.dumps(str(data))}", "model.embedding_dim=4", "model.bottom_mlp=[8]",
-        "model.top_mlp=[8]", f"train.batch_size={B}", "output.progress=false",
-        "output.plot=false", *extra])
-
+from runs import B, config, wait_gone
 
 def test_sync_two_workers_equal_local_with_the_global_batch(ray_cluster, data, tmp_path):
     _equals_local_with_the_global_batch(data, tmp_path, 'mode="sync"')
@@ -128,20 +110,6 @@ def test_a_dead_ps_shard_stops_the_run_with_a_clear_error(ray_cluster, data, tmp
     assert summary["status"] == "failed" and "shard 1" in summary["error"]
 
 
-def _ray_processes_of(driver_pid: int) -> list[str]:
-    """Ray's processes of the session a driver started (its session dir ends in the pid), so
-    that other Ray instances on the machine do not count."""
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line[:120] for line in out.splitlines() if f"_{driver_pid}/" in line]
-
-
-def _wait_gone(driver_pid: int, timeout_s: float = 10) -> list[str]:
-    deadline = time.time() + timeout_s
-    while (left := _ray_processes_of(driver_pid)) and time.time() < deadline:
-        time.sleep(0.5)
-    return left
-
-
 def test_an_embedded_run_leaves_no_ray_process(data, tmp_path):
     cmd = [sys.executable, "-m", "recsync", "train", "--out", str(tmp_path / "run"),
            "--set", f"data.path={json.dumps(str(data))}", "--set", 'mode="async"',
@@ -152,7 +120,7 @@ def test_an_embedded_run_leaves_no_ray_process(data, tmp_path):
     output = proc.communicate(timeout=240)[0]
     assert proc.returncode == 0, output[-2000:]
     assert "completed" in output
-    assert _wait_gone(proc.pid) == []
+    assert wait_gone(proc.pid) == []
 
 
 @pytest.mark.parametrize("mode", ["async", "sync", "gba", "shadow", "eager", "hybrid"])
@@ -169,40 +137,6 @@ def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster,
     assert queue["completed"] == 6 * chunks and queue["completed_more_than_once"] == 0
     assert queue["pending"] == 0 and queue["leased"] == 0
     assert 0.5 < summary["eval"]["auc"] <= 1.0
-
-
-@pytest.mark.parametrize("mode", ["async", "shadow"])
-def test_ctrl_c_stops_within_10_s_writes_the_summary_and_leaves_no_ray_process(data, tmp_path,
-                                                                              mode):
-    """(shadow: with 2 Hogwild threads and the shadow thread in its all-reduce rounds)"""
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "recsync", "train", "--out", str(out),
-           "--set", f"data.path={json.dumps(str(data))}", "--set", f'mode="{mode}"',
-           "--set", "shadow.hogwild_threads=2",
-           "--set", "cluster.workers=2", "--set", "model.bottom_mlp=[8]",
-           "--set", "model.top_mlp=[8]", "--set", "model.embedding_dim=4",
-           "--set", "train.epochs=1000", "--set", "output.plot=false",
-           "--set", "cluster.object_store_mb=128"]
-    # Ctrl-C reaches the run even if this test runs as a background job, whose children inherit
-    # an ignored SIGINT (then Python installs no KeyboardInterrupt handler)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 120
-    def trained() -> bool:  # a metrics record with samples in it
-        path = out / "metrics.jsonl"
-        return path.exists() and any(json.loads(line)["samples"] > 0
-                                     for line in path.read_text().splitlines() if line)
-
-    while not trained():
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-2000:]
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    sent = time.time()
-    proc.wait(timeout=60)
-    assert time.time() - sent < 10
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["samples"] > 0
-    assert _wait_gone(proc.pid) == []
 
 
 def test_switching_sync_gba_sync_loses_nothing_and_applies_nothing_twice(ray_cluster, data,

@@ -4,9 +4,9 @@ The embedded default is for one machine, so nothing of it listens beyond loopbac
 binds its gRPC servers (GCS, raylet, object manager, every core worker) to 127.0.0.1 only when
 the node's address is 127.0.0.1, and otherwise to every interface; ``ray.init`` takes the node
 address from ``_node_ip_address`` only after turning a loopback one into the machine's address,
-unless Ray clusters are disabled (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which Ray reads once
-at import, so ``loopback_node`` sets what it sets while the instance starts). Joining a cluster
-(``cluster.address``) changes nothing of Ray's.
+and takes 127.0.0.1 only where Ray clusters are disabled (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+read once when ray is imported: ``loopback_node`` sets the flag Ray derived from it while the
+instance starts). Joining a cluster (``cluster.address``) changes nothing of Ray's.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def test_an_embedded_sync_run_listens_on_loopback_only_and_leaves_nothing(data, 
     assert {"gcs_server", "raylet"} <= set(by_name), by_name
     assert any(pid == proc.pid for pid, _, _ in listening), "none of the driver's"
     assert by_name.get("ray::Worker", 0) >= 5, by_name
-    gone, alive = psutil.wait_procs(procs[1:], timeout=15)
+    _, alive = psutil.wait_procs(procs[1:], timeout=15)
     assert alive == [], [p.pid for p in alive]
     assert not session.exists(), f"{session} left behind"
     latest = session.parent / "session_latest"

@@ -124,17 +124,16 @@ def test_keep_ray_logs_keeps_the_session_folder(fake_ray):
 
 
 def test_the_session_folder_goes_also_when_the_run_fails(fake_ray):
-    with pytest.raises(RuntimeError, match="boom"):
-        with ray_session(ClusterConfig()):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), ray_session(ClusterConfig()):
+        raise RuntimeError("boom")
     assert fake_ray.calls[-1] == ("shutdown",) and not fake_ray.session.exists()
 
 
 def test_an_embedded_start_beyond_loopback_is_reported(fake_ray, caplog):
     fake_ray.node_ip = "10.1.2.3"
-    with caplog.at_level(logging.WARNING, logger="recsync.cluster"):
-        with ray_session(ClusterConfig()):
-            pass
+    with caplog.at_level(logging.WARNING, logger="recsync.cluster"), \
+            ray_session(ClusterConfig()):
+        pass
     assert "runs on 10.1.2.3, not on loopback" in caplog.text
 
 

@@ -94,6 +94,9 @@ class ClusterConfig(Section):
     """Ray cluster to join (e.g. "auto" or "10.0.0.1:6379"); empty: start a local Ray instance"""
     object_store_mb: int = Field(512, ge=64)
     """object store size of the embedded Ray instance"""
+    keep_ray_logs: bool = False
+    """keep the embedded Ray instance's session folder (its logs, under /tmp/ray) after the
+    run; by default it is removed at exit"""
     push_window: int = Field(2, ge=1)
     """async: pushes a worker may have in flight before it waits for the oldest"""
 

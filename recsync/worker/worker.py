@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
-import socket
 import threading
 import time
 import traceback
@@ -31,6 +30,7 @@ from recsync.data.reader import Dataset
 from recsync.model.registry import build_model, table_rows_for
 from recsync.modes import MODES
 from recsync.modes.base import STOP, WorkerContext
+from recsync.net import is_loopback, listening_socket, loopback_interface
 from recsync.ps.client import PSClient
 from recsync.stopping import check_loss, ignore_interrupts, known_cause
 
@@ -72,6 +72,7 @@ class Worker:
         self._resume_args: tuple = ()
         self._lock = threading.Lock()
         self._thread = None
+        self._store_socket = None  # rank 0's, from address() until join_group
         self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
         self.position: dict[int, int] = {}  # slot -> batches of its leased chunk handed out
         self.mode_name = mode or cfg.mode
@@ -79,16 +80,29 @@ class Worker:
 
     # -- what the driver calls -------------------------------------------------------------
     def address(self) -> tuple[str, int]:
-        """A host and free port for rank 0 to host the gloo group on."""
+        """The host and port this worker will serve the gloo group's store on: a socket that
+        listens from now on, on this node's Ray address only (127.0.0.1 with the embedded Ray
+        instance), kept for ``join_group``; torch's own store would listen on every interface."""
         host = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return host, s.getsockname()[1]
+        if self._store_socket is not None:
+            self._store_socket.close()
+        self._store_socket = listening_socket(host)
+        return host, self._store_socket.getsockname()[1]
 
     def join_group(self, host: str, port: int, world: int) -> None:
+        """Join the gloo group whose store ``address`` gave (the worker that gave it serves it).
+        With the store on loopback, every rank is on this machine: gloo's own connections then
+        use the loopback interface too (unless GLOO_SOCKET_IFNAME says otherwise)."""
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
-                                world_size=world, timeout=dt.timedelta(seconds=60))
+        if is_loopback(host) and (interface := loopback_interface()):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        sock, self._store_socket = self._store_socket, None
+        fd = sock.detach() if sock is not None else None  # the store owns it from here
+        timeout = dt.timedelta(seconds=60)
+        store = dist.TCPStore(host, port, world, is_master=fd is not None, timeout=timeout,
+                              master_listen_fd=fd)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=world,
+                                timeout=timeout)
 
     def start(self, start_time: float) -> None:
         """Start training on a thread; ``start_time`` (epoch seconds) anchors fault schedules."""

@@ -207,12 +207,19 @@ def criteo(files, out, strict, table_size, eval_fraction, overwrite):
 
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG to write.")
+@click.option("--out", required=True, type=click.Path(),
+              help="Image to write (PNG, or .pdf/.svg); a directory gets plots.png in it.")
 def plot(runs, out):
     """Plot loss and AUC against samples and time for one or more runs."""
     from recsync.plot import plot_runs
+    target = Path(out)
+    if out.endswith(("/", "\\")) or target.is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+        target = target / "plots.png"
+    elif not target.suffix:
+        target = target.with_suffix(".png")
     try:
-        click.echo(f"wrote {plot_runs([Path(r) for r in runs], Path(out))}")
+        click.echo(f"wrote {plot_runs([Path(r) for r in runs], target)}")
     except USER_ERRORS as e:
         _fail(e)
 

@@ -146,13 +146,16 @@ class RunConfig(Section):
     def _check_faults(self):
         for i, s in enumerate(self.faults.stragglers):
             if s.worker >= self.cluster.workers:
-                raise ValueError(f"faults.stragglers[{i}].worker = {s.worker}: there are only "
-                                 f"{self.cluster.workers} workers (cluster.workers)")
+                raise ValueError(f"faults.stragglers[{i}].worker = {s.worker}: workers run "
+                                 f"from 0 to {self.cluster.workers - 1} (cluster.workers = "
+                                 f"{self.cluster.workers})")
         for i, k in enumerate(self.faults.kills):
-            count = self.cluster.workers if k.target == "worker" else self.cluster.ps_shards
+            count, key = ((self.cluster.workers, "workers") if k.target == "worker"
+                          else (self.cluster.ps_shards, "ps_shards"))
             if k.index >= count:
-                raise ValueError(f"faults.kills[{i}].index = {k.index}: there are only {count} "
-                                 f"{k.target}s")
+                raise ValueError(f"faults.kills[{i}].index = {k.index}: indexes of "
+                                 f"{k.target} run from 0 to {count - 1} (cluster.{key} = "
+                                 f"{count})")
         if self.switching.enabled and self.mode not in ("sync", "gba"):
             raise ValueError(f"switching: mode {self.mode!r} cannot switch; switching is "
                              f"between \"sync\" and \"gba\" (set mode to one of them)")

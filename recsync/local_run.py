@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from recsync.config import ModelConfig, RunConfig, TrainConfig
 from recsync.data.reader import Batch, Dataset, chunk_order
@@ -24,6 +23,7 @@ from recsync.metrics import MetricsLog
 from recsync.model import loss as model_loss
 from recsync.model.optim import make_dense_optimizer
 from recsync.model.registry import build_model, table_rows_for
+from recsync.progress import progress
 from recsync.record import RunRecord
 from recsync.stopping import check_loss
 
@@ -113,8 +113,7 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
     next_eval = eval_every
     shuffle_seed = t.seed if cfg.data.shuffle else None
     timer = StepTimer()
-    bar = tqdm(total=total, unit="sample", unit_scale=True, desc=f"train ({cfg.mode})",
-               disable=None if cfg.output.progress else True, smoothing=0.1)
+    bar = progress(total, "sample", f"train ({cfg.mode})", cfg.output.progress, smoothing=0.1)
     try:
         for epoch in range(t.epochs):
             for chunk in chunk_order(chunks, epoch=epoch, shuffle_seed=shuffle_seed):

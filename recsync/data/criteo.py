@@ -124,9 +124,9 @@ def _convert(files: list[InputFile], out: Path, table_rows: list[int], *, strict
     g0 = 0  # global index of the next line
     bar = None
     if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=sum(f.end - f.start for f in files), unit="B", unit_scale=True,
-                   desc="criteo", dynamic_ncols=True)
+        from recsync.progress import progress as bar_or_lines
+        bar = bar_or_lines(sum(f.end - f.start for f in files), "B", "criteo",
+                           dynamic_ncols=True)
     try:
         with ThreadPoolExecutor(_WORKERS) as pool:
             for fi in files:

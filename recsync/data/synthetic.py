@@ -184,7 +184,7 @@ def _write_splits(out: Path, spec: SynthSpec, rows: int, eval_rows: int, process
                   progress: bool):
     """Generate and write every part into ``out``; return the eval labels and probabilities
     (per chunk) and the splits' infos."""
-    from tqdm import tqdm
+    from recsync.progress import progress as bar_or_lines
 
     jobs = [(split_i, c, min(CHUNK_ROWS, n - c * CHUNK_ROWS))
             for split_i, n in ((0, rows), (1, eval_rows))
@@ -195,8 +195,7 @@ def _write_splits(out: Path, spec: SynthSpec, rows: int, eval_rows: int, process
     eval_labels, eval_probs = [], []
     # the teacher was built before, once; forked children inherit it
     ctx = get_context("fork")  # children use numpy only; fork needs no __main__ guard
-    with (tqdm(total=rows + eval_rows, unit="row", unit_scale=True, desc="synth",
-               disable=not progress) as bar,
+    with (bar_or_lines(rows + eval_rows, "row", "synth", progress) as bar,
           ProcessPoolExecutor(max_workers=max(1, processes), mp_context=ctx) as pool):
         done = pool.map(_write_chunk, *zip(*[(spec, out, s, c, n) for s, c, n in jobs]))
         for (split_i, chunk_i, n), eval_part in zip(jobs, done):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from tqdm import tqdm
 
 from recsync.distributed.actions import carry_out
 from recsync.distributed.faults import FaultInjector
@@ -16,6 +15,7 @@ from recsync.distributed.policy import Decision, Kind, decide
 from recsync.distributed.status import DEAD, ShardStatus, WorkerStatus
 from recsync.distributed.switching import Switcher, log_switch, switch
 from recsync.metrics import MetricsLog
+from recsync.progress import progress
 
 POLL_S = 0.5
 WAIT_KEYS = ("pull_wait_s", "push_wait_s")
@@ -28,8 +28,7 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
     total = t.epochs * run.ds.rows("train")
     if t.max_steps:
         total = min(total, t.max_steps * t.batch_size * cfg.cluster.workers)
-    bar = tqdm(total=total, unit="sample", unit_scale=True, desc=f"train ({run.mode})",
-               disable=None if cfg.output.progress else True, smoothing=0.1)
+    bar = progress(total, "sample", f"train ({run.mode})", cfg.output.progress, smoothing=0.1)
     faults, switcher = FaultInjector(cfg), Switcher(cfg)
     recovering = cfg.recovery.kind != "none"
     last = time.perf_counter()

@@ -82,14 +82,14 @@ CHUNK_BATCHES = 16  # default chunk: this many batches
 
 def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float) -> dict:
     """Train as ``cfg`` says in this process; returns the final evaluation and the run's record
-    (``started``: when the run began). On Ctrl-C the KeyboardInterrupt carries ``record`` and
+    (``started``: when the run began). An exception (Ctrl-C, a failure) carries ``record`` and
     ``model`` (the work done so far, to evaluate)."""
     record = RunRecord(start=started)
     model = build_local_model(cfg.model, cfg.train, ds)
     record.train_start = time.perf_counter()
     try:
         _train(cfg, ds, model, log, record)
-    except KeyboardInterrupt as e:
+    except BaseException as e:  # Ctrl-C, a diverging loss, bad data: the summary needs them
         e.record, e.model = record, model
         raise
     finally:

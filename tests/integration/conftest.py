@@ -8,11 +8,18 @@ from recsync.data.synthetic import SynthSpec, generate
 
 @pytest.fixture(scope="session")
 def ray_cluster():
+    """On loopback, as recsync's embedded default; its session folder removed at the end."""
+    from pathlib import Path
+
     import ray
-    ray.init(include_dashboard=False, object_store_memory=256 * 2**20, num_cpus=2,
-             log_to_driver=False)
+
+    from recsync.cluster import loopback_node, remove_session
+    with loopback_node():
+        ctx = ray.init(include_dashboard=False, object_store_memory=256 * 2**20, num_cpus=2,
+                       log_to_driver=False)
     yield
     ray.shutdown()
+    remove_session(Path(ctx.address_info["session_dir"]))
 
 
 @pytest.fixture(scope="session")

@@ -7,48 +7,18 @@ recsync.cluster, cluster.keep_ray_logs included).
 Run: .venv/bin/pytest -q tests/integration/test_loopback.py
 """
 
-import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import ray  # noqa: F401  (before psutil: it puts the psutil it bundles on sys.path)
 import psutil
+from runs import train_cli, trained
 
-from recsync.data.synthetic import SynthSpec, generate
 from recsync.net import is_loopback
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    generate(root, rows=4096, eval_rows=512, spec=SynthSpec(seed=3, max_table_rows=500),
-             processes=1, progress=False)
-    return root
-
-
-def _train(data, out, *overrides) -> subprocess.Popen:
-    sets = [f"data.path={json.dumps(str(data))}", 'mode="sync"', "cluster.workers=2",
-            "model.bottom_mlp=[8]", "model.top_mlp=[8]", "model.embedding_dim=4",
-            "train.batch_size=64", "output.plot=false", "output.progress=false",
-            "cluster.object_store_mb=128", *overrides]
-    cmd = [sys.executable, "-m", "recsync", "train", "--out", str(out)]
-    for s in sets:
-        cmd += ["--set", s]
-    env = {**os.environ, "RAY_ADDRESS": "local"}  # its own Ray instance, not this process's
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-
-
-def _trained(out) -> bool:
-    path = out / "metrics.jsonl"
-    return path.exists() and any(json.loads(line)["samples"] > 0
-                                 for line in path.read_text().splitlines() if line)
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -83,11 +53,11 @@ def _session_dir(procs) -> Path:
 def test_an_embedded_sync_run_listens_on_loopback_only_and_leaves_nothing(data, tmp_path):
     out = tmp_path / "run"
     # an emulated 50 ms per PS call: 80 steps take 8 s or more, time to look at the sockets
-    proc = _train(data, out, "train.max_steps=80", "network.latency_ms=50",
-                  "output.log_every_steps=5")
+    proc = train_cli(out, data, 'mode="sync"', "cluster.workers=2", "train.max_steps=80",
+                     "network.latency_ms=50", "output.log_every_steps=5")
     try:
         deadline = time.time() + 90
-        while not _trained(out):  # the gloo group is up once samples are counted
+        while not trained(out):  # the gloo group is up once samples are counted
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
                 pytest.fail(f"the run ended or hung before training: "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -19,13 +18,11 @@ from pathlib import Path
 import torch
 
 from recsync.config import RunConfig
-from recsync.distributed.errors import RunFailed
 from recsync.local_run import final_eval, run_local
 from recsync.metrics import MetricsLog, write_json
 from recsync.preflight import preflight
 from recsync.record import RunRecord
-from recsync.stopping import (Interrupted, catch_signals, keep_signals_from_ray, known_cause,
-                              remove_temp_files)
+from recsync.stopping import catch_signals, ending, keep_signals_from_ray, remove_temp_files
 from recsync.summary import build_summary
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
@@ -94,25 +91,14 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
             finally:
                 with contextlib.suppress(OSError):  # a full disk: the summary says so
                     log.close()
-        except (KeyboardInterrupt, SystemExit) as e:
-            if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
-                raise
-            # SystemExit(SIGTERM): Ray's own handler, while ray.init had it installed
-            name = getattr(e, "signal_name", "SIGINT" if isinstance(e, KeyboardInterrupt)
-                           else "SIGTERM")
-            status, cause, record = "interrupted", f"{name} received", getattr(e, "record", None)
-            raised = e if isinstance(e, Interrupted) else Interrupted(name)
-            print(f"\nInterrupted ({name}): writing the summary of the work done so far.",
-                  file=sys.stderr)
-            if getattr(e, "model", None) is not None:  # local: evaluate the work done so far
-                result = {"eval": final_eval(cfg, ds, e.model)}
-        except RunFailed as e:
-            status, cause, raised, record = "failed", str(e), e, e.record
-        except Exception as e:  # noqa: BLE001 - recorded, then raised again
+        except BaseException as e:  # noqa: BLE001 - every ending writes its summary
+            status, cause, raised = ending(e)
             record = getattr(e, "record", None)
-            known = known_cause(e)
-            status, cause = "failed", known or f"{type(e).__name__}: {e}".splitlines()[0]
-            raised = RunFailed(known, record) if known else e
+            if status == "interrupted":
+                print(f"\nInterrupted ({cause}): writing the summary of the work done so far.",
+                      file=sys.stderr)
+                if getattr(e, "model", None) is not None:  # local: evaluate the work done
+                    result = {"eval": final_eval(cfg, ds, e.model)}
         record = result.get("record") or record or RunRecord(start=started)
         remove_temp_files(out, checkpoint_root(cfg, out))
         summary = build_summary(cfg, ds, record, result, status, cause)

@@ -16,6 +16,7 @@ import contextlib
 import errno
 import math
 import signal
+import sys
 from pathlib import Path
 
 CAUGHT = ("SIGINT", "SIGTERM", "SIGHUP")
@@ -41,16 +42,22 @@ class NonFiniteLoss(ArithmeticError):
 
 
 class SignalCatcher:
-    """Raises ``Interrupted`` on the first of SIGINT, SIGTERM, SIGHUP; a second signal while
-    the run is stopping raises again (a user who presses Ctrl-C twice means it)."""
+    """Raises ``Interrupted`` on the first of SIGINT, SIGTERM, SIGHUP. Later ones only say
+    that the run is stopping: an exception in the middle of shutting Ray down or writing the
+    summary would lose exactly what the first one asked for (SIGKILL still ends it at once)."""
 
     def __init__(self):
         self.previous: dict[int, object] = {}
         self.received: str | None = None
 
     def _handle(self, signum, frame) -> None:
-        self.received = signal.Signals(signum).name
-        raise Interrupted(self.received)
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            print(f"{name}: already stopping ({self.received}): writing the summary; SIGKILL "
+                  f"stops at once", file=sys.stderr, flush=True)
+            return
+        self.received = name
+        raise Interrupted(name)
 
     def install(self) -> None:
         for name in CAUGHT:
@@ -86,6 +93,25 @@ def catch_signals():
     finally:
         if main:
             catcher.restore()
+
+
+def ending(e: BaseException) -> tuple[str, str, BaseException]:
+    """(status, cause in one line, what to raise once the summary is written) of the exception
+    that ended a run; ``e`` itself is raised again where it is not a run's ending (a
+    SystemExit other than Ray's answer to SIGTERM while ray.init runs)."""
+    from recsync.distributed.errors import RunFailed
+    if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
+        raise e
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        name = getattr(e, "signal_name", "SIGTERM" if isinstance(e, SystemExit) else "SIGINT")
+        return "interrupted", f"{name} received", e if isinstance(e, Interrupted) else \
+            Interrupted(name)
+    if isinstance(e, RunFailed):
+        return "failed", str(e), e
+    known = known_cause(e)
+    if known:
+        return "failed", known, RunFailed(known, getattr(e, "record", None))
+    return "failed", f"{type(e).__name__}: {e}".splitlines()[0], e  # a bug: its traceback
 
 
 def ignore_interrupts() -> None:

@@ -39,6 +39,7 @@ class ChunkQueue:
         self.completed: Counter = Counter()       # item -> times completed (must end at 1)
         self.by_worker: dict[int, dict] = {}
         self.skip: dict[Item, int] = {}  # item -> batches already trained (after a restore)
+        self.num_items = len(set(items))  # the run's (epoch, chunk) items, each done once
 
     def take(self, worker: int, slot: int = 0) -> Item | None:
         """The next item for ``worker``'s thread ``slot`` (None when none is left). One lease
@@ -96,10 +97,14 @@ class ChunkQueue:
         self.by_worker = {int(w): dict(s) for w, s in state["by_worker"].items()}
 
     def summary(self) -> dict:
+        """Counts of the data position. ``completed_more_than_once``: items completed twice or
+        more; ``completed_never``: items not completed (yet): both 0 at the end of a run."""
         counts = Counter(self.completed.values())
         return {"pending": len(self.pending), "leased": len(self.leased),
-                "completed": sum(self.completed.values()),
+                "completed": sum(self.completed.values()), "chunks": self.num_items,
                 "completed_more_than_once": sum(n for c, n in counts.items() if c > 1),
+                "completed_never": self.num_items - sum(1 for n in self.completed.values()
+                                                        if n > 0),
                 "by_worker": {str(w): s for w, s in sorted(self.by_worker.items())}}
 
 

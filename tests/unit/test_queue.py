@@ -38,7 +38,7 @@ def test_empty_queue_gives_none():
     assert q.take(0) is None
     assert q.summary() == {"pending": 0, "leased": 0, "completed": 0, "chunks": 0,
                            "completed_more_than_once": 0, "completed_never": 0,
-                           "by_worker": {}}
+                           "released": 0, "released_rows": 0, "by_worker": {}}
 
 
 def test_workers_get_different_items():
@@ -123,6 +123,7 @@ def test_worker_death_mid_run_still_completes_every_item_exactly_once():
     s = q.summary()
     assert s["completed"] == s["chunks"] == len(its)
     assert s["completed_more_than_once"] == 0 and s["completed_never"] == 0
+    assert s["released"] == 1 and s["released_rows"] == lost[1].rows
     assert s["pending"] == 0 and s["leased"] == 0
     assert set(q.completed) == set(its) and set(q.completed.values()) == {1}
     # worker 1 completed only its first two chunks: its[1], its[3]

@@ -11,8 +11,10 @@ else full (modes whose shards move in lock-step, sync and hybrid: everything rol
 last job checkpoint). A killed worker is handled as its mode says (``Mode.worker_death``:
 replaced, its group rebuilt, or restarted from a live replica).
 
-The kills are INJECTED (emulated failures): the process really exits (``os._exit``), at the
-same times since the start of training in every arm. The schedule is the seeded stream of
+The kills are INJECTED (emulated failures): the process really exits (``os._exit``). They are
+due at the same times since the start of training in every arm, and made then, or later when
+the driver is busy (a recovery) or the process is still down from an earlier kill
+(``distributed/faults.py``); each is logged when made. The schedule is the seeded stream of
 ``faults.kill_mean_s`` with ``kill_target = "any"`` (exponential inter-arrival times, each kill
 one of the 2 workers and 2 shards, all alike), thinned: a kill less than ``MIN_GAP_S`` after the
 previous one kept is skipped (so each kill is its own incident, though recoveries still
@@ -30,10 +32,10 @@ Per arm, from the run's own record (summary.json):
   more than once plus those never completed (completed runs only; a rollback rolls the counts
   back with the data position, so a chunk trained again after it counts once);
 - PLS (``recovery.pls``), samples redone by rollbacks (``recovery.samples_redone``), rows of
-  the chunks that dead workers had leased and the queue gave out again (``queue.released_rows``:
-  what the dead worker had trained of them is trained again, so at most these rows; how much
-  it had trained died with it), pushes in flight lost to a dead shard
-  (``recovery.lost_pushes``);
+  the chunks that workers leased when they died (or were stopped with a dead one, where a
+  group is rebuilt) and the queue gave out again (``queue.released_rows``: what those workers
+  had trained of them is trained again, so at most these rows; how much they had trained died
+  with them), pushes in flight lost to a dead shard (``recovery.lost_pushes``);
 - stray processes: after the run returned (Ray shut down), the job's processes still alive
   ``leftovers.GRACE_S`` later (``leftovers.py``).
 
@@ -187,7 +189,8 @@ def run_arm(cfg: RunConfig, out_dir: Path, name: str) -> dict:
     summary = json.loads(path.read_text()) if path.exists() and crash is None else {
         "status": "crashed", "error": crash, "samples_per_s": float("nan"), "eval": {}}
     left = strays.after_run(sampler.per_process)
-    chaos = {**account(summary, cfg.cluster.workers), "strays": left["strays"],
+    chaos = {**account(summary, cfg.cluster.workers), "kills_scheduled": len(cfg.faults.kills),
+             "strays": left["strays"],
              "stray_processes": len(left["strays"]), "stray_wait_s": left["waited_s"]}
     print(f"  {name}: {chaos['status']}; kills survived {chaos['kills_survived']} of "
           f"{chaos['kills_made']}; chunks not exactly once {chaos['chunks_not_exactly_once']}; "
@@ -249,18 +252,21 @@ def _description(modes: list[str], rows: int, seed: int, kills: list[dict], wall
         f"{CHUNK_BATCHES} batches; a checkpoint round every {CHECKPOINT_EVERY_S:g} s. Recovery "
         f"partial where the mode allows it, else full ("
         + ", ".join(m for m in modes if recovery_kind(m) == "full") + "). "
-        f"FAILURES INJECTED (EMULATED): {len(kills)} processes killed (os._exit) at the same "
+        f"FAILURES INJECTED (EMULATED): {len(kills)} processes killed (os._exit), due at the same "
         f"times since the start of training in every arm: "
         + ", ".join(f"{'worker' if k['target'] == 'worker' else 'shard'} {k['index']} at "
                     f"{k['at_s']} s" for k in kills)
         + f" (seed {seed} of faults.kill_mean_s = {KILL_MEAN_S:g} s over any of the "
         f"{WORKERS + SHARDS} processes, a kill less than {MIN_GAP_S:g} s after the previous "
-        f"kept one skipped, the first {len(kills)} from {FIRST_KILL_S:g} s). A kill is "
+        f"kept one skipped, the first {len(kills)} from {FIRST_KILL_S:g} s); a kill due while "
+        f"its process is still down from an earlier one waits until it is back, so a kill is "
+        f"made later than due when the driver was busy recovering. A kill is "
         f"survived if the run completed and the process was recovered after it; chunks not "
         f"exactly once: the work queue's final counts (completed runs); samples redone: by "
-        f"full-recovery rollbacks; rows requeued: rows of the chunks dead workers had leased, "
-        f"given out again (what the dead worker had trained of them is trained twice: at most "
-        f"these rows); stray processes: the job's processes alive "
+        f"full-recovery rollbacks; rows requeued: rows of the chunks leased by workers that died "
+        f"(or were stopped with them, where a group is rebuilt), given out again (what those "
+        f"workers had trained of them is trained twice: at most these rows); stray processes: "
+        f"the job's processes alive "
         f"{GRACE_S:g} s after the run returned and Ray shut down. One run per mode; all "
         f"processes share the machine's cores. Scenario wall time {wall_s / 60:.1f} min.")
 
@@ -271,12 +277,12 @@ def per_mode_table(arms: dict) -> str:
         c = a["chaos"]
         rows.append([
             m, (a.get("recovery") or {}).get("kind"), c["status"],
-            f"{c['kills_survived']} / {c['kills_made']}",
+            f"{c['kills_survived']} / {c['kills_made']} ({c['kills_scheduled']})",
             f"{c['kills_made_workers']} / {c['kills_made_shards']}",
             c["chunks_not_exactly_once"], c["pls"], c["samples_redone"],
             c["rows_requeued"], c["lost_pushes"], c["stray_processes"],
             (a.get("eval") or {}).get("auc"), a.get("wall_s")])
-    return _table(["mode", "recovery", "status", "kills survived / made",
+    return _table(["mode", "recovery", "status", "kills survived / made (scheduled)",
                    "kills of workers / shards", "chunks not exactly once", "PLS",
                    "samples redone (rollbacks)", "rows requeued (worker deaths)",
                    "lost pushes",

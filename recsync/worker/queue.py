@@ -40,8 +40,8 @@ class ChunkQueue:
         self.by_worker: dict[int, dict] = {}
         self.skip: dict[Item, int] = {}  # item -> batches already trained (after a restore)
         self.num_items = len(set(items))  # the run's (epoch, chunk) items, each done once
-        self.released = self.released_rows = 0  # leases given back by dead workers (their
-        # rows that the dead worker had trained are trained again: at most these rows)
+        self.released = self.released_rows = 0  # leases given back (``release``): what their
+        # worker had trained of them is trained again, at most these rows
 
     def take(self, worker: int, slot: int = 0) -> Item | None:
         """The next item for ``worker``'s thread ``slot`` (None when none is left). One lease
@@ -103,8 +103,8 @@ class ChunkQueue:
     def summary(self) -> dict:
         """Counts of the data position. ``completed_more_than_once``: items completed twice or
         more; ``completed_never``: items not completed (yet): both 0 at the end of a run.
-        ``released`` (``released_rows``): leases given back by dead workers, over the run (a
-        restore does not undo them)."""
+        ``released`` (``released_rows``): leases given back by workers that died or were
+        stopped with them (a group rebuilt), over the run (a restore does not undo them)."""
         counts = Counter(self.completed.values())
         return {"pending": len(self.pending), "leased": len(self.leased),
                 "completed": sum(self.completed.values()), "chunks": self.num_items,

@@ -187,6 +187,10 @@ class FaultsConfig(Section):
     kills: list[KillConfig] = []
     """processes killed (os._exit) at given times"""
     kill_mean_s: float = Field(0.0, ge=0)
-    """if > 0, also kill random processes of kill_target with this mean time between kills"""
-    kill_target: Literal["worker", "ps"] = "worker"
+    """if > 0, also kill random processes of kill_target with this mean time between kills
+    (seconds; exponential inter-arrival times)"""
+    kill_target: Literal["worker", "ps", "any"] = "worker"
+    """whose processes kill_mean_s kills: "worker", "ps" (a shard), or "any" (each kill picks
+    one of the workers and shards, all equally likely)"""
     seed: int = Field(0, ge=0)
+    """seed of the kill_mean_s schedule: the same seed, the same kills"""

@@ -78,7 +78,8 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
     fraction of training time. ``pls`` (partial recovery): for each shard failure, the samples
     trained between its restored checkpoint and its death, over the samples of the run, over
     the number of shards (each shard holds 1 / S of the model). ``lost_pushes``: pushes the
-    workers (their last processes) had in flight to a shard that died."""
+    workers (their last processes) had in flight to a shard that died. ``worker_restarts``:
+    each time workers died and were restarted, the ranks that died and those restarted."""
     r = cfg.recovery
     blocked = sum(c["blocked_s"] for c in record.checkpoints)
     written = result.get("checkpoints_written") or []
@@ -97,6 +98,8 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
             "samples_redone": sum(x.get("samples_redone", 0) for x in record.recoveries),
             "lost_pushes": sum(s.get("lost_pushes", 0) for s in result.get("statuses", [])),
             "recoveries": record.recoveries,
+            "worker_restarts": [{k: e[k] for k in ("time_s", "dead", "restarted")}
+                                for e in record.events if "restarted" in e],
             "interval_decision": record.interval_decision,
             "checkpoints": len(record.checkpoints),
             "partial_checkpoints": partial_saves,

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recsync.bench import (eager, local, modes, overhead, recovery, scaling, shadow,
+from recsync.bench import (chaos, eager, local, modes, overhead, recovery, scaling, shadow,
                            stragglers, switching)
 from recsync.bench.report import write_results
 
 SCENARIOS = {"local": local.run, "overhead": overhead.run, "scaling": scaling.run,
              "stragglers": stragglers.run, "switching": switching.run, "shadow": shadow.run,
-             "eager": eager.run, "recovery": recovery.run, "modes": modes.run}
+             "eager": eager.run, "recovery": recovery.run, "modes": modes.run,
+             "chaos": chaos.run}
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0) -> dict:

@@ -76,7 +76,8 @@ class RssSampler:
         self.peak_rss = 0
         self.peak_at_s = 0.0
         self.peak_processes: dict[str, int] = {}  # role -> processes counted at the peak
-        self.per_process: dict[int, dict] = {}  # pid -> {"role", "cmdline", "peak_rss"}
+        self.per_process: dict[int, dict] = {}  # pid -> {"role", "cmdline", "peak_rss",
+        # "create_time"}: every process of the job seen (also what may outlive it: leftovers.py)
         self.samples = 0
         self.series: list[tuple[float, dict[int, float], float]] = []  # (t, pid -> cpu s, busy)
         self._polls = 0
@@ -116,13 +117,14 @@ class RssSampler:
                     cmdline = " ".join(p.cmdline())
                     times = p.cpu_times()
                     cpu[p.pid] = times.user + times.system
+                    created = p.create_time()
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
             role = "driver" if p.pid == self.root.pid else role_of(cmdline)
             total_rss += rss
             roles[role] = roles.get(role, 0) + 1
             rec = self.per_process.setdefault(p.pid, {"role": role, "cmdline": cmdline[:120],
-                                                      "peak_rss": 0})
+                                                      "peak_rss": 0, "create_time": created})
             if role not in ("ray_idle_worker", "other"):  # an idle Ray worker became an actor
                 rec["role"], rec["cmdline"] = role, cmdline[:120]
             rec["peak_rss"] = max(rec["peak_rss"], rss)

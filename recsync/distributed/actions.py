@@ -45,7 +45,7 @@ def carry_out(run, d: Decision, shards: list[ShardStatus], elapsed_s: float,
         what = restart_from_replica(run, d, dead)
     else:
         raise ValueError(f"no action for {d.kind}")
-    run.record.event(time.time() - run.start_unix, what)
+    run.record.event(time.time() - run.start_unix, what, dead=dead, restarted=list(d.ranks))
 
 
 def replace_workers(run, d: Decision, dead: list[int]) -> str:
@@ -102,6 +102,7 @@ def log_partial_recovery(run, s: ShardStatus, elapsed_s: float) -> None:
     lost = lost_updates * per_update
     killed = run.killed_at.pop(s.index, s.ready_unix)
     record.recoveries.append({"kind": "partial", "time_s": elapsed_s, "shard": s.index,
+                              "ready_s": s.ready_unix - run.start_unix,
                               "lost_updates": lost_updates, "lost_samples": lost,
                               "version_before": s.version_before,
                               "downtime_s": max(0.0, s.ready_unix - killed),
@@ -141,7 +142,8 @@ def full_recovery(run, shard: int, elapsed_s: float) -> None:
     run.recent.clear()
     record.samples, record.steps = ckpt.meta["samples"], ckpt.meta["steps"]
     record.recoveries.append({
-        "kind": "full", "time_s": elapsed_s, "shard": shard, "job_sequence": ckpt.sequence,
+        "kind": "full", "time_s": elapsed_s, "shard": shard,
+        "ready_s": run.resumed_unix - run.start_unix, "job_sequence": ckpt.sequence,
         "samples_redone": redone, "lost_samples": 0, "lost_work_s": lost_work_s,
         "downtime_s": run.resumed_unix - killed, "load_s": loaded["load_s"],
         "skipped": skipped})

@@ -4,36 +4,52 @@ an actor's death."""
 from __future__ import annotations
 
 import random
+import time
 
 import ray
 
 
 def fault_schedule(cfg, horizon_s: float = 86_400.0) -> list[tuple[float, str, int]]:
     """(time_s, target, index) of every injected kill: the listed ones, and if kill_mean_s > 0
-    seeded exponential inter-arrival times over random targets."""
+    seeded exponential inter-arrival times over random processes of ``kill_target`` (with
+    "any", every worker and shard alike)."""
     f = cfg.faults
     kills = [(k.at_s, k.target, k.index) for k in f.kills]
     if f.kill_mean_s > 0:
         rng = random.Random(f.seed)
-        count = cfg.cluster.workers if f.kill_target == "worker" else cfg.cluster.ps_shards
+        targets = ([("worker", i) for i in range(cfg.cluster.workers)]
+                   if f.kill_target in ("worker", "any") else [])
+        targets += ([("ps", i) for i in range(cfg.cluster.ps_shards)]
+                    if f.kill_target in ("ps", "any") else [])
         at = rng.expovariate(1 / f.kill_mean_s)
         while at < horizon_s and len(kills) < 10_000:
-            kills.append((at, f.kill_target, rng.randrange(count)))
+            kills.append((at, *targets[rng.randrange(len(targets))]))
             at += rng.expovariate(1 / f.kill_mean_s)
     return sorted(kills)
 
 
 class FaultInjector:
-    """Kills what the schedule says once its time (seconds of training) has come."""
+    """Kills what the schedule says once its time (seconds of training) has come. A kill whose
+    process is still down from an earlier kill (a shard not recovered yet, a worker not
+    restarted yet) waits until it is back: there is no running process to kill (a dead
+    worker's handle reaches nothing; a call to a shard that Ray is restarting may be dropped,
+    as the chaos scenario saw)."""
 
     def __init__(self, cfg):
         self.kills = fault_schedule(cfg)
 
     def inject_due(self, run, elapsed_s: float) -> None:
-        while self.kills and self.kills[0][0] <= elapsed_s:
-            _, target, index = self.kills.pop(0)
+        """Carry out the kills due by ``elapsed_s`` on ``run`` (``kill``, ``is_down``), in
+        order, and log each one made at the time it was made (seconds since training started:
+        later than it was due if the driver was busy, e.g. with a recovery)."""
+        for kill in [k for k in self.kills if k[0] <= elapsed_s]:
+            _, target, index = kill
+            if run.is_down(target, index):
+                continue
+            self.kills.remove(kill)
             run.kill(target, index)
-            run.record.event(elapsed_s, f"killed {target} {index}", emulated=True)
+            run.record.event(time.time() - run.start_unix, f"killed {target} {index}",
+                             emulated=True, target=target, index=index)
 
 
 def death_cause(e: Exception) -> str:

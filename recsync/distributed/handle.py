@@ -94,6 +94,8 @@ class DistributedRun:
         self.recovery = recovery_kind(cfg)  # the recovery in force ("auto": chosen later)
         self.shard_seen: dict[int, dict] = {}  # each shard's incarnation the driver last saw
         self.killed_at: dict[int, float] = {}  # shard -> epoch seconds of an injected kill
+        # (until the shard is recovered)
+        self.killed_workers: set[int] = set()  # ranks killed by injection, not yet restarted
         self.resumed_unix = 0.0  # when the last rollback had workers going again
         self.recent: deque = deque(maxlen=RATE_WINDOW_POLLS)  # (epoch s, samples) per poll
         self.rounds = CheckpointRounds(self)
@@ -114,6 +116,7 @@ class DistributedRun:
         for r in ranks:
             self.workers[r] = Worker.remote(r, self.cfg, self.shards, self.queue, dense_state,
                                             step_index, self.mode)
+        self.killed_workers -= set(ranks)
         if self.facts.needs_group(self.cfg):
             host, port = ray.get(self.workers[0].address.remote())
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
@@ -279,9 +282,16 @@ class DistributedRun:
 
     def kill(self, target: str, index: int) -> None:
         """Fault injection: the worker or PS shard ``index`` exits at once."""
-        if target != "worker":
+        if target == "worker":
+            self.killed_workers.add(index)
+        else:
             self.killed_at[index] = time.time()
         (self.workers if target == "worker" else self.shards)[index].die.remote()
+
+    def is_down(self, target: str, index: int) -> bool:
+        """Whether the worker or PS shard ``index`` was killed and is not back yet (a shard:
+        not yet recovered; a worker: not yet restarted)."""
+        return index in (self.killed_workers if target == "worker" else self.killed_at)
 
     # -- the end ---------------------------------------------------------------------------
     def finish(self) -> dict:

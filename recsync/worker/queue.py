@@ -40,6 +40,9 @@ class ChunkQueue:
         self.completed: Counter = Counter()       # item -> times completed (must end at 1)
         self.by_worker: dict[int, dict] = {}
         self.skip: dict[Item, int] = {}  # item -> batches already trained (after a restore)
+        self.num_items = len(set(items))  # the run's (epoch, chunk) items, each done once
+        self.released = self.released_rows = 0  # leases given back (``release``): what their
+        # worker had trained of them is trained again, at most these rows
 
     def take(self, worker: int, slot: int = 0) -> Item | None:
         """The next item for ``worker``'s thread ``slot`` (None when none is left). One lease
@@ -69,6 +72,8 @@ class ChunkQueue:
         keys = [k for k in self.leased if k[0] == worker]
         items = [self.leased.pop(k) for k in keys]
         self.pending.extendleft(reversed(items))
+        self.released += len(items)
+        self.released_rows += sum(c.rows for _, c in items)
         return items
 
     def take_with_skip(self, worker: int, slot: int = 0) -> tuple[Item, int] | None:
@@ -97,10 +102,17 @@ class ChunkQueue:
         self.by_worker = {int(w): dict(s) for w, s in state["by_worker"].items()}
 
     def summary(self) -> dict:
+        """Counts of the data position. ``completed_more_than_once``: items completed twice or
+        more; ``completed_never``: items not completed (yet): both 0 at the end of a run.
+        ``released`` (``released_rows``): leases given back by workers that died or were
+        stopped with them (a group rebuilt), over the run (a restore does not undo them)."""
         counts = Counter(self.completed.values())
         return {"pending": len(self.pending), "leased": len(self.leased),
-                "completed": sum(self.completed.values()),
+                "completed": sum(self.completed.values()), "chunks": self.num_items,
                 "completed_more_than_once": sum(n for c, n in counts.items() if c > 1),
+                "completed_never": self.num_items - sum(1 for n in self.completed.values()
+                                                        if n > 0),
+                "released": self.released, "released_rows": self.released_rows,
                 "by_worker": {str(w): s for w, s in sorted(self.by_worker.items())}}
 
 

@@ -71,6 +71,9 @@ def test_replace_restarts_the_ranks_and_logs_it():
     assert run.calls[-1] == ("restart", [0, 1, 2], None, 0) and run.restarts == 2
     assert run.record.events[-1]["event"] == ("worker(s) [2] died; every worker restarted on a "
                                               "new group, chunks requeued")
+    # the ranks, as data (the chaos scenario matches each kill to the restart that followed)
+    assert run.record.events[-1]["dead"] == [2]
+    assert run.record.events[-1]["restarted"] == [0, 1, 2]
 
 
 def test_rebuild_group_starts_every_rank_at_the_step_the_ps_completed():
@@ -122,6 +125,7 @@ def test_partial_recovery_counts_the_lost_updates_and_acknowledges_the_restart()
     [rec] = run.record.recoveries
     assert rec["kind"] == "partial" and rec["shard"] == 1 and rec["lost_updates"] == 4
     assert rec["lost_samples"] == 4 * 8 and rec["downtime_s"] == 2.5 and rec["sequence"] == 2
+    assert rec["ready_s"] == 100.0 - run.start_unix  # when the new process served
     assert run.seen == {1: 42} and run.killed_at == {}
     assert run.record.events[-1]["event"] == ("partial recovery: shard 1 restarted from "
                                               "checkpoint 2 (version 30); its 4 updates since "

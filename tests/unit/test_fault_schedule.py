@@ -1,12 +1,14 @@
-"""The injected-failure schedule (listed kills plus seeded exponential inter-arrival times) and
-how the driver words an actor's death."""
+"""The injected-failure schedule (listed kills plus seeded exponential inter-arrival times),
+carrying it out, and how the driver words an actor's death."""
 
 import statistics
+import time
 
 import ray
 
 from recsync.config import load_config
-from recsync.distributed.faults import death_cause, fault_schedule
+from recsync.distributed.faults import FaultInjector, death_cause, fault_schedule
+from recsync.record import RunRecord
 
 
 def cfg(*extra):
@@ -28,6 +30,53 @@ def test_rate_kills_are_seeded_and_have_the_configured_mean():
     assert {index for _, _, index in a} == {0, 1, 2}
     other = fault_schedule(cfg("faults.kill_mean_s=10.0", "faults.seed=5"), horizon_s=20_000)
     assert other != a
+
+
+def test_any_target_kills_workers_and_shards_alike():
+    a = fault_schedule(cfg("faults.kill_mean_s=10.0", "faults.seed=4",
+                           'faults.kill_target="any"'), horizon_s=20_000)
+    assert a == fault_schedule(cfg("faults.kill_mean_s=10.0", "faults.seed=4",
+                                   'faults.kill_target="any"'), horizon_s=20_000)
+    procs = [(target, index) for _, target, index in a]
+    assert set(procs) == {("worker", 0), ("worker", 1), ("worker", 2), ("ps", 0), ("ps", 1)}
+    workers = sum(1 for target, _ in procs if target == "worker")
+    assert 0.5 < workers / len(procs) < 0.7  # 3 of the 5 processes are workers
+    gaps = [t2 - t1 for (t1, _, _), (t2, _, _) in zip(a, a[1:])]
+    assert 9.0 < statistics.mean(gaps) < 11.0
+
+
+class KillLog:
+    """The run's verbs the injector uses; a killed process stays down until ``back``."""
+
+    def __init__(self):
+        self.record, self.down, self.killed = RunRecord(), set(), []
+        self.start_unix = time.time() - 3.0
+
+    def kill(self, target, index):
+        self.down.add((target, index))
+        self.killed.append((target, index))
+
+    def is_down(self, target, index):
+        return (target, index) in self.down
+
+
+def test_a_kill_waits_while_its_process_is_down_and_the_others_go_ahead():
+    c = cfg('faults.kills=[{target="ps", index=1, at_s=1.0}, {target="ps", index=1, at_s=2.0}, '
+            '{target="worker", index=0, at_s=2.5}, {target="ps", index=1, at_s=9.0}]')
+    injector, run = FaultInjector(c), KillLog()
+    injector.inject_due(run, 3.0)  # shard 1 twice: the second waits until it is back
+    assert run.killed == [("ps", 1), ("worker", 0)]
+    injector.inject_due(run, 4.0)
+    assert len(run.killed) == 2
+    run.down.discard(("ps", 1))  # recovered
+    injector.inject_due(run, 5.0)
+    assert run.killed[2:] == [("ps", 1)]
+    assert [(e["event"], e["target"], e["index"], e["emulated"]) for e in run.record.events] \
+        == [("killed ps 1", "ps", 1, True), ("killed worker 0", "worker", 0, True),
+            ("killed ps 1", "ps", 1, True)]
+    # logged when made (since start_unix: 3 s before the test began), not when due
+    assert all(3.0 <= e["time_s"] < 60.0 for e in run.record.events)
+    assert injector.kills == [(9.0, "ps", 1)]
 
 
 def test_no_faults_no_schedule():

@@ -36,8 +36,9 @@ def test_take_hands_out_items_in_order_then_none():
 def test_empty_queue_gives_none():
     q = ChunkQueue([])
     assert q.take(0) is None
-    assert q.summary() == {"pending": 0, "leased": 0, "completed": 0,
-                           "completed_more_than_once": 0, "by_worker": {}}
+    assert q.summary() == {"pending": 0, "leased": 0, "completed": 0, "chunks": 0,
+                           "completed_more_than_once": 0, "completed_never": 0,
+                           "released": 0, "released_rows": 0, "by_worker": {}}
 
 
 def test_workers_get_different_items():
@@ -120,8 +121,9 @@ def test_worker_death_mid_run_still_completes_every_item_exactly_once():
     assert survivor_chunks[0] == lost
 
     s = q.summary()
-    assert s["completed"] == len(its)
-    assert s["completed_more_than_once"] == 0
+    assert s["completed"] == s["chunks"] == len(its)
+    assert s["completed_more_than_once"] == 0 and s["completed_never"] == 0
+    assert s["released"] == 1 and s["released_rows"] == lost[1].rows
     assert s["pending"] == 0 and s["leased"] == 0
     assert set(q.completed) == set(its) and set(q.completed.values()) == {1}
     # worker 1 completed only its first two chunks: its[1], its[3]
@@ -143,4 +145,23 @@ def test_summary_exposes_an_item_completed_twice():
         q.done(0, item)
     s = q.summary()
     assert s["completed"] == 3 and s["completed_more_than_once"] == 1
+    assert s["chunks"] == 2 and s["completed_never"] == 0
     assert s["by_worker"]["0"] == {"chunks": 3, "samples": 2 * its[0][1].rows + its[1][1].rows}
+
+
+def test_summary_counts_items_never_completed():
+    """completed_never: an item still pending or leased, or one a restore dropped from the
+    position, is not done; the count shows it."""
+    its = items(epochs=1, chunks=4)
+    q = ChunkQueue(its)
+    q.done(0, q.take(0))
+    q.take(1)  # leased, never done
+    assert q.summary()["completed_never"] == 3
+    state = q.state()
+    state["pending"] = state["pending"][1:]  # a position that lost an item
+    q.restore(state)
+    while (item := q.take(0)) is not None:
+        q.done(0, item)
+    s = q.summary()
+    assert s["pending"] == 0 and s["leased"] == 0 and s["completed_more_than_once"] == 0
+    assert s["completed_never"] == 1 and s["chunks"] == 4

@@ -1,5 +1,6 @@
-"""summary.json's mode sections (recsync/summary.py): every mode's key is there, None unless the
-run used the mode; the workers' figures go to the mode the run ended in."""
+"""summary.json (recsync/summary.py): every mode's key is there, None unless the run used the
+mode; the workers' figures go to the mode the run ended in; worker restarts in the recovery
+section."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import recsync.summary as summary
 from recsync.config import load_config
 from recsync.modes.base import Mode
+from recsync.record import RunRecord
 
 
 def section_mode(name, key):
@@ -38,3 +40,16 @@ def test_the_workers_figures_go_to_the_last_mode(modes):
     assert got["sea"]["workers"] is None  # used, then left: only the shards' figures
     got = summary.mode_sections(cfg, ["d"], [None, None], [], {})  # workers without figures
     assert got == {"bee": None, "sea": {"mode": "d", "workers": None, "shards": 0, "waits": {}}}
+
+
+def test_worker_restarts_are_listed_from_the_events():
+    cfg = load_config(None, ['mode="async"', 'recovery.kind="partial"',
+                             "recovery.checkpoint_every_s=1"])
+    record = RunRecord()
+    record.event(3.0, "killed worker 1", emulated=True, target="worker", index=1)
+    record.event(3.5, "worker(s) [1] died; restarted", dead=[1], restarted=[1])
+    record.event(9.0, "checkpoint: ...")
+    record.event(9.5, "worker(s) [0] died; every worker restarted", dead=[0], restarted=[0, 1])
+    got = summary.recovery_summary(cfg, record, {}, 10.0)["worker_restarts"]
+    assert got == [{"time_s": 3.5, "dead": [1], "restarted": [1]},
+                   {"time_s": 9.5, "dead": [0], "restarted": [0, 1]}]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from recsync.bench import SCENARIOS
 from recsync.config import ConfigError, load_config
 
 USER_ERRORS = (ConfigError, ValueError, FileExistsError, FileNotFoundError)
@@ -224,8 +225,9 @@ def plot(runs, out):
         _fail(e)
 
 
-@main.command()
-@click.argument("scenario")
+@main.command(epilog="\b\nScenarios:\n" + "\n".join(
+    f"  {name:<11} {what}" for name, what in SCENARIOS.items()))
+@click.argument("scenario", type=click.Choice(list(SCENARIOS)), metavar="SCENARIO")
 @click.option("--out", required=True, type=click.Path(file_okay=False))
 @click.option("--scale", type=float, default=1.0, show_default=True,
               help="Multiply the scenario's default size (rows, steps).")

@@ -165,3 +165,14 @@ def test_train_resume_refuses_other_options_and_a_run_without_checkpoints(synth,
     result = invoke("train", "--resume", out)  # a local run: nothing to resume from
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "the run wrote no checkpoints to resume from" in result.output
+
+
+def test_bench_help_lists_every_scenario():
+    import importlib
+
+    from recsync.bench import SCENARIOS
+    result = CliRunner().invoke(main, ["bench", "--help"])
+    assert result.exit_code == 0
+    for name in SCENARIOS:
+        assert f"  {name} " in result.output
+        assert callable(importlib.import_module(f"recsync.bench.{name}").run)

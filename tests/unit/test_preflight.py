@@ -138,13 +138,3 @@ def test_a_diverging_local_run_stops_at_that_step_with_its_summary(data, tmp_pat
     step = int(str(failed.value).split(" at step ")[1].split()[0])
     assert summary["steps"] == step  # stopped at that step, not later
 
-
-def test_bench_help_lists_every_scenario():
-    import importlib
-
-    from recsync.bench import SCENARIOS
-    result = CliRunner().invoke(main, ["bench", "--help"])
-    assert result.exit_code == 0
-    for name in SCENARIOS:
-        assert f"  {name} " in result.output
-        assert callable(importlib.import_module(f"recsync.bench.{name}").run)

@@ -30,6 +30,7 @@ from recsync.local_run import build_local_model, train_step
 from recsync.run import run
 from runs import B, config
 
+
 def test_sync_two_workers_equal_local_with_the_global_batch(ray_cluster, data, tmp_path):
     _equals_local_with_the_global_batch(data, tmp_path, 'mode="sync"')
 

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 
@@ -73,16 +72,8 @@ def test_a_diverging_model_stops_the_run_at_that_step_with_its_summary(ray_clust
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A 20 MB tmpfs (skipped where mounting is not allowed)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)],
-                          capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+def small_disk(mount_tmpfs):
+    return mount_tmpfs("size=20m")
 
 
 def test_a_disk_that_fills_mid_run_fails_with_no_space_left_and_no_temporary_files(

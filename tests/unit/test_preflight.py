@@ -5,7 +5,6 @@ failed run leaves its --out reusable; a diverging model stops a local run with i
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import namedtuple
 
 import pytest
@@ -71,17 +70,8 @@ def test_an_out_that_cannot_be_made_is_refused_before_anything_is_written(data, 
 
 
 @pytest.fixture
-def read_only_dir(tmp_path):
-    """A read-only file system (a tmpfs mounted ro; skipped where mounting is not allowed).
-    Permissions alone do not stop root, so a mount it is."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)],
-                          capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+def read_only_dir(mount_tmpfs):
+    return mount_tmpfs("ro,size=1m")
 
 
 def test_an_out_on_a_read_only_file_system_is_refused(data, read_only_dir):

@@ -1,0 +1,27 @@
+"""Fixtures for every test directory."""
+
+import subprocess
+
+import pytest
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """``mount_tmpfs(options)``: a tmpfs mounted in a fresh directory (e.g. "size=20m", or
+    "ro,size=1m": a read-only file system, which stops root where permissions do not);
+    unmounted at the end. Skips the test where mounting is not allowed."""
+    mounted = []
+
+    def mount(options: str):
+        path = tmp_path / f"tmpfs{len(mounted)}"
+        path.mkdir()
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                              capture_output=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -10,13 +11,14 @@ import click
 
 from recsync.bench import SCENARIOS
 from recsync.config import ConfigError, load_config
+from recsync.stopping import EXIT_FAILED, EXIT_USAGE, Interrupted, catch_signals
 
 USER_ERRORS = (ConfigError, ValueError, FileExistsError, FileNotFoundError)
 
 
 def _fail(e: Exception) -> None:
     click.echo(f"error: {e}", err=True)
-    sys.exit(2)
+    sys.exit(EXIT_USAGE)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,7 +44,6 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
     """Train a model as the config says."""
     from recsync.distributed.errors import RunFailed
     from recsync.run import run
-    from recsync.stopping import EXIT_FAILED, Interrupted
     if resume_dir:
         if config_path or overrides or overwrite or (out and Path(out) != Path(resume_dir)):
             raise click.UsageError("--resume DIR goes on with DIR's own config.toml and "
@@ -53,9 +54,13 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
     if address:
         overrides = (*overrides, f"cluster.address={json.dumps(address)}")
     try:
-        cfg = load_config(config_path, overrides)
-        summary = run(cfg, out, overwrite=overwrite, resume=bool(resume_dir))
+        with catch_signals():  # also while the run is checked and set up
+            cfg = load_config(config_path, overrides)
+            summary = run(cfg, out, overwrite=overwrite, resume=bool(resume_dir))
     except Interrupted as e:
+        if not (Path(out) / "summary.json").exists():
+            click.echo(f"interrupted by {e.signal_name} before the run started", err=True)
+            sys.exit(e.exit_code)
         _print_summary(_read_summary(out), Path(out))
         click.echo(f"interrupted by {e.signal_name}: summary.json in {out} has what was done",
                    err=True)
@@ -134,6 +139,20 @@ def _print_summary(summary: dict | None, out: Path) -> None:
                + (", training.png" if (out / 'training.png').exists() else ""))
 
 
+@contextlib.contextmanager
+def _conversion(out):
+    """A data command's errors in one line; SIGINT, SIGTERM and SIGHUP stop it with --out as
+    it was (the staged directory is removed) and exit 128 + the signal."""
+    try:
+        with catch_signals():
+            yield
+    except Interrupted as e:
+        click.echo(f"interrupted by {e.signal_name}: {out} is as it was", err=True)
+        sys.exit(e.exit_code)
+    except (*USER_ERRORS, OSError) as e:  # OSError: the output cannot be written (disk full)
+        _fail(e)
+
+
 @main.group()
 def data():
     """Make or convert data sets."""
@@ -151,12 +170,10 @@ def data():
 def synth(rows, out, seed, eval_rows, max_table_rows, processes, overwrite):
     """Generate synthetic Criteo-shaped data with a planted teacher (known Bayes AUC)."""
     from recsync.data.synthetic import SynthSpec, generate
-    try:
+    with _conversion(out):
         r = generate(out, rows=rows, eval_rows=eval_rows, processes=processes,
                      spec=SynthSpec(seed=seed, max_table_rows=max_table_rows),
                      overwrite=overwrite)
-    except (*USER_ERRORS, OSError) as e:  # OSError: the output cannot be written (disk full)
-        _fail(e)
     click.echo(f"wrote {r.train_rows:,} train + {r.eval_rows:,} eval rows to {out} in "
                f"{r.seconds:.1f} s ({r.rows_per_s:,.0f} rows/s); eval CTR {r.ctr:.3f}, "
                f"Bayes-optimal AUC {r.bayes_auc:.4f}, logloss {r.bayes_logloss:.4f}")
@@ -193,12 +210,10 @@ def criteo(files, out, strict, table_size, eval_fraction, overwrite):
     training shards."""
     from recsync.data.criteo import convert_criteo
     default, overrides = _table_sizes(table_size)
-    try:
+    with _conversion(out):
         r = convert_criteo(list(files), out, strict=strict, table_size=default,
                            table_size_overrides=overrides, eval_fraction=eval_fraction,
                            overwrite=overwrite)
-    except (*USER_ERRORS, OSError) as e:  # OSError: the output cannot be written (disk full)
-        _fail(e)
     click.echo(f"converted {r.lines:,} lines in {r.seconds:.1f} s "
                f"({r.lines / max(r.seconds, 1e-9):,.0f} lines/s): {r.train_rows:,} train + "
                f"{r.eval_rows:,} eval rows written to {out}, {r.bad_lines:,} bad lines skipped")

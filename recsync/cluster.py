@@ -36,24 +36,25 @@ def ray_session(cfg: ClusterConfig):
         yield
         return
     session = None
-    if cfg.address:
-        ray.init(address=cfg.address, logging_level=logging.WARNING)
-    else:
-        private_auth_token(Path.home())
-        with loopback_node():
-            ctx = ray.init(include_dashboard=False,
-                           object_store_memory=cfg.object_store_mb * 2**20,
-                           num_cpus=os.cpu_count(), logging_level=logging.WARNING,
-                           configure_logging=True, log_to_driver=True)
-        session = Path(ctx.address_info["session_dir"])
-        node_ip = ctx.address_info["node_ip_address"]
-        if not is_loopback(node_ip):
-            log.warning("the embedded Ray instance runs on %s, not on loopback: its processes "
-                        "are reachable from the network", node_ip)
-    try:
+    try:  # from before ray.init: a signal while it starts still shuts down what it started
+        if cfg.address:
+            ray.init(address=cfg.address, logging_level=logging.WARNING)
+        else:
+            private_auth_token(Path.home())
+            with loopback_node():  # address "local": never join a cluster left running here
+                ctx = ray.init(address="local", include_dashboard=False,
+                               object_store_memory=cfg.object_store_mb * 2**20,
+                               num_cpus=os.cpu_count(), logging_level=logging.WARNING,
+                               configure_logging=True, log_to_driver=True)
+            session = Path(ctx.address_info["session_dir"])
+            node_ip = ctx.address_info["node_ip_address"]
+            if not is_loopback(node_ip):
+                log.warning("the embedded Ray instance runs on %s, not on loopback: its "
+                            "processes are reachable from the network", node_ip)
         yield
     finally:
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
         if session is not None:
             if cfg.keep_ray_logs:
                 log.info("Ray's logs of this run: %s", session)

@@ -88,13 +88,14 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float) -> d
     model = build_local_model(cfg.model, cfg.train, ds)
     record.train_start = time.perf_counter()
     try:
-        _train(cfg, ds, model, log, record)
+        try:
+            _train(cfg, ds, model, log, record)
+        finally:
+            record.stop()
+        return {"eval": final_eval(cfg, ds, model), "record": record}
     except BaseException as e:  # Ctrl-C, a diverging loss, bad data: the summary needs them
         e.record, e.model = record, model
         raise
-    finally:
-        record.stop()
-    return {"eval": final_eval(cfg, ds, model), "record": record}
 
 
 def final_eval(cfg: RunConfig, ds: Dataset, model: LocalModel) -> dict:

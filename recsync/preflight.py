@@ -33,8 +33,7 @@ class WriteEstimate:
     what: str
 
 
-def preflight(cfg: RunConfig, out: Path, *, overwrite: bool = False,
-              resume: bool = False) -> Dataset:
+def preflight(cfg: RunConfig, out: Path) -> Dataset:
     """Open the data set and check every path the run writes to; ValueError (one line,
     naming the path) if the run cannot start. Prints the free space against the estimate."""
     ds = open_data(cfg)

@@ -44,15 +44,13 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
 
 
 def _trained_nothing(out: Path) -> bool:
-    """The run in ``out`` failed or was stopped before its first step, and wrote no
-    checkpoint: nothing of it is lost by starting again there."""
+    """The run in ``out`` failed or was stopped before its first step: nothing of it is lost
+    by starting again there (a checkpoint it wrote holds the untrained model)."""
     try:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return False
-    ckpts = out / "checkpoints"
-    return (summary.get("status") != "completed" and not summary.get("samples")
-            and not (ckpts.is_dir() and any(ckpts.iterdir())))
+    return summary.get("status") != "completed" and not summary.get("samples")
 
 
 def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
@@ -68,15 +66,16 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     out = Path(out_dir)
     started = time.perf_counter()
     checkpoint = resume_point(cfg, out) if resume else None
-    ds = preflight(cfg, out, overwrite=overwrite, resume=resume)
+    ds = preflight(cfg, out)
     if not resume:
         prepare_run_dir(out, overwrite)
         (out / "config.toml").write_text(cfg.to_toml())
     torch.set_num_threads(cfg.train.threads)
     status, cause, raised, result, record = "completed", None, None, {}, None
     with catch_signals() as signals:
-        log = MetricsLog(out / "metrics.jsonl")
+        log = None
         try:
+            log = MetricsLog(out / "metrics.jsonl")
             try:
                 if cfg.mode == "local":
                     result = run_local(cfg, ds, log, started)
@@ -86,11 +85,16 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                     keep_signals_from_ray()
                     with ray_session(cfg.cluster):
                         signals.install()  # again: ray.init installed handlers of its own
-                        result = run_distributed(cfg, ds, log, out, checkpoint,
-                                                 started=started)
+                        try:
+                            result = run_distributed(cfg, ds, log, out, checkpoint,
+                                                     started=started)
+                        finally:  # however it ended: Ray's shutdown is not interrupted
+                            signals.stopping()
             finally:
-                with contextlib.suppress(OSError):  # a full disk: the summary says so
-                    log.close()
+                signals.stopping()
+                if log is not None:
+                    with contextlib.suppress(OSError):  # a full disk: the summary says so
+                        log.close()
         except BaseException as e:  # noqa: BLE001 - every ending writes its summary
             status, cause, raised = ending(e)
             record = getattr(e, "record", None)
@@ -100,7 +104,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                 if getattr(e, "model", None) is not None:  # local: evaluate the work done
                     result = {"eval": final_eval(cfg, ds, e.model)}
         record = result.get("record") or record or RunRecord(start=started)
-        remove_temp_files(out, checkpoint_root(cfg, out))
+        remove_temp_files(out, checkpoint_root(cfg, out) if cfg.mode != "local" else None)
         summary = build_summary(cfg, ds, record, result, status, cause)
         write_outputs(cfg, out, summary)
     if raised is not None:
@@ -113,7 +117,7 @@ def write_outputs(cfg: RunConfig, out: Path, summary: dict) -> None:
     try:
         write_json(out / "summary.json", summary)
     except OSError as e:
-        remove_temp_files(out)
+        remove_temp_files(out, None)
         print(f"error: could not write {out / 'summary.json'} ({e.strerror}); the summary:\n"
               f"{json.dumps(summary, default=str)}", file=sys.stderr)
         return

@@ -15,14 +15,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 CAUGHT = ("SIGINT", "SIGTERM", "SIGHUP")
 
-# exit codes of `recsync train` (README "Exit codes")
-EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# exit codes of `recsync train` besides 0 and 128 + a signal (README "How a run ends")
+EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 class Interrupted(KeyboardInterrupt):
@@ -59,7 +61,17 @@ class SignalCatcher:
         self.received = name
         raise Interrupted(name)
 
+    def stopping(self, why: str = "the run ended") -> None:
+        """From now on a signal only says that the run is stopping (called as soon as the
+        run's work ends, however it ends, before Ray is shut down and the summary written)."""
+        if self.received is None:
+            self.received = why
+
     def install(self) -> None:
+        """Our handlers (again: ray.init installs its own); only the main thread can."""
+        import threading
+        if threading.current_thread() is not threading.main_thread():
+            return
         for name in CAUGHT:
             sig = getattr(signal, name)
             old = signal.signal(sig, self._handle)
@@ -75,7 +87,6 @@ def keep_signals_from_ray() -> None:
     """Before ray.init: Ray's C++ failure handler catches SIGTERM while ray.init runs (a
     stack dump, then an abort, before our handlers are back). This turns it off for the
     processes of an embedded run; Ray's crashes still end the process (without the dump)."""
-    import os
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 
@@ -83,16 +94,12 @@ def keep_signals_from_ray() -> None:
 def catch_signals():
     """``SignalCatcher`` installed for the block (only in the main thread: elsewhere, e.g. a
     test's thread, signals stay as they are)."""
-    import threading
     catcher = SignalCatcher()
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        catcher.install()
+    catcher.install()
     try:
         yield catcher
     finally:
-        if main:
-            catcher.restore()
+        catcher.restore()
 
 
 def ending(e: BaseException) -> tuple[str, str, BaseException]:
@@ -106,12 +113,14 @@ def ending(e: BaseException) -> tuple[str, str, BaseException]:
         name = getattr(e, "signal_name", "SIGTERM" if isinstance(e, SystemExit) else "SIGINT")
         return "interrupted", f"{name} received", e if isinstance(e, Interrupted) else \
             Interrupted(name)
-    if isinstance(e, RunFailed):
-        return "failed", str(e), e
+    if isinstance(e, RunFailed):  # a worker's unexpected error brings its traceback along
+        return "failed", str(e).splitlines()[0], e
     known = known_cause(e)
     if known:
         return "failed", known, RunFailed(known, getattr(e, "record", None))
-    return "failed", f"{type(e).__name__}: {e}".splitlines()[0], e  # a bug: its traceback
+    cause = f"{type(e).__name__}: {e}".splitlines()[0]  # a bug: its traceback goes along
+    trace = "".join(traceback.format_exception(e)).rstrip()
+    return "failed", cause, RunFailed(f"{cause}\n{trace}", getattr(e, "record", None))
 
 
 def ignore_interrupts() -> None:
@@ -137,7 +146,7 @@ def known_cause(e: BaseException) -> str | None:
     from recsync.data.format import DataFormatError
     for err in _chain(e):
         if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
-            where = f" writing {err.filename}" if err.filename else ""
+            where = f" at {err.filename}" if err.filename else ""
             return f"{DISK_ERRNOS[err.errno]}{where} ([Errno {err.errno}])"
         if isinstance(err, (NonFiniteLoss, DataFormatError)):
             return str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -168,17 +177,27 @@ def check_loss(loss: float | None, *, step: int, mode: str, who: str) -> None:
                             f"train.embedding_lr) or the data holds NaN or inf")
 
 
-def remove_temp_files(*directories: Path) -> list[Path]:
-    """Remove the temporary files of unfinished atomic writes (``.NAME.tmp-PID`` of
-    checkpoint files, ``NAME.tmp`` of JSON outputs) under ``directories``; returns them."""
+def remove_temp_files(out: Path, checkpoints: Path | None) -> list[Path]:
+    """Remove what unfinished atomic writes of this run left: ``NAME.json.tmp`` in ``out``,
+    and ``.NAME.tmp-PID`` under ``checkpoints`` whose writer (PID) is gone (a checkpoint
+    directory may be shared with a live run). Returns the files removed."""
+    found = list(Path(out).glob("*.json.tmp")) if Path(out).is_dir() else []
+    if checkpoints is not None and Path(checkpoints).is_dir():
+        found += [p for p in Path(checkpoints).rglob(".*.tmp-*") if not _alive(p)]
     removed = []
-    for d in directories:
-        if d is None or not Path(d).is_dir():
-            continue
-        for p in [*Path(d).rglob(".*.tmp-*"), *Path(d).rglob("*.json.tmp")]:
-            with contextlib.suppress(OSError):
-                p.unlink()
-                removed.append(p)
+    for p in found:
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(p)
     return removed
 
 
+def _alive(tmp: Path) -> bool:
+    """Whether the process that writes ``tmp`` (``.NAME.tmp-PID``) still runs."""
+    try:
+        os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -178,6 +178,7 @@ def run_arm(cfg: RunConfig, out_dir: Path, name: str) -> dict:
     strays = StrayCounter()
     strays.before_run()
     traceback_text = None
+    (Path(out_dir) / "summary.json").unlink(missing_ok=True)  # never an earlier run's
     with ov.embedded_ray(), RssSampler() as sampler:
         try:
             run_training(cfg, out_dir, overwrite=True)

@@ -75,7 +75,7 @@ def run(out: Path, scale: float) -> dict:
         "worker_step_s": step_s,
         "wall_s": wall_s,
         "tables": {
-            "Throughput as summary.json reports it (train_s includes worker start-up)":
+            "Throughput as summary.json reports it (train_s from the first step)":
                 ov.summary_rows(arms, summary_ratios),
             "Start-up and measurement window (medians of rounds)": ov.timeline_rows(arms),
             "CPU used while measured (cores; 0.5 s polls of /proc)": ov.cpu_rows(arms),

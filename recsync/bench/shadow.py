@@ -152,7 +152,7 @@ def run(out: Path, scale: float) -> dict:
         "tables": {
             "Speed, quality and synchronization per arm": [
                 row for n, a in arms.items() for row in _arm_rows(n, a)],
-            "Throughput as summary.json reports it (train_s includes worker start-up)":
+            "Throughput as summary.json reports it (train_s from the first step)":
                 ov.summary_rows(arms, {}),
             "CPU used while measured (cores; 0.5 s polls of /proc)": ov.cpu_rows(arms),
         },

@@ -125,7 +125,7 @@ def run(out: Path, scale: float) -> dict:
                 [f"{n}: steps per worker", ", ".join(str(w["steps"]) for w in a["per_worker"]),
                  "fast workers take more chunks from the queue" if a["mode"] != "sync" else
                  "lock-step"] for n, a in arms.items()],
-            "Throughput as summary.json reports it (train_s includes worker start-up)": [
+            "Throughput as summary.json reports it (train_s from the first step)": [
                 [f"{n}: samples / train_s", a["summary_samples_per_s"], ""]
                 for n, a in arms.items()],
             "CPU used while measured (cores; 0.5 s polls of /proc)": ov.cpu_rows(

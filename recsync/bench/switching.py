@@ -80,7 +80,7 @@ def run(out: Path, scale: float) -> dict:
         "straggler_window_s": [t1, t2],
         "wall_s": wall_s,
         "tables": {
-            "Modes over time (seconds since the run began)": [
+            "Modes over time (seconds of training, from the first step)": [
                 [f"{n}: {m['mode']}", f"{m['from_s']:.1f} - {m['to_s']:.1f}", m["cause"]]
                 for n, a in arms.items() for m in a["modes"]],
             "Quality and speed per arm": [

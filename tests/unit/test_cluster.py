@@ -86,6 +86,9 @@ class FakeRay:
     def __init__(self, session, node_ip="127.0.0.1"):
         self.session, self.node_ip, self.calls = session, node_ip, []
 
+    def is_initialized(self):
+        return bool(self.calls) and self.calls[-1][0] == "init"
+
     def init(self, **kwargs):
         self.calls.append(("init", kwargs, ray_constants.ENABLE_RAY_CLUSTER))
         return SimpleNamespace(address_info={"session_dir": str(self.session),
@@ -98,7 +101,7 @@ class FakeRay:
 @pytest.fixture
 def fake_ray(monkeypatch, tmp_path, no_auth_env):
     fake = FakeRay(_session(tmp_path / "ray"))
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "is_initialized", fake.is_initialized)
     monkeypatch.setattr(ray, "init", fake.init)
     monkeypatch.setattr(ray, "shutdown", fake.shutdown)
     return fake
@@ -111,7 +114,9 @@ def test_the_embedded_start_is_on_loopback_and_its_session_folder_goes_at_exit(f
         assert fake_ray.session.exists()
     (_, kwargs, clusters_during_init), shutdown = fake_ray.calls
     assert clusters_during_init is False and ray_constants.ENABLE_RAY_CLUSTER == before
-    assert "address" not in kwargs and kwargs["object_store_memory"] == 128 * 2**20
+    # "local": a new instance, never a cluster left running on this machine (RAY_ADDRESS,
+    # /tmp/ray/ray_current_cluster)
+    assert kwargs["address"] == "local" and kwargs["object_store_memory"] == 128 * 2**20
     assert shutdown == ("shutdown",)
     assert not fake_ray.session.exists()
     assert stat.S_IMODE((no_auth_env / ".ray" / "auth_token").stat().st_mode) == 0o600

@@ -182,6 +182,21 @@ def test_keyboard_interrupt_still_writes_the_summary(data, tmp_path, monkeypatch
     assert (tmp_path / "training.png").is_file()
 
 
+def test_ctrl_c_during_the_final_evaluation_keeps_the_record(data, tmp_path, monkeypatch):
+    calls = []
+
+    def evaluate_once_interrupted(*args):
+        calls.append(1)
+        raise KeyboardInterrupt  # in the run's own final evaluation; run.py evaluates again
+
+    monkeypatch.setattr(local_run, "final_eval", evaluate_once_interrupted)
+    with pytest.raises(Interrupted):
+        run(config(data, "output.plot=false"), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["samples"] == TRAIN_ROWS
+    assert summary["eval"]["rows"] == EVAL_ROWS and len(calls) == 1
+
+
 def test_a_second_run_into_the_same_dir_is_refused_unless_overwrite(data, tmp_path):
     cfg = config(data, "train.max_steps=3", "output.plot=false")
     run(cfg, tmp_path)

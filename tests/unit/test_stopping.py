@@ -50,10 +50,14 @@ def test_each_ending_has_its_status_and_one_line_cause():
     assert ending(failed) == ("failed", "shard 1 died", failed)
     full = OSError(errno.ENOSPC, "No space left on device", "/out/ckpt-000003.npz")
     status, cause, raised = ending(full)
-    assert cause == "no space left on the device writing /out/ckpt-000003.npz ([Errno 28])"
+    assert cause == "no space left on the device at /out/ckpt-000003.npz ([Errno 28])"
     assert isinstance(raised, RunFailed) and str(raised) == cause
-    bug = ValueError("shapes (2,) and (3,)\nmore detail")
-    assert ending(bug) == ("failed", "ValueError: shapes (2,) and (3,)", bug)  # traceback kept
+    try:
+        raise ValueError("shapes (2,) and (3,)\nmore detail")
+    except ValueError as bug:  # a bug: a failed run (exit 1) whose message keeps the traceback
+        status, cause, raised = ending(bug)
+    assert (status, cause) == ("failed", "ValueError: shapes (2,) and (3,)")
+    assert isinstance(raised, RunFailed) and "Traceback (most recent call last)" in str(raised)
 
 
 def test_known_causes_are_found_in_an_actors_error_text_and_a_chain():
@@ -66,7 +70,7 @@ def test_known_causes_are_found_in_an_actors_error_text_and_a_chain():
         except OSError as inner:
             raise RuntimeError("could not log") from inner
     except RuntimeError as outer:
-        assert known_cause(outer) == "read-only file system writing /ro/metrics.jsonl ([Errno 30])"
+        assert known_cause(outer) == "read-only file system at /ro/metrics.jsonl ([Errno 30])"
     assert known_cause(DataFormatError("part-00001.sparse.npy: row 3 ...")) == \
         "part-00001.sparse.npy: row 3 ..."
     assert known_cause(ValueError("a bug")) is None
@@ -84,9 +88,13 @@ def test_a_non_finite_loss_names_step_mode_and_worker():
 def test_temporary_files_of_unfinished_writes_are_removed_and_nothing_else(tmp_path):
     shard = tmp_path / "checkpoints" / "shard-0"
     shard.mkdir(parents=True)
-    tmp = [shard / ".ckpt-000002.npz.tmp-4242", tmp_path / "summary.json.tmp"]
-    keep = [shard / "ckpt-000001.npz", shard / "ckpt-000001.json", tmp_path / "notes.tmp.txt"]
+    dead = 2**22 + 12345  # above Linux's default pid_max: no such process
+    tmp = [shard / f".ckpt-000002.npz.tmp-{dead}", tmp_path / "summary.json.tmp"]
+    keep = [shard / "ckpt-000001.npz", shard / "ckpt-000001.json", tmp_path / "notes.tmp.txt",
+            shard / f".ckpt-000003.npz.tmp-{os.getpid()}",  # a live writer's (a shared dir)
+            tmp_path / "sub" / "summary.json.tmp"]  # --out is not searched below its top
+    (tmp_path / "sub").mkdir()
     for p in (*tmp, *keep):
         p.write_text("x")
-    assert sorted(remove_temp_files(tmp_path, None)) == sorted(tmp)
+    assert sorted(remove_temp_files(tmp_path, tmp_path / "checkpoints")) == sorted(tmp)
     assert all(p.exists() for p in keep) and not any(p.exists() for p in tmp)

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
-import click
+# Before Ray is imported (it reads this then): Ray's C++ failure handler would catch a SIGTERM
+# while ray.init runs, dump a stack and abort before the run can write its summary
+# (recsync/stopping.py keep_signals_from_ray).
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
-from recsync.bench import SCENARIOS
-from recsync.config import ConfigError, load_config
-from recsync.stopping import EXIT_FAILED, EXIT_USAGE, Interrupted, catch_signals
+import click  # noqa: E402
+
+from recsync.bench import SCENARIOS  # noqa: E402
+from recsync.config import ConfigError, load_config  # noqa: E402
+from recsync.stopping import EXIT_FAILED, EXIT_USAGE, Interrupted, catch_signals  # noqa: E402
 
 USER_ERRORS = (ConfigError, ValueError, FileExistsError, FileNotFoundError)
 

@@ -84,9 +84,11 @@ class SignalCatcher:
 
 
 def keep_signals_from_ray() -> None:
-    """Before ray.init: Ray's C++ failure handler catches SIGTERM while ray.init runs (a
-    stack dump, then an abort, before our handlers are back). This turns it off for the
-    processes of an embedded run; Ray's crashes still end the process (without the dump)."""
+    """Ray's C++ failure handler catches SIGTERM while ray.init runs (a stack dump, then an
+    abort, before our handlers are back). This turns it off for the processes of an embedded
+    run; Ray's crashes still end the process (without the dump). Ray reads the setting when it
+    is imported: the `recsync` command sets it before anything imports Ray; called later (the
+    library used from Python, Ray already imported) it only reaches the processes Ray starts."""
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 

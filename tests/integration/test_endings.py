@@ -48,7 +48,7 @@ def test_a_signal_ends_the_run_with_its_summary_and_no_process_left(data, tmp_pa
     sent = time.time()
     output = proc.communicate(timeout=60)[0]
     assert time.time() - sent < 15, output[-2000:]
-    assert proc.returncode == 128 + number, output[-2000:]  # README "Exit codes"
+    assert proc.returncode == 128 + number, output[-2000:]  # README "How a run ends"
     assert "Traceback" not in output and "SIGTERM received at time" not in output, output
     assert f"interrupted by {sig}" in output
     summary = json.loads((out / "summary.json").read_text())

@@ -88,7 +88,6 @@ class DistributedRun:
         self.taken: list[list] = [[] for _ in range(c.workers)]
         self.restarts = 0  # workers restarted after a death
         self.start_unix = 0.0  # epoch seconds when training starts: fault schedules count from it
-        self.train_s_before = 0.0  # resumed: the training time of the run(s) before
         self.clock_started = False  # set when the first workers start training
         self.mode = cfg.mode  # the mode now (switching changes it)
         self.recovery = recovery_kind(cfg)  # the recovery in force ("auto": chosen later)
@@ -122,7 +121,7 @@ class DistributedRun:
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
         if not self.clock_started:  # training starts now: start-up is not training time
             self.clock_started = True
-            self.start_unix = time.time() - self.train_s_before
+            self.start_unix = time.time() - self.record.train_s_before
             self.record.train_start = time.perf_counter()
         ray.get([self.workers[r].start.remote(self.start_unix) for r in ranks])
 

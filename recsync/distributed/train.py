@@ -28,8 +28,8 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
     record = run.record
     try:
         # provisional: the clock starts again when the first workers start training
-        run.train_s_before = resume.meta["train_s"] if resume else 0.0
-        run.start_unix = time.time() - run.train_s_before
+        record.train_s_before = resume.meta["train_s"] if resume else 0.0
+        run.start_unix = time.time() - record.train_s_before
         record.modes = [{"mode": cfg.mode, "from_s": 0.0, "to_s": None, "cause": "config"}]
         run.shard_statuses()  # every shard is up (and its first process known, to tell a
         # restart by), so that start-up is not counted as training

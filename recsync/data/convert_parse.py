@@ -1,0 +1,265 @@
+"""One piece of input (a block of text lines or a Parquet batch) turned into model inputs:
+the label, the dense features after their transform, hashed ids, multi-hot lists, the rows that
+are eval, and the bad rows with their reasons. Pure functions of the piece and a :class:`Plan`,
+run on a small thread pool (pyarrow and numpy release the GIL).
+
+A row is bad (skipped and counted) when its field count differs from the header's, its label is
+missing, not a number or (without a threshold) not 0 or 1, its weight is missing or not a finite
+number >= 0, or a dense value is present but not a finite number. Categorical values are never
+bad: any text hashes. A multi-hot list longer than max_len is truncated, not bad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+from recsync.data.schema import Schema
+from recsync.data.value_hash import hash_text, ids_of, to_ids
+
+MAX_EXAMPLES = 10  # bad rows reported per conversion
+# what pyarrow's string -> float64 cast accepts and a finite number needs (no inf, nan, 0x..)
+NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+
+
+@dataclass
+class Plan:
+    """What a conversion reads and computes, from the schema (and the fitted statistics)."""
+
+    label: str
+    threshold: float | None
+    weight: str
+    dense: list[tuple[str, str, str]]  # (name, column, transform)
+    cats: list[tuple[str, str, int]]  # (name, column, table rows)
+    multi: list[tuple[str, str, int, str, int]]  # (name, column, table rows, separator, max_len)
+    split_column: str
+    split_values: list[str]
+    mean: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per dense feature
+    std: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    fit: bool = False  # the statistics pass: label, weight and dense only
+
+    @classmethod
+    def of(cls, schema: Schema) -> Plan:
+        col = lambda f: f.column or f.name  # noqa: E731
+        rows = lambda f: schema.table_rows(f.table or f.name)  # noqa: E731
+        plan = cls(label=schema.label.column, threshold=schema.label.threshold,
+                   weight=schema.weight,
+                   dense=[(f.name, col(f), f.transform) for f in schema.dense],
+                   cats=[(f.name, col(f), rows(f)) for f in schema.categorical],
+                   multi=[(f.name, col(f), rows(f), f.separator, f.max_len)
+                          for f in schema.multi_hot],
+                   split_column=schema.split.column,
+                   split_values=[str(v) for v in schema.split.values])
+        plan.mean, plan.std = np.zeros(len(plan.dense)), np.ones(len(plan.dense))
+        return plan
+
+    def columns(self) -> list[str]:
+        cols = [self.label, self.weight, *(d[1] for d in self.dense), self.split_column]
+        if not self.fit:
+            cols += [c[1] for c in self.cats] + [m[1] for m in self.multi]
+        return list(dict.fromkeys(c for c in cols if c))
+
+
+@dataclass
+class Parsed:
+    records: int  # lines or rows of the piece, bad ones included
+    bad: int
+    examples: list[tuple[int, str, str]]  # (record index in the piece, column or "", reason)
+    truncated: int = 0  # multi-hot lists cut to max_len
+    first_truncated: tuple[int, str] | None = None  # (record index, column)
+    is_eval: np.ndarray | None = None  # bool per row written
+    dense: np.ndarray | None = None
+    sparse: np.ndarray | None = None
+    label: np.ndarray | None = None
+    weight: np.ndarray | None = None
+    multi: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    stats: np.ndarray | None = None  # fit: [num dense, 3] (count, mean, M2) of train rows
+
+
+def read_text_block(data: bytes, names: list[str], plan: Plan, delimiter: str):
+    """A block of whole lines -> (table of the plan's columns as binary, invalid records as
+    [(index, reason)]): rows whose field count is wrong are left out of the table."""
+    invalid: list[tuple[int, str]] = []
+
+    def handler(row):
+        invalid.append((row.number - 1, f"expected {row.expected_columns} fields, got "
+                                         f"{row.actual_columns}"))
+        return "skip"
+
+    cols = plan.columns()
+    table = pcsv.read_csv(
+        pa.py_buffer(data),
+        read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
+                                      block_size=max(1 << 20, len(data) + 1)),
+        parse_options=pcsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=False,
+                                        invalid_row_handler=handler),
+        convert_options=pcsv.ConvertOptions(include_columns=cols,
+                                            column_types={c: pa.binary() for c in cols},
+                                            null_values=[""], strings_can_be_null=True))
+    return table, invalid
+
+
+def _numbers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(float64 values, 0 where missing or bad; present; bad = present but not a finite
+    number)."""
+    present = np.asarray(col.is_valid()) if col.null_count else np.ones(len(col), bool)
+    if pa.types.is_floating(col.type) or pa.types.is_integer(col.type) or \
+            pa.types.is_boolean(col.type):
+        x = pc.cast(col, pa.float64())
+    else:
+        try:
+            x = pc.cast(col, pa.float64())
+        except pa.ArrowInvalid:  # some value is not a number: null those, they are bad
+            ok = pc.match_substring_regex(pc.cast(col, pa.binary()), NUMBER)
+            x = pc.cast(pc.if_else(ok, col, pa.scalar(None, col.type)), pa.float64())
+    values = x.to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
+    finite = np.isfinite(values)
+    values[~finite] = 0.0
+    return values, present, present & ~finite
+
+
+def _text(col: pa.Array, i: int) -> str:
+    v = col[i].as_py()
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    return repr(v)[:40]
+
+
+def _combine(col) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: Plan,
+          eval_from: int, eval_file: bool) -> Parsed:
+    """The rows of ``table`` (the piece's records less ``invalid`` ones) as model inputs.
+    Records with index >= ``eval_from`` are eval (the eval_fraction split), all if
+    ``eval_file``, and those whose split column holds a split value."""
+    n = table.num_rows
+    rec = np.arange(records, dtype=np.int64)
+    if invalid:
+        rec = np.delete(rec, [i for i, _ in invalid])
+    assert len(rec) == n, (len(rec), n)
+    cols = {c: _combine(table.column(c)) for c in plan.columns()}
+    checks: list[tuple[str, np.ndarray, str]] = []  # (column, bad mask, why)
+    y, present, nonnum = _numbers(cols[plan.label])
+    checks.append((plan.label, ~present, "the label is missing"))
+    checks.append((plan.label, nonnum, "the label is not a number"))
+    if plan.threshold is None:
+        checks.append((plan.label, present & ~nonnum & (y != 0) & (y != 1),
+                       "the label is not 0 or 1"))
+        label = y.astype(np.float32)
+    else:
+        label = (y >= plan.threshold).astype(np.float32)
+    weight = None
+    if plan.weight:
+        w, wp, wbad = _numbers(cols[plan.weight])
+        checks.append((plan.weight, ~wp | wbad | (w < 0), "the weight is not a number >= 0"))
+        weight = w.astype(np.float32)
+    raw = np.zeros((n, len(plan.dense)), dtype=np.float64)
+    dense_present = np.zeros((n, len(plan.dense)), dtype=bool)
+    for j, (_, column, _) in enumerate(plan.dense):
+        raw[:, j], dense_present[:, j], bad_j = _numbers(cols[column])
+        checks.append((column, bad_j, "is not a number"))
+    bad = np.zeros(n, dtype=bool)
+    for _, mask, _ in checks:
+        bad |= mask
+    examples = [(i, "", why) for i, why in invalid[:MAX_EXAMPLES]]
+    for i in np.flatnonzero(bad)[:MAX_EXAMPLES].tolist():
+        column, _, why = next(c for c in checks if c[1][i])
+        value = "" if why.startswith("the label is missing") else _text(cols[column], i)
+        if why == "is not a number":
+            why = f"{value} is not a number"
+        elif why != "the label is missing":
+            why = f"{why} ({value})"
+        examples.append((int(rec[i]), column, why))
+    examples = sorted(examples)[:MAX_EXAMPLES]
+    out = Parsed(records=records, bad=int(bad.sum()) + len(invalid), examples=examples)
+
+    keep = ~bad
+    if not keep.all():
+        rec, label, raw, dense_present = rec[keep], label[keep], raw[keep], dense_present[keep]
+        weight = weight[keep] if weight is not None else None
+        cols = {c: v.filter(pa.array(keep)) for c, v in cols.items()}
+    is_eval = np.full(len(rec), eval_file) | (rec >= eval_from)
+    if plan.split_column:
+        col = cols[plan.split_column]
+        if not (pa.types.is_binary(col.type) or pa.types.is_string(col.type)):
+            col = pc.cast(col, pa.string())
+        values = pa.array([v.encode() if pa.types.is_binary(col.type) else v
+                           for v in plan.split_values], type=col.type)
+        is_eval |= np.asarray(pc.is_in(col, value_set=values).fill_null(False))
+    if plan.fit:
+        out.stats = _stats(raw, dense_present & ~is_eval[:, None])
+        return out
+    out.is_eval, out.label, out.weight = is_eval, label, weight
+    out.dense = _transform(raw, dense_present, plan)
+    out.sparse = np.empty((len(rec), len(plan.cats)), dtype=np.int32)
+    for j, (_, column, rows) in enumerate(plan.cats):
+        out.sparse[:, j] = ids_of(cols[column], rows)
+    for _, column, rows, sep, max_len in plan.multi:
+        values, offsets, cut = _multi_hot(cols[column], rows, sep, max_len)
+        out.multi.append((values, offsets))
+        if cut.any():
+            out.truncated += int(cut.sum())
+            first = (int(rec[np.argmax(cut)]), column)
+            out.first_truncated = min(out.first_truncated or first, first)
+    return out
+
+
+def _transform(raw: np.ndarray, present: np.ndarray, plan: Plan) -> np.ndarray:
+    dense = np.empty(raw.shape, dtype=np.float32)
+    for j, (_, _, how) in enumerate(plan.dense):
+        x = raw[:, j]
+        if how == "log1p":
+            y = np.log1p(np.maximum(x, 0.0))
+        elif how == "standardize":
+            y = np.where(present[:, j], (x - plan.mean[j]) / plan.std[j], 0.0)
+        else:
+            y = x
+        dense[:, j] = y
+    return dense
+
+
+def _stats(raw: np.ndarray, use: np.ndarray) -> np.ndarray:
+    """[features, 3]: count, mean and sum of squared deviations of the values used."""
+    out = np.zeros((raw.shape[1], 3))
+    for j in range(raw.shape[1]):
+        x = raw[use[:, j], j]
+        if len(x):
+            out[j] = (len(x), x.mean(), ((x - x.mean()) ** 2).sum())
+    return out
+
+
+def merge_stats(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Chan et al.'s pairwise combination of (count, mean, M2) rows."""
+    n = a[:, 0] + b[:, 0]
+    safe = np.where(n > 0, n, 1)
+    delta = b[:, 1] - a[:, 1]
+    mean = a[:, 1] + delta * b[:, 0] / safe
+    m2 = a[:, 2] + b[:, 2] + delta ** 2 * a[:, 0] * b[:, 0] / safe
+    return np.stack([n, mean, m2], axis=1)
+
+
+def _multi_hot(col: pa.Array, rows: int, sep: str, max_len: int):
+    """(int64 ids [nnz], int64 offsets [n + 1], bool [n] lists that were cut) of a list column
+    (a list type, or text split at ``sep``); empty elements are dropped."""
+    lists = col if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) \
+        else pc.split_pattern(col, sep)
+    lengths = np.asarray(pc.list_value_length(lists).fill_null(0), dtype=np.int64)
+    flat = lists.flatten()  # the elements of the non-null lists, in order
+    h, present = hash_text(flat) if len(flat) else (np.zeros(0, np.uint64), np.zeros(0, bool))
+    ends = np.cumsum(lengths)
+    before = np.concatenate([[0], np.cumsum(present)])  # present elements before index i
+    counts = before[ends] - before[ends - lengths]
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    rank = before[:-1] - (before[ends - lengths])[row_of]  # rank among its row's present ones
+    keep = present & (rank < max_len)
+    cut = counts > max_len
+    kept = np.minimum(counts, max_len)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(kept, out=offsets[1:])
+    return to_ids(h[keep], rows), offsets, cut

@@ -227,6 +227,36 @@ def criteo(files, out, strict, table_size, eval_fraction, overwrite):
         click.echo(f"  skipped {bad.path}:{bad.line}: {bad.reason}")
 
 
+@data.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--schema", "schema_path", type=click.Path(dir_okay=False),
+              help="TOML schema of the inputs (docs/data.md lists every key).")
+@click.option("--preset", help="A shipped schema instead of --schema: criteo, criteo_csv, avazu, "
+                               "movielens, taobao.")
+@click.option("--out", required=True, type=click.Path(file_okay=False))
+@click.option("--strict", is_flag=True,
+              help="Stop at the first bad row or over-long list instead of skipping it.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a data set already in --out (once the new one is complete).")
+def convert(inputs, schema_path, preset, out, strict, overwrite):
+    """Convert CSV/TSV (plain, gzip, bzip2, zstd) or Parquet files, as a schema describes them,
+    into training shards."""
+    from recsync.data.convert import convert as run_convert
+    from recsync.data.schema import load_preset, load_schema
+    if bool(schema_path) == bool(preset):
+        raise click.UsageError("give one of --schema FILE or --preset NAME")
+    with _conversion(out):
+        schema = load_schema(schema_path) if schema_path else load_preset(preset)
+        r = run_convert(list(inputs), schema, out, strict=strict, overwrite=overwrite)
+    click.echo(f"converted {r.lines:,} lines of {len(inputs)} file(s) in {r.seconds:.1f} s "
+               f"({r.lines / max(r.seconds, 1e-9):,.0f} lines/s): {r.train_rows:,} train + "
+               f"{r.eval_rows:,} eval rows written to {out}, {r.bad_lines:,} bad lines skipped"
+               + (f", {r.truncated:,} lists cut to max_len" if r.truncated else ""))
+    for bad in r.examples:
+        click.echo(f"  skipped {bad.where}: " + (f"column {bad.column}: " if bad.column else "")
+                   + bad.reason)
+
+
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--out", required=True, type=click.Path(),

@@ -201,11 +201,30 @@ def _cut(buf: bytes) -> int:
     return 0
 
 
-def count_records(src: Source, block_bytes: int) -> int:
-    """Data lines of a text input (as text_blocks yields them), or rows of a Parquet file."""
+def count_records(src: Source) -> int:
+    """Data lines of a text input (exactly as text_blocks yields them: trailing blank lines
+    not counted), or rows of a Parquet file. Reads the file once, in large pieces."""
     if src.kind == "parquet":
         return pq.ParquetFile(src.path).metadata.num_rows
-    return sum(b.lines for b in text_blocks(src, block_bytes))
+    try:
+        raw, stream = _stream(src)
+        with raw, stream:
+            skip = src.header_bytes
+            newlines = tail = 0  # tail: line ends in the trailing run of "\r" and "\n"
+            body = False
+            while chunk := stream.read(16 << 20):
+                if skip:
+                    cut = min(skip, len(chunk))
+                    chunk, skip = chunk[cut:], skip - cut
+                newlines += chunk.count(b"\n")
+                kept = len(chunk.rstrip(b"\r\n"))
+                if kept:
+                    body, tail = True, chunk.count(b"\n", kept)
+                else:
+                    tail += chunk.count(b"\n")
+        return newlines - tail + body
+    except READ_ERRORS as e:
+        raise ConvertError(f"{src.name}: cannot be read ({one_line(e)})") from e
 
 
 def parquet_batches(src: Source, columns: list[str], batch_rows: int):

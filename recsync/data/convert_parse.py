@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from recsync.data.schema import Schema
-from recsync.data.value_hash import hash_text, ids_of, to_ids
+from recsync.data.value_hash import valid_mask, hash_text, ids_of, to_ids
 
 MAX_EXAMPLES = 10  # bad rows reported per conversion
 # what pyarrow's string -> float64 cast accepts and a finite number needs (no inf, nan, 0x..)
@@ -57,6 +57,12 @@ class Plan:
         plan.mean, plan.std = np.zeros(len(plan.dense)), np.ones(len(plan.dense))
         return plan
 
+    def numeric_columns(self) -> set[str]:
+        """Columns read only as numbers (not also hashed or split on)."""
+        text = {c[1] for c in self.cats} | {m[1] for m in self.multi} | {self.split_column}
+        return {c for c in (self.label, self.weight, *(d[1] for d in self.dense))
+                if c and c not in text}
+
     def columns(self) -> list[str]:
         cols = [self.label, self.weight, *(d[1] for d in self.dense), self.split_column]
         if not self.fit:
@@ -70,7 +76,7 @@ class Parsed:
     bad: int
     examples: list[tuple[int, str, str]]  # (record index in the piece, column or "", reason)
     truncated: int = 0  # multi-hot lists cut to max_len
-    first_truncated: tuple[int, str] | None = None  # (record index, column)
+    first_truncated: tuple[int, str, int, int] | None = None  # (record, column, len, max_len)
     is_eval: np.ndarray | None = None  # bool per row written
     dense: np.ndarray | None = None
     sparse: np.ndarray | None = None
@@ -81,8 +87,20 @@ class Parsed:
 
 
 def read_text_block(data: bytes, names: list[str], plan: Plan, delimiter: str):
-    """A block of whole lines -> (table of the plan's columns as binary, invalid records as
-    [(index, reason)]): rows whose field count is wrong are left out of the table."""
+    """A block of whole lines -> (table of the plan's columns, invalid records as
+    [(index, reason)]): rows whose field count is wrong are left out of the table.
+
+    Numeric columns (label, weight, dense) are parsed as float64 by the CSV reader; if a value
+    in the block is not a number the block is read again with every column as bytes, and
+    :func:`parse` finds the bad rows. Other columns are bytes (hashed as they are)."""
+    numeric = plan.numeric_columns()
+    try:
+        return _read_csv(data, names, plan, delimiter, numeric)
+    except pa.ArrowInvalid:
+        return _read_csv(data, names, plan, delimiter, ())
+
+
+def _read_csv(data: bytes, names: list[str], plan: Plan, delimiter: str, numeric):
     invalid: list[tuple[int, str]] = []
 
     def handler(row):
@@ -91,14 +109,14 @@ def read_text_block(data: bytes, names: list[str], plan: Plan, delimiter: str):
         return "skip"
 
     cols = plan.columns()
+    types = {c: pa.float64() if c in numeric else pa.binary() for c in cols}
     table = pcsv.read_csv(
         pa.py_buffer(data),
         read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
-                                      block_size=max(1 << 20, len(data) + 1)),
+                                      block_size=len(data) + 1),  # one chunk
         parse_options=pcsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=False,
                                         invalid_row_handler=handler),
-        convert_options=pcsv.ConvertOptions(include_columns=cols,
-                                            column_types={c: pa.binary() for c in cols},
+        convert_options=pcsv.ConvertOptions(include_columns=cols, column_types=types,
                                             null_values=[""], strings_can_be_null=True))
     return table, invalid
 
@@ -106,19 +124,24 @@ def read_text_block(data: bytes, names: list[str], plan: Plan, delimiter: str):
 def _numbers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(float64 values, 0 where missing or bad; present; bad = present but not a finite
     number)."""
-    present = np.asarray(col.is_valid()) if col.null_count else np.ones(len(col), bool)
+    present = valid_mask(col)
     if pa.types.is_floating(col.type) or pa.types.is_integer(col.type) or \
             pa.types.is_boolean(col.type):
-        x = pc.cast(col, pa.float64())
+        x = col
     else:
         try:
             x = pc.cast(col, pa.float64())
         except pa.ArrowInvalid:  # some value is not a number: null those, they are bad
             ok = pc.match_substring_regex(pc.cast(col, pa.binary()), NUMBER)
             x = pc.cast(pc.if_else(ok, col, pa.scalar(None, col.type)), pa.float64())
-    values = x.to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
+    if x.type != pa.float64():
+        x = pc.cast(x, pa.float64())
+    values = x.to_numpy(zero_copy_only=False)
+    if not values.flags.writeable:
+        values = values.copy()
     finite = np.isfinite(values)
-    values[~finite] = 0.0
+    if not finite.all():
+        values[~finite] = 0.0
     return values, present, present & ~finite
 
 
@@ -159,10 +182,10 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
         w, wp, wbad = _numbers(cols[plan.weight])
         checks.append((plan.weight, ~wp | wbad | (w < 0), "the weight is not a number >= 0"))
         weight = w.astype(np.float32)
-    raw = np.zeros((n, len(plan.dense)), dtype=np.float64)
-    dense_present = np.zeros((n, len(plan.dense)), dtype=bool)
+    raw = np.zeros((len(plan.dense), n), dtype=np.float64)  # feature-major: rows contiguous
+    dense_present = np.zeros((len(plan.dense), n), dtype=bool)
     for j, (_, column, _) in enumerate(plan.dense):
-        raw[:, j], dense_present[:, j], bad_j = _numbers(cols[column])
+        raw[j], dense_present[j], bad_j = _numbers(cols[column])
         checks.append((column, bad_j, "is not a number"))
     bad = np.zeros(n, dtype=bool)
     for _, mask, _ in checks:
@@ -181,7 +204,8 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
 
     keep = ~bad
     if not keep.all():
-        rec, label, raw, dense_present = rec[keep], label[keep], raw[keep], dense_present[keep]
+        rec, label = rec[keep], label[keep]
+        raw, dense_present = raw[:, keep], dense_present[:, keep]
         weight = weight[keep] if weight is not None else None
         cols = {c: v.filter(pa.array(keep)) for c, v in cols.items()}
     is_eval = np.full(len(rec), eval_file) | (rec >= eval_from)
@@ -193,7 +217,7 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
                            for v in plan.split_values], type=col.type)
         is_eval |= np.asarray(pc.is_in(col, value_set=values).fill_null(False))
     if plan.fit:
-        out.stats = _stats(raw, dense_present & ~is_eval[:, None])
+        out.stats = _stats(raw, dense_present & ~is_eval)
         return out
     out.is_eval, out.label, out.weight = is_eval, label, weight
     out.dense = _transform(raw, dense_present, plan)
@@ -201,34 +225,39 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
     for j, (_, column, rows) in enumerate(plan.cats):
         out.sparse[:, j] = ids_of(cols[column], rows)
     for _, column, rows, sep, max_len in plan.multi:
-        values, offsets, cut = _multi_hot(cols[column], rows, sep, max_len)
+        values, offsets, counts = _multi_hot(cols[column], rows, sep, max_len)
         out.multi.append((values, offsets))
+        cut = counts > max_len
         if cut.any():
             out.truncated += int(cut.sum())
-            first = (int(rec[np.argmax(cut)]), column)
+            i = int(np.argmax(cut))
+            first = (int(rec[i]), column, int(counts[i]), max_len)
             out.first_truncated = min(out.first_truncated or first, first)
     return out
 
 
 def _transform(raw: np.ndarray, present: np.ndarray, plan: Plan) -> np.ndarray:
-    dense = np.empty(raw.shape, dtype=np.float32)
+    """float32 [n, features] from raw [features, n] (missing values are 0 in raw)."""
+    dense = np.empty(raw.shape[::-1], dtype=np.float32)
     for j, (_, _, how) in enumerate(plan.dense):
-        x = raw[:, j]
-        if how == "log1p":
-            y = np.log1p(np.maximum(x, 0.0))
+        x = raw[j]
+        if how == "log1p":  # in float32: twice as fast, and what is stored
+            y = np.maximum(x, 0.0).astype(np.float32)
+            np.log1p(y, out=y)
+            x = y
         elif how == "standardize":
-            y = np.where(present[:, j], (x - plan.mean[j]) / plan.std[j], 0.0)
-        else:
-            y = x
-        dense[:, j] = y
+            x -= plan.mean[j]
+            x /= plan.std[j]
+            x[~present[j]] = 0.0
+        dense[:, j] = x
     return dense
 
 
 def _stats(raw: np.ndarray, use: np.ndarray) -> np.ndarray:
     """[features, 3]: count, mean and sum of squared deviations of the values used."""
-    out = np.zeros((raw.shape[1], 3))
-    for j in range(raw.shape[1]):
-        x = raw[use[:, j], j]
+    out = np.zeros((raw.shape[0], 3))
+    for j in range(raw.shape[0]):
+        x = raw[j, use[j]]
         if len(x):
             out[j] = (len(x), x.mean(), ((x - x.mean()) ** 2).sum())
     return out
@@ -245,8 +274,8 @@ def merge_stats(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _multi_hot(col: pa.Array, rows: int, sep: str, max_len: int):
-    """(int64 ids [nnz], int64 offsets [n + 1], bool [n] lists that were cut) of a list column
-    (a list type, or text split at ``sep``); empty elements are dropped."""
+    """(int64 ids [nnz], int64 offsets [n + 1], elements per row before the cut to max_len)
+    of a list column (a list type, or text split at ``sep``); empty elements are dropped."""
     lists = col if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) \
         else pc.split_pattern(col, sep)
     lengths = np.asarray(pc.list_value_length(lists).fill_null(0), dtype=np.int64)
@@ -258,8 +287,7 @@ def _multi_hot(col: pa.Array, rows: int, sep: str, max_len: int):
     row_of = np.repeat(np.arange(len(lengths)), lengths)
     rank = before[:-1] - (before[ends - lengths])[row_of]  # rank among its row's present ones
     keep = present & (rank < max_len)
-    cut = counts > max_len
     kept = np.minimum(counts, max_len)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(kept, out=offsets[1:])
-    return to_ids(h[keep], rows), offsets, cut
+    return to_ids(h[keep], rows), offsets, counts

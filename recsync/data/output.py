@@ -21,7 +21,8 @@ from recsync.data.format import SPLITS
 
 # what the writers put in a data set directory (".tmp": a part or meta.json being written)
 _TOP_FILES = ("meta.json", "meta.json.tmp")
-_PART_FILE = re.compile(r"part-[0-9]{5,}\.(dense|sparse|label)\.npy(\.tmp)?")
+_PART_FILE = re.compile(
+    r"part-[0-9]{5,}\.(dense|sparse|label|weight|multi[0-9]+\.(values|offsets))\.npy(\.tmp)?")
 
 
 def foreign_entry(out: Path) -> Path | None:

@@ -28,38 +28,70 @@ FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
 
 
+def _fnv_matrix(h: np.ndarray, rows: np.ndarray) -> None:
+    """Fold the bytes of ``rows`` ([n, k] uint8, one value per row) into ``h`` in place."""
+    for j in range(rows.shape[1]):
+        h ^= rows[:, j]
+        h *= FNV_PRIME
+
+
 def _fnv_rows(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """FNV-1a 64 of ``data[starts[i] : starts[i] + lengths[i]]`` for every i."""
     n = len(starts)
     h = np.full(n, FNV_OFFSET, dtype=np.uint64)
     if n == 0:
         return h
-    lo, hi = int(lengths.min()), int(lengths.max())
-    if lo == hi:  # the common case (fixed-width hex ids): a strided [n, k] view, no gather
-        if hi:
-            first = int(starts[0])
-            contiguous = bool((np.diff(starts) == hi).all())
-            if contiguous:
-                rows = data[first:first + n * hi].reshape(n, hi)
-            else:
-                rows = data[starts[:, None] + np.arange(hi)]
-            for j in range(hi):
-                h ^= rows[:, j]
-                h *= FNV_PRIME
+    hi = int(lengths.max())
+    if hi == 0:
         return h
-    # Variable lengths: rows sorted by length, longest first, so that at byte position j the
-    # rows still going on are a prefix; the total work is the number of bytes.
-    order = np.argsort(-lengths, kind="stable")
-    s, ls = starts[order], lengths[order]
-    hs = h  # all equal to the offset, so no need to permute
-    active = np.searchsorted(-ls, -np.arange(hi), side="left")  # rows with length > j
-    for j in range(hi):
-        c = int(active[j])
-        hs[:c] ^= data[s[:c] + j]
-        hs[:c] *= FNV_PRIME
-    out = np.empty(n, dtype=np.uint64)
-    out[order] = hs
-    return out
+    if hi > 256:  # long text: rows sorted by length, so the rows still going are a prefix
+        order = np.argsort(-lengths, kind="stable")
+        s, ls = starts[order], lengths[order]
+        active = np.searchsorted(-ls, -np.arange(hi), side="left")  # rows with length > j
+        for j in range(hi):
+            c = int(active[j])
+            h[:c] ^= data[s[:c] + j]
+            h[:c] *= FNV_PRIME
+        out = np.empty(n, dtype=np.uint64)
+        out[order] = h
+        return out
+    # One group per length (ids usually have one or a few lengths). A group holding every
+    # non-empty value is usually one contiguous [m, k] block of the data (Arrow packs values
+    # back to back; empty and null ones take no bytes): a strided view, no gather.
+    nonempty = int(np.count_nonzero(lengths))
+    if int(np.count_nonzero(lengths == hi)) == nonempty:  # one length (and empty ones)
+        counts = {hi: nonempty}
+    else:
+        counts = np.bincount(lengths, minlength=hi + 1)
+        counts = {int(k): int(counts[k]) for k in np.flatnonzero(counts[1:]) + 1}
+    for k in counts:
+        first = int(starts[0])
+        if counts[k] == n:
+            _fnv_matrix(h, data[first:first + n * k].reshape(n, k))
+            continue
+        sel = lengths == k
+        if counts[k] == nonempty:
+            first = int(starts[np.argmax(sel)])
+            last = int(starts[n - 1 - np.argmax(sel[::-1])])
+            if last - first == (nonempty - 1) * k:  # (a null may own bytes: then it is not)
+                sub = np.full(nonempty, FNV_OFFSET, dtype=np.uint64)
+                _fnv_matrix(sub, data[first:first + nonempty * k].reshape(nonempty, k))
+                h[sel] = sub
+                continue
+        idx = np.flatnonzero(sel)
+        sub = np.full(len(idx), FNV_OFFSET, dtype=np.uint64)
+        _fnv_matrix(sub, data[starts[idx, None] + np.arange(k)])
+        h[idx] = sub
+    return h
+
+
+def valid_mask(values: pa.Array) -> np.ndarray:
+    """bool [n]: not null (from the validity bitmap: faster than is_null())."""
+    bitmap = values.buffers()[0]
+    if bitmap is None or values.null_count == 0:
+        return np.ones(len(values), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[values.offset:values.offset + len(values)].view(bool)
 
 
 def hash_text(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -80,22 +112,21 @@ def hash_text(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.frombuffer(offsets_buf, dtype=off_type)[values.offset:values.offset + n + 1]
     data = (np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None
             else np.zeros(0, dtype=np.uint8))
-    starts = offsets[:-1].astype(np.int64)
-    lengths = np.diff(offsets).astype(np.int64)
+    lengths = np.diff(offsets)
     if values.null_count:
-        lengths[np.asarray(values.is_null())] = 0  # a null's bytes are undefined
-    return splitmix64(_fnv_rows(data, starts, lengths)), lengths > 0
+        lengths[~valid_mask(values)] = 0  # a null's bytes, if any, are not its value
+    return splitmix64(_fnv_rows(data, offsets[:-1], lengths)), lengths > 0
 
 
 def to_ids(hashes: np.ndarray, rows: int, present: np.ndarray | None = None) -> np.ndarray:
     """int64 ids ``1 + hash % (rows - 1)``; 0 where ``present`` is False (missing values)."""
     if rows < 2:
         raise ValueError(f"a hashed table needs at least 2 rows (row 0 is 'missing'), got {rows}")
-    ids = (hashes % np.uint64(rows - 1)).astype(np.int64)
-    ids += 1
+    ids = hashes % np.uint64(rows - 1)
+    ids += np.uint64(1)
     if present is not None:
         ids[~present] = 0
-    return ids
+    return ids.view(np.int64)
 
 
 def ids_of(values: pa.Array, rows: int) -> np.ndarray:

@@ -146,10 +146,15 @@ def _numbers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _text(col: pa.Array, i: int) -> str:
+    """Value i for a message: a number as such (the same whether the CSV reader parsed it or
+    not), anything else quoted."""
     v = col[i].as_py()
     if isinstance(v, bytes):
         v = v.decode("utf-8", "replace")
-    return repr(v)[:40]
+    try:
+        return f"{float(v):g}"
+    except (TypeError, ValueError):
+        return repr(v)[:40]
 
 
 def _combine(col) -> pa.Array:

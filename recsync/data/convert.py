@@ -37,7 +37,7 @@ from recsync.data.schema import Schema, load_schema
 BLOCK_BYTES = 2 << 20  # bytes of text per parsed piece (fastest: fits the caches); tests shrink it
 BATCH_ROWS = 65_536  # Parquet rows per parsed piece
 PART_ROWS = 1_000_000
-_WORKERS = max(1, min(4, os.cpu_count() or 1))
+_WORKERS = max(1, min(4, len(os.sched_getaffinity(0))))  # the cores this process may use
 HASH_NAME = "fnv1a64-splitmix64"  # docs/data.md "The hash"; recsync/data/value_hash.py
 
 

@@ -60,8 +60,8 @@ def _equals_local_with_the_global_batch(data, tmp_path, *mode):
     torch.testing.assert_close(sync_dense, local_dense, rtol=1e-5, atol=1e-6)
     ids = torch.cat(touched)
     with torch.no_grad():
-        sync_rows = result["model"].lookup.pull(ids).embeddings()
-        local_rows = local.lookup.pull(ids).embeddings()
+        sync_rows = result["model"].lookup.pull(ids).embeddings().stacked
+        local_rows = local.lookup.pull(ids).embeddings().stacked
     torch.testing.assert_close(sync_rows, local_rows, rtol=1e-5, atol=1e-6)
     assert sync_rows.abs().sum() > 0 and not torch.equal(sync_rows, torch.zeros_like(sync_rows))
 

@@ -125,7 +125,7 @@ def part_paths(split_dir: Path, name: str, layout: Layout | None = None) -> dict
     if layout is not None:
         kinds += ["weight"] * layout.weight
         for j in range(len(layout.multi)):
-            kinds += [f"multi{j}.values", f"multi{j}.offsets"]
+            kinds += [f"multi{j}.offsets", f"multi{j}.values"]  # offsets size values
     return {kind: split_dir / f"{name}.{kind}.npy" for kind in kinds}
 
 

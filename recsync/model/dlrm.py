@@ -10,11 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def as_tensor(embeddings: torch.Tensor | list) -> torch.Tensor:
-    """Embeddings as one [B, T, dim] tensor (a list of T tensors [B, dim] is stacked)."""
-    return torch.stack(list(embeddings), dim=1) if isinstance(embeddings, (list, tuple)) \
-        else embeddings
+from recsync.model.inputs import concat, stack
 
 
 def mlp(sizes: list[int], *, final_activation: bool) -> nn.Sequential:
@@ -41,7 +37,7 @@ class DLRM(nn.Module):
     def forward(self, dense: torch.Tensor, embeddings: torch.Tensor | list) -> torch.Tensor:
         """dense [B, num_dense], embeddings [B, T, dim] (or T tensors [B, dim]) -> logits [B]."""
         x = self.bottom(dense)
-        vectors = torch.cat([x.unsqueeze(1), as_tensor(embeddings)], dim=1)  # [B, T+1, dim]
+        vectors = torch.cat([x.unsqueeze(1), stack(embeddings)], dim=1)  # [B, T+1, dim]
         dots = torch.bmm(vectors, vectors.transpose(1, 2))        # [B, T+1, T+1]
         pairs = dots[:, self.tri_rows, self.tri_cols]             # [B, (T+1)T/2]
         return self.top(torch.cat([x, pairs], dim=1)).squeeze(1)
@@ -55,4 +51,4 @@ class LogisticRegression(nn.Module):
         self.linear = nn.Linear(num_dense, 1)
 
     def forward(self, dense: torch.Tensor, embeddings: torch.Tensor | list) -> torch.Tensor:
-        return self.linear(dense).squeeze(1) + as_tensor(embeddings).sum(dim=(1, 2))
+        return self.linear(dense).squeeze(1) + concat(embeddings).sum(dim=1)

@@ -7,6 +7,7 @@ import torch
 
 from recsync.config import ModelConfig
 from recsync.model.dlrm import DLRM, LogisticRegression
+from recsync.model.inputs import DataTable, ModelInputs, SparseFeature
 from recsync.model.registry import MODELS, build_model
 
 B, T, DIM, DENSE = 5, 6, 4, 13
@@ -109,21 +110,25 @@ def test_logistic_regression_is_additive():
 def test_build_model():
     names, rows = [f"C{i}" for i in range(T)], [10 * (i + 1) for i in range(T)]
     cfg = ModelConfig(embedding_dim=3, bottom_mlp=[5], top_mlp=[4])
-    model, tables = build_model(cfg, DENSE, names, rows)
+    model_inputs = ModelInputs(dense=tuple(f"I{i}" for i in range(DENSE)),
+                               features=tuple(SparseFeature(n, n) for n in names),
+                               tables=tuple(DataTable(n, r) for n, r in zip(names, rows)))
+    model, tables = build_model(cfg, model_inputs)
     assert isinstance(model, DLRM)
     assert [(t.name, t.rows, t.dim) for t in tables] == [(n, r, 3) for n, r in zip(names, rows)]
     dense, _ = inputs()
     assert model(dense, [torch.zeros(B, 3)] * T).shape == (B,)
 
-    model, tables = build_model(ModelConfig(name="lr", embedding_dim=3), DENSE, names, rows)
+    model, tables = build_model(ModelConfig(name="lr", embedding_dim=3), model_inputs)
     assert isinstance(model, LogisticRegression)
     assert all(t.dim == 1 for t in tables)
 
 
 def test_build_model_unknown_name():
     with pytest.raises(ValueError) as e:
-        build_model(ModelConfig(name="wide_deep"), DENSE, ["C1"], [10])
+        build_model(ModelConfig(name="no_such_model"), ModelInputs(
+            dense=(), features=(SparseFeature("C1", "C1"),), tables=(DataTable("C1", 10),)))
     msg = str(e.value)
-    assert "model.name" in msg and "'wide_deep'" in msg
+    assert "model.name" in msg and "'no_such_model'" in msg
     for name in MODELS:
         assert name in msg

@@ -204,8 +204,11 @@ def load_preset(name: str) -> Schema:
     return parse_schema(text, f"preset {name}")
 
 
-def load_schema(path: str | Path) -> Schema:
-    """Read and check a TOML schema file; SchemaError (one line, naming the file) if bad."""
+def load_schema(path: str | Path | None = None, *, preset: str | None = None) -> Schema:
+    """Read and check a TOML schema file, or the shipped ``preset``; SchemaError (one line,
+    naming the file) if bad."""
+    if preset is not None:
+        return load_preset(preset)
     try:
         text = Path(path).read_text()
     except FileNotFoundError:

@@ -65,7 +65,8 @@ class ModelInputs:
         return [self.table(n) for n in names]
 
 
-def feature_tables(inputs: ModelInputs, dim: int | None = None, suffix: str = "") -> list[TableSpec]:
+def feature_tables(inputs: ModelInputs, dim: int | None = None,
+                   suffix: str = "") -> list[TableSpec]:
     """One table per data table a feature reads: ``dim`` wide (None: the schema's dim, else
     ``inputs.embedding_dim``), named ``<data table><suffix>`` (a model that looks every feature
     up twice, e.g. a wide and a deep part, gives the second set a suffix)."""
@@ -76,6 +77,12 @@ def feature_tables(inputs: ModelInputs, dim: int | None = None, suffix: str = ""
 def slot_count(inputs: ModelInputs, tables: list[TableSpec]) -> int:
     """How many embeddings a forward pass receives for ``tables``."""
     return sum(1 for t in tables for f in inputs.features if f.table == t.source)
+
+
+def slot_dims(inputs: ModelInputs, tables: list[TableSpec]) -> list[int]:
+    """The width of each embedding a forward pass receives for ``tables``, in slot order (their
+    sum is the width of ``concat(embeddings)``)."""
+    return [t.dim for t in tables for f in inputs.features if f.table == t.source]
 
 
 class FeatureEmbeddings(tuple):

@@ -1,0 +1,36 @@
+"""Logistic regression: logit = w·dense + b + Σ_slots e[id], with 1-dim embedding tables (no
+feature interactions). The baseline every other model must beat (docs/design.md §10)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recsync.model.inputs import ModelInputs, feature_tables
+from recsync.model.layers import init_output_bias, slots
+
+
+def linear_sum(embeddings) -> torch.Tensor:
+    """Σ over slots of 1-dim embeddings: [B]."""
+    if isinstance(embeddings, torch.Tensor):
+        return embeddings.sum(dim=(1, 2))
+    stacked = getattr(embeddings, "stacked", None)
+    if stacked is not None:
+        return stacked.sum(dim=(1, 2))
+    return torch.cat(slots(embeddings), dim=1).sum(dim=1)
+
+
+class LogisticRegression(nn.Module):
+    def __init__(self, num_dense: int, base_rate: float | None = None):
+        super().__init__()
+        self.linear = nn.Linear(num_dense, 1)  # its bias is the model's one bias
+        init_output_bias(self.linear, base_rate)
+
+    def forward(self, dense: torch.Tensor, embeddings) -> torch.Tensor:
+        """dense [B, num_dense], embeddings (slots of [B, 1], or [B, slots, 1]) -> [B]."""
+        return self.linear(dense).squeeze(1) + linear_sum(embeddings)
+
+
+def build_lr(cfg, inputs: ModelInputs):
+    """One 1-dim table per data table, named as the data table."""
+    return LogisticRegression(inputs.num_dense, inputs.base_rate), feature_tables(inputs, dim=1)

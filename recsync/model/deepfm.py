@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from recsync.model.inputs import ModelInputs, concat, slot_count, slot_dims, stack
-from recsync.model.layers import init_output_bias, mlp, split_slots
+from recsync.model.layers import dense_linear, mlp, split_slots
 from recsync.model.lr import linear_sum
 from recsync.model.wide_deep import wide_deep_tables
 
@@ -28,8 +28,7 @@ class DeepFM(nn.Module):
                  dropout: float = 0.0, base_rate: float | None = None):
         super().__init__()
         self.num_slots = num_slots
-        self.linear = nn.Linear(num_dense, 1)  # its bias is the model's one bias
-        init_output_bias(self.linear, base_rate)
+        self.linear = dense_linear(num_dense, base_rate)  # its bias is the model's one bias
         self.deep = mlp([num_dense + num_slots * dim, *deep_mlp, 1], dropout=dropout,
                         bias=False)
 

@@ -4,6 +4,7 @@ the slots of a forward pass's embeddings."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -40,6 +41,16 @@ def init_output_bias(layer: nn.Linear, base_rate: float | None) -> None:
     value = base_logit(base_rate)
     if value is not None:
         layer.bias.fill_(value)
+
+
+def dense_linear(num_dense: int, base_rate: float | None) -> nn.Linear:
+    """The linear layer on dense features whose bias is a sum-model's one output bias (a data
+    set may have no dense features: then it is the bias alone)."""
+    with warnings.catch_warnings():  # torch warns that a [1, 0] weight has nothing to init
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+        layer = nn.Linear(num_dense, 1)
+    init_output_bias(layer, base_rate)
+    return layer
 
 
 def slots(embeddings) -> tuple[torch.Tensor, ...]:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from recsync.model.inputs import ModelInputs, feature_tables
-from recsync.model.layers import init_output_bias, slots
+from recsync.model.layers import dense_linear, slots
 
 
 def linear_sum(embeddings) -> torch.Tensor:
@@ -23,8 +23,7 @@ def linear_sum(embeddings) -> torch.Tensor:
 class LogisticRegression(nn.Module):
     def __init__(self, num_dense: int, base_rate: float | None = None):
         super().__init__()
-        self.linear = nn.Linear(num_dense, 1)  # its bias is the model's one bias
-        init_output_bias(self.linear, base_rate)
+        self.linear = dense_linear(num_dense, base_rate)  # its bias is the model's one bias
 
     def forward(self, dense: torch.Tensor, embeddings) -> torch.Tensor:
         """dense [B, num_dense], embeddings (slots of [B, 1], or [B, slots, 1]) -> [B]."""

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from recsync.model.inputs import ModelInputs, concat, feature_tables, slot_count, slot_dims
-from recsync.model.layers import init_output_bias, mlp, split_slots
+from recsync.model.layers import dense_linear, mlp, split_slots
 from recsync.model.lr import linear_sum
 
 LINEAR = ".linear"  # suffix of the 1-dim tables of a model's first-order part
@@ -24,8 +24,7 @@ class WideDeep(nn.Module):
                  deep_mlp: list[int], dropout: float = 0.0, base_rate: float | None = None):
         super().__init__()
         self.num_slots = num_slots
-        self.wide = nn.Linear(num_dense, 1)  # its bias is the model's one bias
-        init_output_bias(self.wide, base_rate)
+        self.wide = dense_linear(num_dense, base_rate)  # its bias is the model's one bias
         self.deep = mlp([num_dense + embedding_width, *deep_mlp, 1], dropout=dropout, bias=False)
 
     def forward(self, dense: torch.Tensor, embeddings) -> torch.Tensor:

@@ -74,6 +74,19 @@ def test_builds_forwards_and_backpropagates(name):
         assert p.grad is not None, pname
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_without_dense_features(name, recwarn):
+    """Avazu has no dense columns: the models still build (no warnings) and train."""
+    inputs = ModelInputs(**{**INPUTS.__dict__, "dense": ()})
+    model, tables = build(name, inputs)
+    embs = embeddings_for(inputs, tables, requires_grad=True)
+    out = model(torch.zeros(B, 0), embs)
+    assert out.shape == (B,)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.numel())
+    assert not [w for w in recwarn if "zero-element" in str(w.message)]
+
+
 def test_tables_of_each_model():
     dims = {name: [(t.name, t.rows, t.dim, t.source) for t in build(name)[1]]
             for name in MODELS}
@@ -238,6 +251,12 @@ def test_apply_table_rows():
     assert apply_table_rows(ModelConfig(embedding_dim=9), INPUTS).embedding_dim == 9
     _, tables = build_model(ModelConfig(table_rows=100, embedding_dim=9), INPUTS)
     assert [(t.rows, t.dim) for t in tables] == [(100, 9)] * 3
+
+
+def test_dlrm_needs_two_vectors():
+    one = ModelInputs(dense=(), features=(SparseFeature("a", "a"),), tables=(DataTable("a", 5),))
+    with pytest.raises(ValueError, match="two vectors"):
+        build("dlrm", one)
 
 
 def test_schema_dims():

@@ -14,7 +14,7 @@ from recsync.model.loss import logits
 @torch.no_grad()
 def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size: int) -> dict:
     """AUC and log loss on the first ``rows`` rows of the eval split (all of it if larger).
-    ``lookup`` serves the rows (``pull(sparse) -> PulledBatch``): LocalLookup or PSClient."""
+    ``lookup`` serves the rows (``pull(batch) -> PulledBatch``): LocalLookup or PSClient."""
     dense.eval()
     labels, probs, seen = [], [], 0
     for p, info in enumerate(ds.meta["splits"]["eval"]["parts"]):
@@ -22,7 +22,7 @@ def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size:
             break
         chunk = Chunk("eval", p, 0, min(info["rows"], rows - seen))
         for batch in ds.batches(chunk, batch_size):
-            pulled = lookup.pull(batch.sparse)
+            pulled = lookup.pull(batch)
             probs.append(torch.sigmoid(logits(dense, batch, pulled.embeddings())).numpy())
             labels.append(batch.label.numpy())
         seen += chunk.rows

@@ -22,7 +22,7 @@ from recsync.evaluate import evaluate
 from recsync.metrics import MetricsLog
 from recsync.model import loss as model_loss
 from recsync.model.optim import make_dense_optimizer
-from recsync.model.registry import build_model, table_rows_for
+from recsync.model.setup import model_for
 from recsync.progress import progress
 from recsync.record import RunRecord
 from recsync.stopping import check_loss
@@ -39,19 +39,18 @@ class LocalModel:
 
 def build_local_model(model_cfg: ModelConfig, train_cfg: TrainConfig, ds: Dataset) -> LocalModel:
     torch.manual_seed(train_cfg.seed)
-    dense, tables = build_model(model_cfg, ds.meta["num_dense"], ds.table_names,
-                                table_rows_for(model_cfg, ds.table_rows))
+    built = model_for(model_cfg, ds)
     row_optimizer = make_row_optimizer(train_cfg.embedding_optimizer, train_cfg.embedding_lr)
-    store = EmbeddingStore(tables, row_optimizer, seed=train_cfg.seed,
+    store = EmbeddingStore(built.tables, row_optimizer, seed=train_cfg.seed,
                            init_scale=model_cfg.embedding_init_scale)
-    optimizer = make_dense_optimizer(train_cfg.dense_optimizer, dense.parameters(),
+    optimizer = make_dense_optimizer(train_cfg.dense_optimizer, built.module.parameters(),
                                      train_cfg.dense_lr)
-    return LocalModel(dense, LocalLookup(store), optimizer)
+    return LocalModel(built.module, LocalLookup(store, built.plan), optimizer)
 
 
 def train_step(m: LocalModel, batch: Batch) -> float:
     """One step on one batch; returns the batch's mean loss."""
-    pulled = m.lookup.pull(batch.sparse)
+    pulled = m.lookup.pull(batch)
     loss = model_loss.loss(m.dense, batch, pulled.embeddings())
     m.dense_optimizer.zero_grad(set_to_none=True)
     loss.backward()

@@ -17,7 +17,7 @@ from recsync.config import RunConfig
 from recsync.data.format import DataFormatError
 from recsync.data.reader import Dataset
 from recsync.embedding.memory import check_table_memory, table_bytes
-from recsync.model.registry import table_rows_for
+from recsync.model.setup import model_for
 
 DEFAULT_DATA = "runs/data/synth"
 METRICS_BYTES = 2 << 20  # metrics.jsonl, summary.json, training.png of a run: a few MB at most
@@ -39,8 +39,9 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
     ds = open_data(cfg)
     for split in ("train", "eval"):
         ds.parts(split)  # every part file's header against meta.json, here and not in an actor
-    check_table_memory(table_rows_for(cfg.model, ds.table_rows), _dim(cfg),
-                       state_dim=_state_dim(cfg), table_names=ds.table_names)
+    tables = model_for(cfg.model, ds).tables  # the model's own errors (a bad name) here too
+    check_table_memory([t.rows for t in tables], max(t.dim for t in tables),
+                       state_dim=_state_dim(cfg), table_names=[t.name for t in tables])
     estimates = estimate_writes(cfg, ds, out)
     for e in estimates:
         free = check_writable(e.directory)
@@ -67,10 +68,6 @@ def open_data(cfg: RunConfig) -> Dataset:
         raise DataFormatError(f"{path}: cannot read the data set ({e.strerror or e})") from None
 
 
-def _dim(cfg: RunConfig) -> int:
-    return 1 if cfg.model.name == "lr" else cfg.model.embedding_dim
-
-
 def _state_dim(cfg: RunConfig) -> int:
     return 0 if cfg.train.embedding_optimizer == "sgd" else 1
 
@@ -79,10 +76,10 @@ def model_bytes(cfg: RunConfig, ds: Dataset) -> int:
     """Bytes of the model's state a checkpoint holds: every table's rows with their row
     optimizer's state, the dense parameters with two optimizer slots (an upper bound for the
     optimizers recsync has)."""
-    m = cfg.model
-    widths = [ds.meta["num_dense"], *m.bottom_mlp, _dim(cfg)]
-    dense = sum(a * b + b for a, b in zip(widths, widths[1:]))
-    return (table_bytes(table_rows_for(m, ds.table_rows), _dim(cfg), _state_dim(cfg))
+    built = model_for(cfg.model, ds)
+    dense = sum(p.numel() for p in built.module.parameters())
+    return (table_bytes([t.rows for t in built.tables], max(t.dim for t in built.tables),
+                        _state_dim(cfg))
             + 3 * dense * FLOAT)
 
 

@@ -24,6 +24,7 @@ SCENARIOS = {
     "recovery": "PS-shard failures: full and partial recovery, CPR's checkpoints",
     "modes": "every mode side by side on one data set",
     "chaos": "every mode under random kills of workers and shards (emulated)",
+    "quality": "every built-in model against logistic regression on the Avazu sample",
 }
 
 

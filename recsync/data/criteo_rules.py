@@ -30,7 +30,8 @@ import re
 
 import numpy as np
 
-from recsync.data.format import MAX_TABLE_ROWS, NUM_DENSE, NUM_TABLES
+from recsync.data.format import MAX_INT32_ROWS as MAX_TABLE_ROWS
+from recsync.data.format import NUM_DENSE, NUM_TABLES
 from recsync.hashing import splitmix64
 
 NUM_FIELDS = 1 + NUM_DENSE + NUM_TABLES  # 40

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from recsync.data.format import DTYPES, DataFormatError, one_line, part_paths, read_meta
+from recsync.data.format import DataFormatError, Layout, one_line, part_paths, read_meta
 
 
 @dataclass(frozen=True)
@@ -30,23 +30,50 @@ class Chunk:
         return self.stop - self.start
 
 
+def take_ragged(values: torch.Tensor, offsets: torch.Tensor,
+                idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``idx`` of a ragged column (row i is values[offsets[i]:offsets[i+1]])."""
+    starts = offsets[idx]
+    lengths = offsets[idx + 1] - starts
+    new = torch.zeros(len(idx) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=new[1:])
+    pos = torch.repeat_interleave(starts - new[:-1], lengths) + torch.arange(int(new[-1]))
+    return values[pos], new
+
+
 @dataclass
 class Batch:
-    """One mini-batch: dense float32 [B, 13], sparse int64 [B, 26] ids, label float32 [B]."""
+    """One mini-batch: dense float32 [B, dense], sparse int64 [B, single-hot features], label
+    float32 [B], weight float32 [B] or None, and per multi-hot feature (values int64 [nnz],
+    offsets int64 [B + 1])."""
 
     dense: torch.Tensor
     sparse: torch.Tensor
     label: torch.Tensor
+    weight: torch.Tensor | None = None
+    multi: tuple = ()
 
     def __len__(self) -> int:
         return len(self.label)
+
+    def take(self, idx: torch.Tensor) -> "Batch":
+        """The rows ``idx`` (int64), in that order."""
+        return Batch(self.dense[idx], self.sparse[idx], self.label[idx],
+                     None if self.weight is None else self.weight[idx],
+                     tuple(take_ragged(v, o, idx) for v, o in self.multi))
+
+
+def _id_ends(layout: Layout) -> tuple[np.ndarray, list[int]]:
+    """Per single-hot feature, and per multi-hot feature, its table's rows (ids must be below)."""
+    single = np.array([layout.table_rows(f.table) for f in layout.single], dtype=np.uint64)
+    return single, [layout.table_rows(f.table) for f in layout.multi]
 
 
 class Dataset:
     """A converted data set opened read-only. Cheap to open; safe to open in many processes.
 
     Opening checks meta.json (format, feature counts, table sizes, part names: see
-    format.check_meta); the first use of a split checks its part files' shapes and dtypes; every
+    data/meta_checks.py); the first use of a split checks its part files' shapes and dtypes; every
     read checks its ids against the table sizes. Each failure is a one-line DataFormatError
     naming the file (table sizes beyond memory are refused where tables are allocated).
     """
@@ -54,9 +81,10 @@ class Dataset:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.meta = read_meta(self.root)
-        self.table_rows = [t["rows"] for t in self.meta["tables"]]
-        self.table_names = [t["name"] for t in self.meta["tables"]]
-        self._id_end = np.array(self.table_rows, dtype=np.uint32)  # sparse parts are int32
+        self.layout = Layout.from_meta(self.meta)
+        self.table_rows = [t.rows for t in self.layout.tables]
+        self.table_names = [t.name for t in self.layout.tables]
+        self._single_end, self._multi_end = _id_ends(self.layout)
         self._parts: dict[str, list[dict[str, np.ndarray]]] = {}
 
     @property
@@ -67,6 +95,13 @@ class Dataset:
     def rows(self, split: str) -> int:
         return self._split(split)["rows"]
 
+    def base_rate(self, split: str = "train") -> float | None:
+        """The split's label mean, if meta.json records it."""
+        info = self._split(split)
+        if "label_sum" not in info or not info["rows"]:
+            return None
+        return info["label_sum"] / info["rows"]
+
     def _split(self, split: str) -> dict:
         try:
             return self.meta["splits"][split]
@@ -76,19 +111,30 @@ class Dataset:
 
     def parts(self, split: str) -> list[dict[str, np.ndarray]]:
         """The memory-mapped arrays of every part of a split, opened once, when the split is
-        first used, and checked against meta.json (only the files' headers are read)."""
+        first used, and checked against meta.json (only the files' headers are read, and the
+        offsets of multi-hot features)."""
         if split not in self._parts:
             self._parts[split] = [self._open_part(split, info)
                                   for info in self._split(split)["parts"]]
         return self._parts[split]
 
+    def _expected(self, kind: str, rows: int) -> tuple[tuple, np.dtype]:
+        lay = self.layout
+        if kind == "dense":
+            return (rows, len(lay.dense)), np.dtype(np.float32)
+        if kind == "sparse":
+            return (rows, len(lay.single)), np.dtype(self.meta["id_dtype"])
+        if kind in ("label", "weight"):
+            return (rows,), np.dtype(np.float32)
+        if kind.endswith(".offsets"):
+            return (rows + 1,), np.dtype(np.int64)
+        return (-1,), np.dtype(np.int64)  # values: as many as the offsets say
+
     def _open_part(self, split: str, info: dict) -> dict[str, np.ndarray]:
         rows = info["rows"]
-        shapes = {"dense": (rows, self.meta["num_dense"]), "sparse": (rows, len(self.table_rows)),
-                  "label": (rows,)}
         root = self.root.resolve()
         arrays = {}
-        for kind, path in part_paths(self.root / split, info["name"]).items():
+        for kind, path in part_paths(self.root / split, info["name"], self.layout).items():
             real = path.resolve()
             if not real.is_relative_to(root):  # a symlink pointing out of the data directory
                 raise DataFormatError(f"{path}: resolves to {real}, outside the data directory "
@@ -97,13 +143,21 @@ class Dataset:
                 a = np.load(path, mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as e:
                 raise DataFormatError(f"{path}: cannot be read ({one_line(e)})") from e
-            if a.shape[:1] != shapes[kind][:1]:
-                raise DataFormatError(f"{path}: {a.shape[0] if a.ndim else 0} rows, meta.json "
-                                      f"says {rows} (splits.{split}.parts of {info['name']})")
-            if a.shape != shapes[kind] or a.dtype != DTYPES[kind]:
-                raise DataFormatError(f"{path}: {a.dtype} {list(a.shape)}, expected "
-                                      f"{DTYPES[kind]} {list(shapes[kind])} (format version "
-                                      f"{self.meta['version']}, {len(self.table_rows)} tables)")
+            shape, dtype = self._expected(kind, rows)
+            if kind.endswith(".values"):
+                offsets = arrays[kind.replace(".values", ".offsets")]
+                shape = (int(offsets[-1]),)
+            elif a.shape[:1] != shape[:1]:
+                got = a.shape[0] if a.ndim else 0
+                raise DataFormatError(f"{path}: {got} rows, meta.json says {rows} "
+                                      f"(splits.{split}.parts of {info['name']})"
+                                      + (" plus 1 offset" if kind.endswith("offsets") else ""))
+            if a.shape != shape or a.dtype != dtype:
+                raise DataFormatError(f"{path}: {a.dtype} {list(a.shape)}, expected {dtype} "
+                                      f"{list(shape)} (format version {self.meta['version']}, "
+                                      f"{len(self.layout.single)} single-hot features)")
+            if kind.endswith(".offsets") and (a[0] != 0 or (np.diff(a) < 0).any()):
+                raise DataFormatError(f"{path}: offsets must start at 0 and never decrease")
             arrays[kind] = a
         return arrays
 
@@ -120,30 +174,52 @@ class Dataset:
     def read(self, chunk: Chunk, rows: np.ndarray | slice | None = None) -> Batch:
         """Read a chunk, or the given rows of it (indices relative to the chunk start)."""
         arrays = self.parts(chunk.split)[chunk.part]
-        sel = slice(chunk.start, chunk.stop) if rows is None else (
-            slice(chunk.start + rows.start, chunk.start + rows.stop) if isinstance(rows, slice)
-            else rows + chunk.start)
+        if rows is None:
+            rows = slice(0, chunk.rows)
+        if not isinstance(rows, slice):
+            return self.read(chunk).take(torch.as_tensor(rows, dtype=torch.int64))
+        sel = slice(chunk.start + rows.start, chunk.start + rows.stop)
         sparse = arrays["sparse"][sel]
-        self._check_ids(chunk, sparse, sel)
+        self._check_ids(chunk, "sparse", sparse, sel.start)
+        multi = []
+        for j in range(len(self._multi_end)):
+            offsets = np.array(arrays[f"multi{j}.offsets"][sel.start:sel.stop + 1])
+            values = np.array(arrays[f"multi{j}.values"][offsets[0]:offsets[-1]])
+            self._check_ids(chunk, f"multi{j}.values", values, int(offsets[0]), multi=j)
+            multi.append((torch.from_numpy(values), torch.from_numpy(offsets - offsets[0])))
+        weight = arrays.get("weight")
         return Batch(dense=torch.from_numpy(np.array(arrays["dense"][sel], dtype=np.float32)),
                      sparse=torch.from_numpy(sparse.astype(np.int64)),
-                     label=torch.from_numpy(np.array(arrays["label"][sel], dtype=np.float32)))
+                     label=torch.from_numpy(np.array(arrays["label"][sel], dtype=np.float32)),
+                     weight=None if weight is None else torch.from_numpy(np.array(weight[sel])),
+                     multi=tuple(multi))
 
-    def _check_ids(self, chunk: Chunk, sparse: np.ndarray, sel: slice | np.ndarray) -> None:
+    def _check_ids(self, chunk: Chunk, kind: str, ids: np.ndarray, first: int,
+                   multi: int | None = None) -> None:
         """Every id must be a row of its table: an id past the end would index out of the
-        embedding table far from here. One vectorised comparison per read (ids seen as uint32,
-        so a negative id is huge and fails the same test); the search for the first bad row
-        runs only when there is one."""
-        inside = sparse.view(np.uint32) < self._id_end
+        embedding table far from here. One vectorised comparison per read (ids seen as
+        unsigned, so a negative id is huge and fails the same test); the search for the first
+        bad one runs only when there is one."""
+        unsigned = ids.view(np.uint32 if ids.dtype == np.int32 else np.uint64)
+        end = self._single_end if multi is None else np.uint64(self._multi_end[multi])
+        inside = unsigned < end
         if inside.all():
             return
-        r, c = (int(x) for x in np.argwhere(~inside)[0])
-        row = sel.start + r if isinstance(sel, slice) else int(sel[r])
+        where = np.argwhere(~inside)[0]
         info = self._split(chunk.split)["parts"][chunk.part]
-        path = part_paths(self.root / chunk.split, info["name"])["sparse"]
-        raise DataFormatError(f"{path}: row {row}, column {c} (table {self.table_names[c]}): id "
-                              f"{int(sparse[r, c])} is outside [0, {self.table_rows[c]}), the "
-                              f"table's rows in meta.json")
+        path = part_paths(self.root / chunk.split, info["name"], self.layout)[kind]
+        if multi is None:
+            r, c = int(where[0]), int(where[1])
+            feature, place = self.layout.single[c], f"row {first + r}, column {c}"
+        else:
+            r = int(where[0])
+            feature, place = self.layout.multi[multi], f"value {first + r}"
+        value = int(ids[tuple(where)])
+        rows = self.layout.table_rows(feature.table)
+        which = (f"table {feature.table}" if feature.name == feature.table
+                 else f"feature {feature.name}, table {feature.table}")
+        raise DataFormatError(f"{path}: {place} ({which}): id {value} is outside [0, {rows}), "
+                              f"the table's rows in meta.json")
 
     def batches(self, chunk: Chunk, batch_size: int, *, shuffle_seed: int | None = None,
                 epoch: int = 0) -> Iterator[Batch]:
@@ -159,8 +235,7 @@ class Dataset:
         order = torch.from_numpy(np.random.default_rng(
             [shuffle_seed, epoch, chunk.part, chunk.start]).permutation(chunk.rows))
         for start in range(0, chunk.rows, batch_size):
-            idx = order[start:start + batch_size]
-            yield Batch(whole.dense[idx], whole.sparse[idx], whole.label[idx])
+            yield whole.take(order[start:start + batch_size])
 
 
 def chunk_order(chunks: list[Chunk], *, epoch: int, shuffle_seed: int | None) -> list[Chunk]:

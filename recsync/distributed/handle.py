@@ -27,7 +27,7 @@ from recsync.distributed.policy import recovery_kind
 from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
 from recsync.evaluate import evaluate
 from recsync.local_run import CHUNK_BATCHES, LocalModel
-from recsync.model.registry import build_model, table_rows_for
+from recsync.model.setup import model_for
 from recsync.modes import MODES
 from recsync.ps.build import make_core
 from recsync.ps.client import PSClient
@@ -54,9 +54,8 @@ class DistributedRun:
         self.record = RunRecord() if started is None else RunRecord(start=started)
         c, t = cfg.cluster, cfg.train
         torch.manual_seed(t.seed)
-        self.dense_model, self.tables = build_model(cfg.model, ds.meta["num_dense"],
-                                                    ds.table_names,
-                                                    table_rows_for(cfg.model, ds.table_rows))
+        built = model_for(cfg.model, ds)
+        self.dense_model, self.tables, self.plan = built.module, built.tables, built.plan
         dense_init = self.initial_dense()
         net = cfg.network
         network = (net.latency_ms / 1e3, net.ms_per_mb / 1e3 / 2**20) if net.enabled else None
@@ -313,7 +312,7 @@ class DistributedRun:
             vector_to_parameters(torch.tensor(final_dense),
                                  list(self.dense_model.parameters()))
         model = LocalModel(self.dense_model,
-                           PSClient(self.shards, [tb.dim for tb in self.tables]), None)
+                           PSClient(self.shards, self.plan), None)
         final_eval = evaluate(model.dense, model.lookup, self.ds, self.ds.rows("eval"),
                               self.cfg.train.eval_batch_size)
         return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,

@@ -89,17 +89,23 @@ class FeatureEmbeddings(tuple):
     """The slots' embeddings, a tuple of [B, dim] tensors; ``stacked`` is the same values as
     one [B, slots, dim] tensor when every slot has one dim, else None."""
 
-    stacked: torch.Tensor | None
-
     def __new__(cls, slots, stacked: torch.Tensor | None = None):
         self = super().__new__(cls, slots)
-        self.stacked = stacked
+        self._stacked = stacked
         return self
 
     @classmethod
     def of(cls, stacked: torch.Tensor) -> "FeatureEmbeddings":
         """From a [B, slots, dim] tensor (views, no copy)."""
         return cls(stacked.unbind(1), stacked)
+
+    @property
+    def stacked(self) -> torch.Tensor | None:
+        """[B, slots, dim] (a copy made on first use unless the slots came stacked), or None
+        when the slots differ in dim."""
+        if self._stacked is None and len(self) and len({e.shape[1] for e in self}) == 1:
+            self._stacked = torch.stack(list(self), dim=1)
+        return self._stacked
 
 
 def stack(embeddings) -> torch.Tensor:
@@ -124,3 +130,21 @@ def concat(embeddings) -> torch.Tensor:
     if isinstance(embeddings, torch.Tensor):
         return embeddings.reshape(embeddings.shape[0], -1)
     return torch.cat(list(embeddings), dim=1)
+
+
+def inputs_of(ds, model_cfg) -> ModelInputs:
+    """A data set's (data/reader.py Dataset) inputs for ``model_cfg`` (ModelConfig): every
+    table as large as the data set says, or ``model.table_rows`` if set (never fewer)."""
+    lay = ds.layout
+    rows = {t.name: t.rows for t in lay.tables}
+    if model_cfg.table_rows:
+        if model_cfg.table_rows < max(rows.values()):
+            raise ValueError(f"model.table_rows = {model_cfg.table_rows} is smaller than the "
+                             f"data set's largest table ({max(rows.values())} rows): ids would "
+                             f"not fit")
+        rows = dict.fromkeys(rows, model_cfg.table_rows)
+    return ModelInputs(
+        dense=tuple(lay.dense),
+        features=tuple(SparseFeature(f.name, f.table, f.pooling) for f in lay.features),
+        tables=tuple(DataTable(t.name, rows[t.name], t.dim) for t in lay.tables),
+        embedding_dim=model_cfg.embedding_dim, base_rate=ds.base_rate("train"))

@@ -1,7 +1,8 @@
 """The one loss every mode trains with, and the forward pass that feeds it.
 
-The model seam: a model maps (dense features [B, num_dense], looked-up embeddings [B, T, dim])
-to logits [B]; the loss is the mean binary cross-entropy of those logits against the labels.
+The model seam: a model maps (dense features [B, num_dense], looked-up embeddings, one per
+slot: model/inputs.py) to logits [B]; the loss is the mean binary cross-entropy of those logits
+against the labels (weighted by the rows' weights where the data set has them).
 The local run, every mode's worker half and evaluation call these two functions, so a user's
 own model or loss changes one place.
 """
@@ -19,4 +20,9 @@ def logits(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Ten
 
 def loss(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:
     """The batch's mean binary cross-entropy (with logits): a scalar to differentiate."""
-    return F.binary_cross_entropy_with_logits(logits(model, batch, embeddings), batch.label)
+    out = logits(model, batch, embeddings)
+    weight = getattr(batch, "weight", None)
+    if weight is None:
+        return F.binary_cross_entropy_with_logits(out, batch.label)
+    per_row = F.binary_cross_entropy_with_logits(out, batch.label, reduction="none")
+    return (per_row * weight).sum() / weight.sum().clamp_min(1e-12)

@@ -24,7 +24,7 @@ class AsyncWorker(WorkerMode):
     def step(self, batch, ahead=None, thread: int = 0):
         if batch is None:
             return STOP
-        pulled = self.ctx.client.pull(batch.sparse)
+        pulled = self.ctx.client.pull(batch)
         loss, dense_grad = self.compute(batch, pulled)
         self.send(pulled, dense_grad, len(batch))
         return loss

@@ -67,10 +67,10 @@ class EagerWorker(AsyncWorker):
         client = self.ctx.client
         begin = time.perf_counter()
         pending, self._next = self._next, None
-        pulled = client.complete(pending or client.pull_async(batch.sparse))
+        pulled = client.complete(pending or client.pull_async(batch))
         pull_s = time.perf_counter() - begin
         if self.overlap and ahead is not None:
-            self._next = client.pull_async(ahead.sparse)
+            self._next = client.pull_async(ahead)
         loss, dense_grad = self.compute(batch, pulled)
         scales = self._scales(pulled.versions)
         begin = time.perf_counter()

@@ -64,7 +64,7 @@ class SyncWorker(WorkerMode):
         for p in self.params:
             p.grad = None
         if n:
-            pulled = self.ctx.client.pull(batch.sparse, min_version=self.min_version())
+            pulled = self.ctx.client.pull(batch, min_version=self.min_version())
             begin = time.perf_counter()
             loss = model_loss.loss(self.model, batch, pulled.embeddings())
             loss.backward()

@@ -1,7 +1,7 @@
 """PSClient: a worker's view of the parameter server. One pull and one push call per shard per
 step, carrying every table's ids for that shard as int64 arrays (deduplicated).
 
-It serves the same ``pull(sparse) -> PulledBatch`` as LocalLookup, so ``evaluate`` runs
+It serves the same ``pull(batch) -> PulledBatch`` as LocalLookup, so ``evaluate`` runs
 unchanged against a sharded PS. A pulled batch carries the version each shard read and the dense
 vector if a shard holds it; a push carries the mode's own fields (``meta``) to the shard's rule.
 """
@@ -16,8 +16,9 @@ import numpy as np
 import ray
 import torch
 
-from recsync.embedding.lookup import PulledBatch, dedup, fuse
+from recsync.embedding.lookup import LookupPlan, PulledBatch
 from recsync.embedding.sharding import split_by_shard
+from recsync.embedding.spec import TableSpec
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Placement:
 class PendingPull:
     """A pull sent to every shard, not yet waited for."""
 
+    batch: object
     tables: list[tuple[torch.Tensor, torch.Tensor]]  # per table: (unique ids, inverse)
     placement: Placement
     refs: list  # one answer per shard
@@ -46,7 +48,7 @@ SHARD_RESTART_TIMEOUT_S = 120  # partial recovery: how long a pull waits for a s
 class PSClient:
     """Not thread-safe: one per worker thread."""
 
-    def __init__(self, shards: list, dims: list[int], dense_shard: int | None = None,
+    def __init__(self, shards: list, plan: LookupPlan | list[int], dense_shard: int | None = None,
                  push_window: int = 2, survive_shard_restarts: bool = False,
                  ssu_rate: float = 0.0, seed: int = 0):
         """``survive_shard_restarts`` (full or partial recovery): a pull from a shard that died
@@ -55,7 +57,9 @@ class PSClient:
         ``dense_shard``: the shard that holds the dense parameters, if any. ``ssu_rate`` (CPR-SSU):
         each push marks the rows touched by this share of its batch's samples (drawn with
         ``seed``), which the shards record for their partial checkpoints."""
-        self.shards, self.dims = shards, dims
+        if not isinstance(plan, LookupPlan):  # a list of dims: single-hot, one table each
+            plan = LookupPlan.single_hot([TableSpec(f"t{i}", 1, d) for i, d in enumerate(plan)])
+        self.shards, self.plan, self.dims = shards, plan, plan.dims
         self.survive_shard_restarts = survive_shard_restarts
         self.lost_pushes = 0
         self.dense_shard = dense_shard
@@ -65,24 +69,24 @@ class PSClient:
         self._in_flight: deque = deque()
         self.seen_versions: list[int] = []  # per shard, the newest version any answer carried
 
-    def pull(self, sparse: torch.Tensor, min_version: int = 0) -> PulledBatch:
-        """Rows for a batch's ids (int64 [B, T]). Blocks until every shard answered.
+    def pull(self, batch, min_version: int = 0) -> PulledBatch:
+        """Rows for a batch's ids (data/reader.py Batch). Blocks until every shard answered.
 
         ``min_version``: each shard first waits until it has applied that many updates (modes
         whose steps wait for the previous ones). The batch carries its placement for push,
         each shard's version (``versions``) and the dense vector if a shard holds it
         (``dense``).
         """
-        return self.complete(self.pull_async(sparse, min_version))
+        return self.complete(self.pull_async(batch, min_version))
 
-    def pull_async(self, sparse: torch.Tensor, min_version: int = 0) -> PendingPull:
+    def pull_async(self, batch, min_version: int = 0) -> PendingPull:
         """Send a batch's pull to every shard and return at once; ``complete`` waits for it."""
-        tables = dedup(sparse)
+        tables = self.plan.dedup(batch)
         ids = [u for u, _ in tables]
         placement = Placement([split_by_shard(u, len(self.shards)) for u in ids])
         refs = [s.pull.remote(placement.ids_for(ids, i), min_version)
                 for i, s in enumerate(self.shards)]
-        return PendingPull(tables, placement, refs, min_version)
+        return PendingPull(batch, tables, placement, refs, min_version)
 
     def _answers(self, pending: PendingPull) -> list:
         if not self.survive_shard_restarts:
@@ -127,8 +131,8 @@ class PSClient:
                 rows[t][pending.placement.positions[t][s].numpy()] = r
             if dense is not None:
                 dense_vector = dense
-        pulled = fuse([(u, inv, torch.from_numpy(r)) for (u, inv), r in
-                       zip(pending.tables, rows)])
+        pulled = self.plan.fuse(pending.batch, pending.tables,
+                                [torch.from_numpy(r) for r in rows])
         pulled.placement = pending.placement
         pulled.versions = [a[2] for a in answers]
         pulled.dense = dense_vector
@@ -192,10 +196,8 @@ class PSClient:
         """SSU: per table, a mask over the batch's unique ids: touched by a sampled sample."""
         if not self.ssu_rate:
             return None
-        keep = torch.from_numpy(self._ssu_rng.random(pulled.index.shape[0]) < self.ssu_rate)
-        mask = torch.zeros(len(pulled.rows), dtype=torch.bool)
-        mask[pulled.index[keep].reshape(-1)] = True
-        return list(mask.split([len(i) for i in pulled.ids]))
+        keep = torch.from_numpy(self._ssu_rng.random(pulled.batch_size) < self.ssu_rate)
+        return pulled.touched_by(keep)
 
     @staticmethod
     def _sampled_on(sampled, pulled: PulledBatch, shard: int) -> list[np.ndarray] | None:

@@ -27,7 +27,7 @@ import torch
 
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
-from recsync.model.registry import build_model, table_rows_for
+from recsync.model.setup import model_for
 from recsync.modes import MODES
 from recsync.modes.base import STOP, WorkerContext
 from recsync.net import is_loopback, listening_socket, loopback_interface
@@ -60,9 +60,8 @@ class Worker:
         self.rank, self.cfg, self.queue, self.shards = rank, cfg, queue, shards
         self.ds = Dataset(cfg.data.path)
         torch.manual_seed(cfg.train.seed)  # every replica starts from the driver's parameters
-        self.model, tables = build_model(cfg.model, self.ds.meta["num_dense"], self.ds.table_names,
-                                         table_rows_for(cfg.model, self.ds.table_rows))
-        self.dims = [t.dim for t in tables]
+        built = model_for(cfg.model, self.ds)
+        self.model, self.plan = built.module, built.plan
         self.clients: list[PSClient] = []
         self.state, self.error = "created", None
         self.steps = self.samples = 0
@@ -159,7 +158,7 @@ class Worker:
     # -- the mode --------------------------------------------------------------------------
     def _new_client(self) -> PSClient:
         r = self.cfg.recovery
-        client = PSClient(self.shards, self.dims, push_window=self.cfg.cluster.push_window,
+        client = PSClient(self.shards, self.plan, push_window=self.cfg.cluster.push_window,
                           survive_shard_restarts=r.kind != "none",
                           ssu_rate=r.ssu_rate if r.rows == "ssu" else 0.0,
                           seed=hash((self.cfg.train.seed, self.rank, len(self.clients))) % 2**32)

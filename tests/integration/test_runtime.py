@@ -60,8 +60,8 @@ def _equals_local_with_the_global_batch(data, tmp_path, *mode):
     torch.testing.assert_close(sync_dense, local_dense, rtol=1e-5, atol=1e-6)
     ids = torch.cat(touched)
     with torch.no_grad():
-        sync_rows = result["model"].lookup.pull(ids).embeddings()
-        local_rows = local.lookup.pull(ids).embeddings()
+        sync_rows = result["model"].lookup.pull(ids).embeddings().stacked
+        local_rows = local.lookup.pull(ids).embeddings().stacked
     torch.testing.assert_close(sync_rows, local_rows, rtol=1e-5, atol=1e-6)
     assert sync_rows.abs().sum() > 0 and not torch.equal(sync_rows, torch.zeros_like(sync_rows))
 
@@ -196,8 +196,7 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
     from recsync.checkpoint import files
     from recsync.distributed.checkpoints import JOB_KEEP_EXTRA
     from recsync.ps.build import make_core
-    from recsync.model.registry import build_model
-    from recsync.model.registry import table_rows_for
+    from recsync.model.setup import model_for
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
                  "train.epochs=12", "recovery.checkpoint_every_s=1.0", "recovery.keep=2")
     summary = run(cfg, tmp_path)
@@ -209,8 +208,7 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
     kept_jobs = files.manifests(tmp_path / "checkpoints" / "job")
     assert len(kept_jobs) == 2 + JOB_KEEP_EXTRA  # keep + the two a dead shard may have lost
     ds = Dataset(data)
-    _, tables = build_model(cfg.model, ds.meta["num_dense"], ds.table_names,
-                            table_rows_for(cfg.model, ds.table_rows))
+    tables = model_for(cfg.model, ds).tables
     for s in range(2):
         directory = tmp_path / "checkpoints" / f"shard-{s}"
         # older ones deleted, except those the kept job checkpoints name

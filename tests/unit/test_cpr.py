@@ -163,14 +163,14 @@ def test_dense_state_round_trips_through_a_job_checkpoint(tmp_path):
 
 
 def test_the_ps_client_marks_exactly_the_rows_of_the_sampled_samples():
-    from recsync.embedding.lookup import PulledBatch, dedup
+    from recsync.embedding.lookup import LookupPlan
+    from recsync.embedding.spec import TableSpec
     from recsync.ps.client import PSClient
     sparse = torch.tensor([[1, 7], [2, 7], [1, 8], [3, 9]])  # 4 samples, 2 tables
-    tables = dedup(sparse)
+    plan = LookupPlan.single_hot([TableSpec("a", 10, 2), TableSpec("b", 10, 2)])
+    tables = plan.dedup(sparse)
     ids = [u for u, _ in tables]
-    offsets = [0, len(ids[0])]
-    index = torch.stack([inv + off for (_, inv), off in zip(tables, offsets)], dim=1)
-    pulled = PulledBatch(ids, torch.zeros(sum(len(i) for i in ids), 2), index)
+    pulled = plan.fuse(sparse, tables, [torch.zeros(len(u), 2) for u in ids])
     assert PSClient([], [2, 2])._sampled(pulled) is None  # SSU off
     every = PSClient([], [2, 2], ssu_rate=1.0)._sampled(pulled)
     assert [m.tolist() for m in every] == [[True] * 3, [True] * 3]

@@ -14,7 +14,8 @@ from recsync.data import criteo
 from recsync.data.criteo import BadLine, ConversionReport, convert_criteo
 from recsync.data.criteo_rules import CSV_HEADER, CriteoFormatError, hash_category, parse_line
 from recsync.data.criteo_writer import write_criteo_tsv
-from recsync.data.format import MAX_TABLE_ROWS, part_paths
+from recsync.data.format import MAX_INT32_ROWS as MAX_TABLE_ROWS
+from recsync.data.format import part_paths
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 MISSING_INT = np.iinfo(np.int64).min
@@ -411,7 +412,7 @@ def test_eval_fraction_split(tmp_path):
     rep = convert([a, b], tmp_path / "out0", eval_fraction=0.0)
     assert (rep.train_rows, rep.eval_rows) == (100, 0)
     meta = json.loads((tmp_path / "out0" / "meta.json").read_text())
-    assert meta["splits"]["eval"] == {"rows": 0, "parts": []}
+    assert meta["splits"]["eval"] == {"rows": 0, "parts": [], "label_sum": 0.0}
 
     # bad lines count as lines: line 99 is bad, so eval (the last 10 lines) has 9 rows
     lines = [line()] * 100

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from recsync.cli import main
 from recsync.config import ModelConfig, TrainConfig
-from recsync.data.format import MAX_TABLE_ROWS, NUM_DENSE, NUM_TABLES, DataFormatError, part_paths
+from recsync.data.format import (MAX_INT32_ROWS, MAX_TABLE_ROWS, NUM_DENSE, NUM_TABLES,
+                                 DataFormatError, part_paths)
 from recsync.data.reader import Chunk, Dataset
 from recsync.embedding.memory import TableMemoryError, check_table_memory, table_bytes
 from recsync.embedding.row_optim import make_row_optimizer
@@ -172,7 +173,7 @@ def test_table_bytes_counts_weights_state_and_flags():
 def test_check_table_memory_refuses_with_the_estimate():
     assert check_table_memory([1000], 16, limit_bytes=10**6) == 1000 * 69
     with pytest.raises(TableMemoryError) as e:
-        check_table_memory([10, MAX_TABLE_ROWS], 16, table_names=["a", "big"],
+        check_table_memory([10, MAX_INT32_ROWS], 16, table_names=["a", "big"],
                            limit_bytes=64 * 2**30)
     msg = str(e.value)
     assert "\n" not in msg and "need about 148.2 GB" in msg and "68.7 GB" in msg
@@ -181,7 +182,7 @@ def test_check_table_memory_refuses_with_the_estimate():
 
 
 def test_store_refuses_huge_tables_before_allocating():
-    tables = [TableSpec("C1", MAX_TABLE_ROWS, 16)] * NUM_TABLES
+    tables = [TableSpec("C1", MAX_INT32_ROWS, 16)] * NUM_TABLES
     with pytest.raises(TableMemoryError, match="embedding tables need about"):
         EmbeddingStore(tables, make_row_optimizer("adagrad", 0.1))
 
@@ -189,7 +190,7 @@ def test_store_refuses_huge_tables_before_allocating():
 def test_huge_table_rows_in_meta_json_refused_by_a_local_run(root):
     def grow(meta):  # a valid id range, but 137 GB of rows per table
         for t in meta["tables"]:
-            t["rows"] = MAX_TABLE_ROWS
+            t["rows"] = MAX_INT32_ROWS
     edit_meta(root, grow)
     ds = Dataset(root)
     with pytest.raises(TableMemoryError, match=r"GB .*C1 with 2,147,483,647 rows"):
@@ -209,7 +210,7 @@ def train(root, out):
 @pytest.mark.parametrize("craft, needle", [
     (lambda root: edit_meta(root, lambda m: m["splits"]["train"]["parts"][0].update(
         name="../../outside/evil")), "splits.train.parts[0].name"),
-    (lambda root: edit_meta(root, lambda m: [t.update(rows=MAX_TABLE_ROWS)
+    (lambda root: edit_meta(root, lambda m: [t.update(rows=MAX_INT32_ROWS)
                                              for t in m["tables"]]),
      "embedding tables need about"),
     (lambda root: np.save(part_paths(root / "train", "part-00002")["dense"],

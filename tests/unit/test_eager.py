@@ -16,11 +16,10 @@ from recsync.config import EagerConfig, ModelConfig
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import RowSGD
-from recsync.model.registry import build_model
+from recsync.model.setup import model_for
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState
 from recsync.modes.eager import EagerWorker, modulation
-from recsync.model.registry import table_rows_for
 
 
 def test_modulation_functions():
@@ -49,11 +48,11 @@ def no_ray(monkeypatch):
 
 def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log=None):
     model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8])
-    rows = table_rows_for(model_cfg, tiny.table_rows)
     models = []
     for _ in range(workers):
         torch.manual_seed(0)
-        models.append(build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows))
+        built = model_for(model_cfg, tiny)
+        models.append((built.module, built.tables))
     tables = models[0][1]
     init = parameters_to_vector(models[0][0].parameters()).detach().clone()
     cores = [test_core(tables, RowSGD(lr=0.1), shard=s, num_shards=shards, num_workers=workers,

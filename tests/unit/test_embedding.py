@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from recsync.embedding.lookup import LocalLookup, dedup, fuse
+from recsync.embedding.lookup import LocalLookup, LookupPlan
 from recsync.embedding.row_optim import RowAdagrad, RowSGD, make_row_optimizer
 from recsync.embedding.sharding import local_index, rows_on_shard, shard_of, split_by_shard
 from recsync.embedding.spec import TableSpec
@@ -240,7 +240,8 @@ def test_split_by_shard_positions_restore_order():
 
 def test_dedup():
     sparse = torch.tensor([[5, 1], [2, 1], [5, 0]])
-    (u0, inv0), (u1, inv1) = dedup(sparse)
+    plan = LookupPlan.single_hot([TableSpec("a", 6, 2), TableSpec("b", 6, 2)])
+    (u0, inv0), (u1, inv1) = plan.dedup(sparse)
     assert u0.tolist() == [2, 5] and inv0.tolist() == [1, 0, 1]
     assert u1.tolist() == [0, 1] and inv1.tolist() == [1, 1, 0]
 
@@ -263,7 +264,7 @@ def test_local_lookup_matches_nn_embedding():
 
     pulled = lookup.pull(sparse)
     assert [i.tolist() for i in pulled.ids] == [[1, 4], [0, 2, 3]]
-    embs = pulled.embeddings()
+    embs = pulled.embeddings().stacked
     assert embs.shape == (4, 2, 3)
     ref_embs = [emb(sparse[:, t]) for t, emb in enumerate(ref)]
     for t, r in enumerate(ref_embs):
@@ -291,7 +292,7 @@ def test_gradient_of_a_repeated_id_is_the_sum():
     lookup = LocalLookup(s)
     sparse = torch.tensor([[7, 7], [3, 1], [7, 7]])  # the same ids in table b: separate rows
     pulled = lookup.pull(sparse)
-    e = pulled.embeddings()
+    e = pulled.embeddings().stacked
     coef = torch.tensor([[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]])
     (e[:, 0] * coef).sum().backward()   # only table a enters the loss
     grads = [dict(zip(i.tolist(), g.tolist())) for i, g in zip(pulled.ids, pulled.row_grads())]
@@ -325,15 +326,25 @@ def test_pulled_rows_are_detached_from_the_store():
 
 
 def test_fuse_offsets_and_mixed_dims():
-    a = (ids(2, 5), ids(1, 0, 1), torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
-    b = (ids(0, 3, 9), ids(2, 0, 1), torch.tensor([[3.0, 3.0], [4.0, 4.0], [5.0, 5.0]]))
-    pulled = fuse([a, b])
-    assert pulled.index.tolist() == [[1, 4], [0, 2], [1, 3]]  # table b's rows start at 2
-    assert pulled.embeddings()[:, :, 0].tolist() == [[2.0, 5.0], [1.0, 3.0], [2.0, 4.0]]
-    # one fused tensor cannot hold tables of different widths: refused, not silently broken
+    sparse = torch.tensor([[5, 3], [2, 9], [5, 0]])
+    plan = LookupPlan.single_hot([TableSpec("a", 6, 2), TableSpec("b", 10, 2)])
+    tables = plan.dedup(sparse)
+    pulled = plan.fuse(sparse, tables, [torch.tensor([[1.0, 1.0], [2.0, 2.0]]),
+                                        torch.tensor([[3.0, 3.0], [4.0, 4.0], [5.0, 5.0]])])
+    assert pulled.start == [0, 2]  # table b's rows start at 2 in the one leaf
+    assert pulled.embeddings().stacked[:, :, 0].tolist() == [[2.0, 4.0], [1.0, 5.0],
+                                                             [2.0, 3.0]]
+    # tables of different widths: one leaf per width, the slots side by side, nothing stacked
     lookup = LocalLookup(store())
-    with pytest.raises(ValueError, match=r"same dim.*\[3, 4\]"):
-        lookup.pull(torch.tensor([[1, 2, 3]]))
+    sparse = torch.tensor([[1, 2, 3], [1, 0, 3]])
+    pulled = lookup.pull(sparse)
+    assert [leaf.shape for leaf in pulled.leaves] == [(1, 3), (3, 4)]  # c's; a's and b's
+    embs = pulled.embeddings()
+    assert [e.shape for e in embs] == [(2, 4), (2, 4), (2, 3)] and embs.stacked is None
+    for t, e in enumerate(embs):
+        torch.testing.assert_close(e, lookup.store.pull(t, sparse[:, t]))
+    sum(e.sum() for e in embs).backward()
+    assert [g.tolist() for g in pulled.row_grads()[1]] == [[1.0] * 4] * 2  # b: ids 0 and 2
 
 
 @pytest.mark.parametrize("opt", [RowSGD(lr=0.3), RowAdagrad(lr=0.3)])

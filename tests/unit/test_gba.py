@@ -20,13 +20,12 @@ from recsync.data.reader import Batch, Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import RowSGD, make_row_optimizer
 from recsync.embedding.spec import TableSpec
-from recsync.model.registry import build_model
+from recsync.model.setup import model_for
 from recsync.ps.aggregation import GradientBuffer, StalenessDecay
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState, ShardCore
 from recsync.modes.gba import GBAWorker
 from recsync.local_run import build_local_model, train_step
-from recsync.model.registry import table_rows_for
 
 TABLES = [TableSpec("a", 40, 4), TableSpec("b", 25, 4)]
 LR = 0.5
@@ -152,9 +151,8 @@ def test_an_emulated_straggler_is_slow_between_computing_and_pushing(tiny, monke
     computed on the version pulled before the delay: a straggler's gradients arrive stale."""
     patch_ray_get(monkeypatch)
     model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8])
-    rows = table_rows_for(model_cfg, tiny.table_rows)
     (model, tables), (other_model, _) = (
-        build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows) for _ in range(2))
+        (b.module, b.tables) for b in (model_for(model_cfg, tiny) for _ in range(2)))
     init = parameters_to_vector(model.parameters()).detach().clone()
     c = test_core(tables, RowSGD(lr=LR), shard=0, num_shards=1, num_workers=2, seed=1,
                   dense=DenseState(init, "sgd", 0.1), decay=StalenessDecay(0, "none"),
@@ -198,11 +196,11 @@ def test_gba_with_m_equal_n_and_no_staleness_equals_one_step_on_the_global_batch
     train_cfg = TrainConfig(embedding_optimizer="adagrad", embedding_lr=0.3,
                             dense_optimizer="adagrad", dense_lr=0.05, seed=3)
     local = build_local_model(model_cfg, train_cfg, tiny)
-    rows = table_rows_for(model_cfg, tiny.table_rows)
     replicas = []
     for _ in range(2):
         torch.manual_seed(train_cfg.seed)
-        replicas.append(build_model(model_cfg, tiny.meta["num_dense"], tiny.table_names, rows))
+        built = model_for(model_cfg, tiny)
+        replicas.append((built.module, built.tables))
     tables = replicas[0][1]
     init = parameters_to_vector(local.dense.parameters()).detach().clone()
     cores = [test_core(tables, make_row_optimizer("adagrad", 0.3), shard=s, num_shards=2,

@@ -17,7 +17,7 @@ from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.store import initial_rows
 from recsync.evaluate import evaluate
 from recsync.local_run import build_local_model, train_step
-from recsync.model.registry import table_rows_for
+from recsync.model.inputs import inputs_of
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -167,9 +167,12 @@ def test_evaluate_does_not_train(tiny):
 # ------------------------------------------------------------------------------------ table_rows
 
 def test_table_rows(tiny):
-    assert table_rows_for(ModelConfig(), [3, 40]) == [3, 40]
-    assert table_rows_for(ModelConfig(table_rows=100), [3, 40]) == [100, 100]
-    assert table_rows_for(ModelConfig(table_rows=40), [3, 40]) == [40, 40]
+    rows = [t.rows for t in inputs_of(tiny, ModelConfig()).tables]
+    assert rows == tiny.table_rows
+    assert [t.rows for t in inputs_of(tiny, ModelConfig(table_rows=max(rows))).tables] == \
+        [max(rows)] * 26
+    with pytest.raises(ValueError, match="smaller than the data set's largest table"):
+        inputs_of(tiny, ModelConfig(table_rows=max(rows) - 1))
     m = build_local_model(ModelConfig(table_rows=64, embedding_dim=2, bottom_mlp=[4],
                                       top_mlp=[4]), TrainConfig(), tiny)
     assert [t.rows for t in m.lookup.store.tables] == [64] * 26

@@ -335,7 +335,7 @@ def test_ps_client_over_three_shards_equals_a_local_store(monkeypatch):
         torch.testing.assert_close(remote.embeddings(), here.embeddings(), rtol=1e-5, atol=1e-6)
         weights = torch.randn(12, len(TABLES), 4, generator=gen)
         for p in (remote, here):
-            (p.embeddings() * weights).sum().backward()
+            (p.embeddings().stacked * weights).sum().backward()
         client.push(remote)
         local.push(here)
     client.flush()

@@ -94,7 +94,7 @@ def test_different_seeds_give_different_data_sets(tmp_path):
 def test_shapes_dtypes_and_meta(tmp_path):
     report = gen(tmp_path)
     meta = json.loads((tmp_path / "meta.json").read_text())
-    assert meta["format"] == "recsync-ctr" and meta["version"] == 1
+    assert meta["format"] == "recsync-ctr" and meta["version"] == 2
     assert meta["num_dense"] == NUM_DENSE
     assert len(meta["tables"]) == NUM_TABLES == 26
     rows = [t["rows"] for t in meta["tables"]]

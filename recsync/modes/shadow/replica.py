@@ -68,10 +68,13 @@ class HogwildStep:
     def step(self, batch):
         if batch is None:
             return STOP
-        pulled = self.client.pull(batch.sparse)
+        pulled = self.client.pull(batch)
         begin = time.perf_counter()
         loss = model_loss.loss(self.replica.model, batch, pulled.embeddings())
-        *grads, pulled.rows.grad = torch.autograd.grad(loss, [*self.replica.params, pulled.rows])
+        n = len(self.replica.params)
+        grads = torch.autograd.grad(loss, [*self.replica.params, *pulled.leaves])
+        grads, row_grads = grads[:n], grads[n:]
+        pulled.set_grads(row_grads)
         self.after_compute(time.perf_counter() - begin)
         self.replica.apply(grads)
         self.client.push(pulled)  # rows only: the dense part stays on this trainer

@@ -1,0 +1,88 @@
+"""recsync from Python: configs (load, override, save), ``train`` and ``convert``.
+
+    import recsync
+    cfg = recsync.load_config("run.toml", ["mode=\\"gba\\""])     # or recsync.load_config()
+    cfg = recsync.override(cfg, **{"train.batch_size": 1024, "cluster.workers": 2})
+    result = recsync.train(cfg, out="runs/first")
+    result.summary["eval"]["auc"], result.out / "metrics.jsonl"
+
+The same calls the `recsync` command makes: the same checks, outputs and endings (a run stopped
+by Ctrl-C raises KeyboardInterrupt after writing its summary).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from recsync.config import ConfigError, RunConfig, apply_overrides, load_config  # noqa: F401
+
+
+def override(cfg: RunConfig, *overrides: str, **keys) -> RunConfig:
+    """A copy of ``cfg`` with ``--set``-style overrides (``"train.batch_size=1024"``) and keys
+    given as Python values (``**{"cluster.workers": 2}``), checked as a config file would be."""
+    items = list(overrides) + [f"{k}={json.dumps(v)}" for k, v in keys.items()]
+    tree = apply_overrides(cfg.model_dump(exclude_none=True), items)
+    try:
+        return RunConfig.model_validate(tree)
+    except Exception as e:  # pydantic's ValidationError, as load_config words it
+        from recsync.config import _format_errors
+        raise ConfigError(_format_errors(e, "override " + " ".join(items))) from None
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> Path:
+    """Write ``cfg`` as TOML (what `recsync train --config` reads)."""
+    path = Path(path)
+    path.write_text(cfg.to_toml())
+    return path
+
+
+@dataclass
+class RunResult:
+    """A finished run: its summary.json as a dict, and where its outputs are."""
+
+    summary: dict
+    out: Path
+
+    @property
+    def status(self) -> str:
+        return self.summary["status"]
+
+    @property
+    def eval(self) -> dict | None:
+        return self.summary.get("eval")
+
+    def metrics(self) -> list[dict]:
+        """metrics.jsonl's records."""
+        with open(self.out / "metrics.jsonl") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+
+def train(config: RunConfig | str | Path | None = None, out: str | Path = "runs/python", *,
+          overwrite: bool = False) -> RunResult:
+    """Train as ``config`` says (a RunConfig, a TOML path, or None for the defaults) and write
+    the run's outputs into ``out``. Raises what `recsync train` reports: ConfigError or
+    ValueError before anything is written, FileExistsError for an earlier run in ``out``,
+    RunFailed (summary written) if the run could not go on."""
+    from recsync.run import run
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    summary = run(cfg, out, overwrite=overwrite)
+    return RunResult(summary, Path(out))
+
+
+def convert(inputs, out: str | Path, *, schema: str | Path | None = None,
+            preset: str | None = None, strict: bool = False, overwrite: bool = False,
+            progress: bool = True):
+    """Convert CSV/TSV/Parquet files into a data set (`recsync data convert`): give a schema
+    file or a shipped preset (criteo, avazu, movielens, taobao). Returns the conversion's
+    report."""
+    from recsync.data.convert import convert as run_convert
+    from recsync.data.schema import load_schema
+    if (schema is None) == (preset is None):
+        raise ValueError("give exactly one of schema (a TOML file) and preset (a name)")
+    loaded = load_schema(schema, preset=preset) if schema is None else load_schema(schema)
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]
+    return run_convert([str(p) for p in inputs], loaded, out, strict=strict,
+                       overwrite=overwrite, progress=progress)

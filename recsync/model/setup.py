@@ -1,0 +1,33 @@
+"""A model for a data set: the dense module, its tables and the plan of its lookups. Every
+process that trains or scores (the local run, workers, the driver) builds it the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from recsync.embedding.lookup import LookupPlan
+from recsync.embedding.spec import TableSpec
+from recsync.model.inputs import ModelInputs, inputs_of
+from recsync.model.registry import build_model
+
+
+@dataclass
+class BuiltModel:
+    module: nn.Module
+    tables: list[TableSpec]
+    plan: LookupPlan
+    inputs: ModelInputs
+
+
+def model_for(model_cfg, ds) -> BuiltModel:
+    """Build ``model_cfg`` (ModelConfig) for data set ``ds``; ValueError names a bad key."""
+    inputs = inputs_of(ds, model_cfg)
+    module, tables = build_model(model_cfg, inputs)
+    known = {t.name for t in ds.layout.tables}
+    for t in tables:
+        if t.source not in known:
+            raise ValueError(f"model.name = {model_cfg.name!r}: table {t.name!r} reads data "
+                             f"table {t.source!r}, which the data set does not have")
+    return BuiltModel(module, tables, LookupPlan(ds.layout.features, tables), inputs)

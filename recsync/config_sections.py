@@ -48,7 +48,8 @@ class ModelConfig(Section):
     cross_layers: int = Field(3, ge=0)
     """dcn: full-rank cross layers x_{l+1} = x0 * (W x_l + b) + x_l"""
     dropout: float = Field(0.0, ge=0, lt=1)
-    """dropout probability after every hidden layer of the built-in models' MLPs"""
+    """dropout probability after every hidden layer of the built-in models' MLPs (0: off, the
+    measured default, docs/models.md; > 0 makes sync differ from local by the dropout masks)"""
     params: dict[str, Any] = {}
     """[model.params]: keyword arguments of a user's builder (built-in models take none)"""
     table_rows: int = Field(0, ge=0)
@@ -79,9 +80,10 @@ class TrainConfig(Section):
     dense_lr: float = Field(0.01, gt=0)
     dense_weight_decay: float = Field(0.0, ge=0)
     """L2 on the dense parameters (the dense optimizer's weight_decay: grad += wd * param)"""
-    embedding_weight_decay: float = Field(0.0, ge=0)
+    embedding_weight_decay: float = Field(1e-5, ge=0)
     """L2 on the embedding rows a step touches (grad += wd * row before the row optimizer, as
-    parameter servers apply it): rows no batch touches do not decay"""
+    parameter servers apply it): rows no batch touches do not decay; 1e-5 measured not to
+    hurt in one pass and to help when a sample is seen again (docs/models.md)"""
     seed: int = Field(0, ge=0)
     """seeds model init, embedding init and data order"""
     threads: int = Field(1, ge=1)

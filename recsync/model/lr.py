@@ -6,18 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recsync.model.inputs import ModelInputs, feature_tables
-from recsync.model.layers import dense_linear, slots
+from recsync.model.inputs import ModelInputs, concat, feature_tables
+from recsync.model.layers import dense_linear
 
 
 def linear_sum(embeddings) -> torch.Tensor:
     """Σ over slots of 1-dim embeddings: [B]."""
-    if isinstance(embeddings, torch.Tensor):
-        return embeddings.sum(dim=(1, 2))
-    stacked = getattr(embeddings, "stacked", None)
-    if stacked is not None:
-        return stacked.sum(dim=(1, 2))
-    return torch.cat(slots(embeddings), dim=1).sum(dim=1)
+    return concat(embeddings).sum(dim=1)
 
 
 class LogisticRegression(nn.Module):

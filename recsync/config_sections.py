@@ -4,7 +4,7 @@ injected faults). The modes' sections and RunConfig are in config.py."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -32,13 +32,26 @@ class DataConfig(Section):
 
 class ModelConfig(Section):
     name: str = "dlrm"
-    """model: "dlrm" (DLRM with dot interaction) or "lr" (logistic regression, no interactions)"""
+    """model: "dlrm" (DLRM, dot interaction), "dcn" (DCN-v2: cross network + deep MLP),
+    "deepfm" (FM + deep MLP), "wide_deep" (Wide & Deep), "lr" (logistic regression), or your
+    own builder, "package.module:builder" or "path/to/file.py:builder" (docs/models.md)"""
     embedding_dim: int = Field(16, ge=1)
-    """width of every embedding row (dlrm); lr uses 1"""
+    """width of every embedding row where the schema gives none (lr and the first-order tables
+    of deepfm and wide_deep use 1)"""
     bottom_mlp: list[int] = [512, 256, 64]
-    """hidden sizes of the bottom MLP over dense features (its output is embedding_dim wide)"""
+    """dlrm: hidden sizes of the bottom MLP over dense features (its output is embedding_dim
+    wide)"""
     top_mlp: list[int] = [512, 256]
-    """hidden sizes of the top MLP (its output is one logit)"""
+    """dlrm: hidden sizes of the top MLP (its output is one logit)"""
+    deep_mlp: list[int] = [512, 256]
+    """dcn, deepfm, wide_deep: hidden sizes of the deep MLP (its output is one logit)"""
+    cross_layers: int = Field(3, ge=0)
+    """dcn: full-rank cross layers x_{l+1} = x0 * (W x_l + b) + x_l"""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """dropout probability after every hidden layer of the built-in models' MLPs (0: off, the
+    measured default, docs/models.md; > 0 makes sync differ from local by the dropout masks)"""
+    params: dict[str, Any] = {}
+    """[model.params]: keyword arguments of a user's builder (built-in models take none)"""
     table_rows: int = Field(0, ge=0)
     """rows of every embedding table (0: each table as large as the data set says)"""
     embedding_init_scale: float = Field(0.15, gt=0)
@@ -46,7 +59,7 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _check_layers(self):
-        for key in ("bottom_mlp", "top_mlp"):
+        for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
             if any(n < 1 for n in getattr(self, key)):
                 raise ValueError(f"{key}: layer sizes must be >= 1, got {getattr(self, key)}")
         return self
@@ -65,6 +78,12 @@ class TrainConfig(Section):
     dense_optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
     """optimizer of the dense (MLP) parameters"""
     dense_lr: float = Field(0.01, gt=0)
+    dense_weight_decay: float = Field(0.0, ge=0)
+    """L2 on the dense parameters (the dense optimizer's weight_decay: grad += wd * param)"""
+    embedding_weight_decay: float = Field(1e-5, ge=0)
+    """L2 on the embedding rows a step touches (grad += wd * row before the row optimizer, as
+    parameter servers apply it): rows no batch touches do not decay; 1e-5 measured not to
+    hurt in one pass and to help when a sample is seen again (docs/models.md)"""
     seed: int = Field(0, ge=0)
     """seeds model init, embedding init and data order"""
     threads: int = Field(1, ge=1)

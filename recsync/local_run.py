@@ -40,11 +40,12 @@ class LocalModel:
 def build_local_model(model_cfg: ModelConfig, train_cfg: TrainConfig, ds: Dataset) -> LocalModel:
     torch.manual_seed(train_cfg.seed)
     built = model_for(model_cfg, ds)
-    row_optimizer = make_row_optimizer(train_cfg.embedding_optimizer, train_cfg.embedding_lr)
+    row_optimizer = make_row_optimizer(train_cfg.embedding_optimizer, train_cfg.embedding_lr,
+                                       weight_decay=train_cfg.embedding_weight_decay)
     store = EmbeddingStore(built.tables, row_optimizer, seed=train_cfg.seed,
                            init_scale=model_cfg.embedding_init_scale)
     optimizer = make_dense_optimizer(train_cfg.dense_optimizer, built.module.parameters(),
-                                     train_cfg.dense_lr)
+                                     train_cfg.dense_lr, train_cfg.dense_weight_decay)
     return LocalModel(built.module, LocalLookup(store, built.plan), optimizer)
 
 

@@ -5,6 +5,10 @@ Adagrad) so that the owner of the rows (a local store or a PS shard) can allocat
 restore state without knowing the rule. ``apply`` is pure arithmetic on gathered rows, easy to
 test against a hand computation; ``apply_to_table`` updates rows in place inside a whole table,
 in the cheapest way the rule allows (it must equal gather, ``apply``, scatter).
+
+``weight_decay`` is L2 on the rows an update touches, as parameter servers apply it: the
+gradient becomes grads + weight_decay * rows before the rule (rows no batch touches do not
+decay; a row decays once per push that carries it).
 """
 
 from __future__ import annotations
@@ -14,22 +18,30 @@ from dataclasses import dataclass
 import torch
 
 
+def decayed(grads: torch.Tensor, rows: torch.Tensor, weight_decay: float) -> torch.Tensor:
+    """grads + weight_decay * rows (a new tensor; ``grads`` itself when there is no decay)."""
+    return grads.add(rows, alpha=weight_decay) if weight_decay else grads
+
+
 @dataclass(frozen=True)
 class RowSGD:
-    """rows <- rows - lr * grads"""
+    """rows <- rows - lr * (grads + weight_decay * rows)"""
 
     lr: float
     state_dim: int = 0
     initial_state: float = 0.0
+    weight_decay: float = 0.0
 
     def apply(self, rows: torch.Tensor, state: torch.Tensor, grads: torch.Tensor,
               lr_scale: float = 1.0) -> None:
         """Update ``rows`` [n, dim] in place from ``grads`` [n, dim]; ``state`` is unused."""
-        rows.sub_(grads, alpha=self.lr * lr_scale)
+        rows.sub_(decayed(grads, rows, self.weight_decay), alpha=self.lr * lr_scale)
 
     def apply_to_table(self, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
                        grads: torch.Tensor, lr_scale: float = 1.0) -> None:
         """Update rows ``local`` (unique) of ``weights`` in place: one scatter-add."""
+        if self.weight_decay:
+            grads = decayed(grads, weights.index_select(0, local), self.weight_decay)
         weights.index_add_(0, local, grads, alpha=-self.lr * lr_scale)
 
 
@@ -37,17 +49,20 @@ class RowSGD:
 class RowAdagrad:
     """Row-wise Adagrad (one accumulator per row, as in DLRM/FBGEMM):
 
-    state <- state + mean(grads², over the row);  rows <- rows - lr * grads / (sqrt(state) + eps)
+    g = grads + weight_decay * rows;  state <- state + mean(g², over the row);
+    rows <- rows - lr * g / (sqrt(state) + eps)
     """
 
     lr: float
     eps: float = 1e-8
     initial_state: float = 0.0
     state_dim: int = 1
+    weight_decay: float = 0.0
 
     def apply(self, rows: torch.Tensor, state: torch.Tensor, grads: torch.Tensor,
               lr_scale: float = 1.0) -> None:
         """Update ``rows`` [n, dim] and ``state`` [n, 1] in place from ``grads`` [n, dim]."""
+        grads = decayed(grads, rows, self.weight_decay)
         state.add_(grads.square().mean(dim=1, keepdim=True))
         rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-self.lr * lr_scale)
 
@@ -63,8 +78,11 @@ class RowAdagrad:
 ROW_OPTIMIZERS = {"sgd": RowSGD, "adagrad": RowAdagrad}
 
 
-def make_row_optimizer(name: str, lr: float, **kwargs):
-    """Build a row optimizer by name; unknown names raise ValueError listing the valid ones."""
+def make_row_optimizer(name: str, lr: float, weight_decay: float = 0.0, **kwargs):
+    """Build a row optimizer by name (``weight_decay``: train.embedding_weight_decay); unknown
+    names raise ValueError listing the valid ones."""
     if name not in ROW_OPTIMIZERS:
         raise ValueError(f"unknown embedding optimizer {name!r}; valid: {sorted(ROW_OPTIMIZERS)}")
-    return ROW_OPTIMIZERS[name](lr=lr, **kwargs)
+    if weight_decay < 0:
+        raise ValueError(f"embedding weight decay must be >= 0, got {weight_decay}")
+    return ROW_OPTIMIZERS[name](lr=lr, weight_decay=weight_decay, **kwargs)

@@ -1,8 +1,9 @@
 """DLRM (Naumov et al. 2019): bottom MLP over dense features, pairwise dot interaction between
-the dense vector and every table's embedding, top MLP, one logit.
+the dense vector and every slot's embedding, top MLP, one logit. Without dense features (Avazu)
+there is no bottom MLP: the interaction is among the slots alone.
 
-The module holds only dense parameters; embeddings arrive as an input ([B, tables, dim]), looked
-up by whoever owns the rows.
+The module holds only dense parameters; embeddings arrive as an input (one [B, dim] per slot,
+or one [B, slots, dim] tensor), looked up by whoever owns the rows.
 """
 
 from __future__ import annotations
@@ -10,45 +11,50 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recsync.model.inputs import concat, stack
-
-
-def mlp(sizes: list[int], *, final_activation: bool) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2 or final_activation:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+from recsync.model.inputs import ModelInputs, feature_tables, slot_count, stack
+from recsync.model.layers import init_output_bias, mlp
 
 
 class DLRM(nn.Module):
-    def __init__(self, num_dense: int, num_tables: int, dim: int, bottom_mlp: list[int],
-                 top_mlp: list[int]):
+    def __init__(self, num_dense: int, num_slots: int, dim: int, bottom_mlp: list[int],
+                 top_mlp: list[int], dropout: float = 0.0, base_rate: float | None = None):
         super().__init__()
-        self.bottom = mlp([num_dense, *bottom_mlp, dim], final_activation=True)
-        num_vectors = num_tables + 1
+        self.bottom = mlp([num_dense, *bottom_mlp, dim], dropout=dropout,
+                          final_activation=True) if num_dense else None
+        num_vectors = num_slots + (1 if num_dense else 0)
         # strictly lower triangle of the (num_vectors x num_vectors) dot-product matrix
         rows, cols = torch.tril_indices(num_vectors, num_vectors, offset=-1)
         self.register_buffer("tri_rows", rows, persistent=False)
         self.register_buffer("tri_cols", cols, persistent=False)
-        self.top = mlp([dim + len(rows), *top_mlp, 1], final_activation=False)
+        self.top = mlp([(dim if num_dense else 0) + len(rows), *top_mlp, 1], dropout=dropout)
+        init_output_bias(self.top[-1], base_rate)
 
-    def forward(self, dense: torch.Tensor, embeddings: torch.Tensor | list) -> torch.Tensor:
-        """dense [B, num_dense], embeddings [B, T, dim] (or T tensors [B, dim]) -> logits [B]."""
-        x = self.bottom(dense)
-        vectors = torch.cat([x.unsqueeze(1), stack(embeddings)], dim=1)  # [B, T+1, dim]
-        dots = torch.bmm(vectors, vectors.transpose(1, 2))        # [B, T+1, T+1]
-        pairs = dots[:, self.tri_rows, self.tri_cols]             # [B, (T+1)T/2]
-        return self.top(torch.cat([x, pairs], dim=1)).squeeze(1)
+    def forward(self, dense: torch.Tensor, embeddings) -> torch.Tensor:
+        """dense [B, num_dense], embeddings (slots of [B, dim], or [B, slots, dim]) -> [B]."""
+        vectors = stack(embeddings)                               # [B, S, dim]
+        if self.bottom is not None:
+            x = self.bottom(dense)
+            vectors = torch.cat([x.unsqueeze(1), vectors], dim=1)  # [B, S+1, dim]
+        dots = torch.bmm(vectors, vectors.transpose(1, 2))        # [B, S+1, S+1]
+        pairs = dots[:, self.tri_rows, self.tri_cols]             # [B, (S+1)S/2]
+        top_in = pairs if self.bottom is None else torch.cat([x, pairs], dim=1)
+        return self.top(top_in).squeeze(1)
 
 
-class LogisticRegression(nn.Module):
-    """logit = w·dense + Σ_t e_t[id_t] + b, with 1-dim embeddings: no feature interactions."""
-
-    def __init__(self, num_dense: int):
-        super().__init__()
-        self.linear = nn.Linear(num_dense, 1)
-
-    def forward(self, dense: torch.Tensor, embeddings: torch.Tensor | list) -> torch.Tensor:
-        return self.linear(dense).squeeze(1) + concat(embeddings).sum(dim=1)
+def build_dlrm(cfg, inputs: ModelInputs):
+    """One table per data table; every table must have one dim (the dot interaction)."""
+    tables = feature_tables(inputs)
+    dims = sorted({t.dim for t in tables})
+    if len(dims) > 1:
+        given = ", ".join(f"{t.name}={t.dim}" for t in tables)
+        raise ValueError(f"model.name = \"dlrm\": its dot interaction needs one embedding dim "
+                         f"for every table, the schema gives {given}; give every table one dim "
+                         f"or use dcn or wide_deep")
+    dim = dims[0] if dims else inputs.embedding_dim
+    slots = slot_count(inputs, tables)
+    if slots + (1 if inputs.num_dense else 0) < 2:
+        raise ValueError("model.name = \"dlrm\": its dot interaction needs two vectors at least "
+                         f"(the data set has {inputs.num_dense} dense features and {slots} sparse)")
+    module = DLRM(inputs.num_dense, slots, dim, cfg.bottom_mlp,
+                  cfg.top_mlp, dropout=cfg.dropout, base_rate=inputs.base_rate)
+    return module, tables

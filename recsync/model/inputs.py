@@ -79,6 +79,12 @@ def slot_count(inputs: ModelInputs, tables: list[TableSpec]) -> int:
     return sum(1 for t in tables for f in inputs.features if f.table == t.source)
 
 
+def slot_dims(inputs: ModelInputs, tables: list[TableSpec]) -> list[int]:
+    """The width of each embedding a forward pass receives for ``tables``, in slot order (their
+    sum is the width of ``concat(embeddings)``)."""
+    return [t.dim for t in tables for f in inputs.features if f.table == t.source]
+
+
 class FeatureEmbeddings(tuple):
     """The slots' embeddings, a tuple of [B, dim] tensors; ``stacked`` is the same values as
     one [B, slots, dim] tensor when every slot has one dim, else None."""

@@ -35,7 +35,8 @@ class SyncWorker(WorkerMode):
         self.model = ctx.model
         self.params = list(ctx.model.parameters())
         t = ctx.cfg.train
-        self.optimizer = make_dense_optimizer(t.dense_optimizer, self.params, t.dense_lr)
+        self.optimizer = make_dense_optimizer(t.dense_optimizer, self.params, t.dense_lr,
+                                              t.dense_weight_decay)
         if ctx.dense_state is not None:
             self._load(ctx.dense_state)
         self.step_index = ctx.step_index  # the global step this worker computes next

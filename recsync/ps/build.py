@@ -29,9 +29,12 @@ def make_core(tables: list[TableSpec], cfg, shard: int, dense_init: np.ndarray |
     t, r = cfg.train, cfg.recovery
     dense = None
     if dense_init is not None and MODES[mode].holds_dense(cfg, shard):
-        dense = DenseState(as_tensor(dense_init), t.dense_optimizer, t.dense_lr)
+        dense = DenseState(as_tensor(dense_init), t.dense_optimizer, t.dense_lr,
+                           t.dense_weight_decay)
     rules = functools.partial(make_rule, cfg, shard, dense_init)
-    core = ShardCore(tables, make_row_optimizer(t.embedding_optimizer, t.embedding_lr),
+    row_optimizer = make_row_optimizer(t.embedding_optimizer, t.embedding_lr,
+                                       weight_decay=t.embedding_weight_decay)
+    core = ShardCore(tables, row_optimizer,
                      shard=shard, num_shards=cfg.cluster.ps_shards, rule=rules(mode),
                      mode=mode, seed=t.seed, init_scale=cfg.model.embedding_init_scale,
                      dense=dense, full_every=r.full_every, make_rule=rules)

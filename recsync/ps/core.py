@@ -25,9 +25,10 @@ from recsync.ps.aggregation import GradientBuffer, as_tensor
 class DenseState:
     """Dense parameters as one flat float32 vector, updated by a torch optimizer."""
 
-    def __init__(self, initial: torch.Tensor, optimizer: str, lr: float):
+    def __init__(self, initial: torch.Tensor, optimizer: str, lr: float,
+                 weight_decay: float = 0.0):
         self.params = initial.detach().clone().requires_grad_(True)
-        self.optimizer = make_dense_optimizer(optimizer, [self.params], lr)
+        self.optimizer = make_dense_optimizer(optimizer, [self.params], lr, weight_decay)
 
     def apply(self, grad: torch.Tensor, lr_scale: float = 1.0) -> None:
         self.params.grad = grad
@@ -116,10 +117,10 @@ class ShardCore:
         self.version = version
 
     def install_dense(self, params: np.ndarray, optimizer: str, lr: float,
-                      optimizer_state: dict) -> None:
+                      optimizer_state: dict, weight_decay: float = 0.0) -> None:
         """Hold the dense parameters (flat) and their optimizer's state_dict (over the flat
         vector, see modes/handover.py) from now on."""
-        self.dense = DenseState(as_tensor(params), optimizer, lr)
+        self.dense = DenseState(as_tensor(params), optimizer, lr, weight_decay)
         self.dense.optimizer.load_state_dict(optimizer_state)
 
     def take_dense(self) -> dict:

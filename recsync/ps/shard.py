@@ -129,8 +129,9 @@ class PSShard:
         self.core.advance_to(version)
         await self._notify()
 
-    async def install_dense(self, params, optimizer: str, lr: float, optimizer_state) -> None:
-        self.core.install_dense(params, optimizer, lr, optimizer_state)
+    async def install_dense(self, params, optimizer: str, lr: float, optimizer_state,
+                            weight_decay: float = 0.0) -> None:
+        self.core.install_dense(params, optimizer, lr, optimizer_state, weight_decay)
 
     async def take_dense(self) -> dict:
         return self.core.take_dense()

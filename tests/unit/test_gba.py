@@ -203,7 +203,9 @@ def test_gba_with_m_equal_n_and_no_staleness_equals_one_step_on_the_global_batch
         replicas.append((built.module, built.tables))
     tables = replicas[0][1]
     init = parameters_to_vector(local.dense.parameters()).detach().clone()
-    cores = [test_core(tables, make_row_optimizer("adagrad", 0.3), shard=s, num_shards=2,
+    row_optimizer = make_row_optimizer("adagrad", 0.3,
+                                       weight_decay=train_cfg.embedding_weight_decay)
+    cores = [test_core(tables, row_optimizer, shard=s, num_shards=2,
                        num_workers=2, seed=train_cfg.seed, init_scale=0.3,
                        dense=DenseState(init, "adagrad", 0.05) if s == 0 else None,
                        decay=StalenessDecay(0, "drop"),  # any staleness would show as drops

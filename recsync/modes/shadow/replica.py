@@ -27,12 +27,13 @@ from recsync.modes.base import STOP
 class DenseReplica:
     """A trainer's dense parameters, written only through ``.data`` aliases (see above)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer_cls, lr: float):
+    def __init__(self, model: torch.nn.Module, optimizer_cls, lr: float,
+                 weight_decay: float = 0.0):
         self.model = model
         self.params = list(model.parameters())
         self.data = [p.data for p in self.params]  # same storage, outside autograd
         self.numels = [p.numel() for p in self.params]
-        self.optimizer = optimizer_cls(self.data, lr=lr)
+        self.optimizer = optimizer_cls(self.data, lr=lr, weight_decay=weight_decay)
         self._update = threading.Lock()
 
     def apply(self, grads: list[torch.Tensor]) -> None:

@@ -16,18 +16,27 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsync.config import ConfigError, RunConfig, apply_overrides, load_config  # noqa: F401
+from pydantic import ValidationError
+
+from recsync.config import ConfigError, RunConfig, _format_errors, apply_overrides
+from recsync.config import load_config  # noqa: F401 (recsync.load_config)
 
 
 def override(cfg: RunConfig, *overrides: str, **keys) -> RunConfig:
     """A copy of ``cfg`` with ``--set``-style overrides (``"train.batch_size=1024"``) and keys
     given as Python values (``**{"cluster.workers": 2}``), checked as a config file would be."""
-    items = list(overrides) + [f"{k}={json.dumps(v)}" for k, v in keys.items()]
-    tree = apply_overrides(cfg.model_dump(exclude_none=True), items)
+    tree = apply_overrides(cfg.model_dump(exclude_none=True), list(overrides))
+    for key, value in keys.items():
+        node, *path = tree, *key.split(".")
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key}: {part} is not a section")
+        node[path[-1]] = value
     try:
         return RunConfig.model_validate(tree)
-    except Exception as e:  # pydantic's ValidationError, as load_config words it
-        from recsync.config import _format_errors
+    except ValidationError as e:  # worded as load_config words it
+        items = [*overrides, *(f"{k}={v!r}" for k, v in keys.items())]
         raise ConfigError(_format_errors(e, "override " + " ".join(items))) from None
 
 

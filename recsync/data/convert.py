@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from recsync.data.convert_fast import fast_block
 from recsync.data.convert_input import (ConvertError, Source, check_columns, open_source,
                                         parquet_batches, text_blocks)
 from recsync.data.convert_parse import MAX_EXAMPLES, Parsed, Plan, merge_stats, parse, \
@@ -241,6 +242,9 @@ class _Run:
             return
         for block in text_blocks(src, self.block_bytes):
             def job(eval_from, block=block):
+                fast = fast_block(block.data, src.columns, plan, delimiter)
+                if fast is not None:
+                    return parse(fast, fast.invalid, block.lines, plan, eval_from, src.eval)
                 try:
                     table, invalid = read_text_block(block.data, src.columns, plan, delimiter)
                 except pa.ArrowInvalid as e:

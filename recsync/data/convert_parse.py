@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from recsync.data.convert_fast import FastBlock
 from recsync.data.schema import Schema
 from recsync.data.value_hash import valid_mask, hash_text, ids_of, to_ids
 
@@ -171,9 +172,14 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
     if invalid:
         rec = np.delete(rec, [i for i, _ in invalid])
     assert len(rec) == n, (len(rec), n)
-    cols = {c: _combine(table.column(c)) for c in plan.columns()}
+    fast = isinstance(table, FastBlock)  # numbers and ids already computed
+    if fast:
+        cols, num = table.cols, table.numbers
+    else:
+        cols = {c: _combine(table.column(c)) for c in plan.columns()}
+        num = lambda c: _numbers(cols[c])  # noqa: E731
     checks: list[tuple[str, np.ndarray, str]] = []  # (column, bad mask, why)
-    y, present, nonnum = _numbers(cols[plan.label])
+    y, present, nonnum = num(plan.label)
     checks.append((plan.label, ~present, "the label is missing"))
     checks.append((plan.label, nonnum, "the label is not a number"))
     if plan.threshold is None:
@@ -184,13 +190,13 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
         label = (y >= plan.threshold).astype(np.float32)
     weight = None
     if plan.weight:
-        w, wp, wbad = _numbers(cols[plan.weight])
+        w, wp, wbad = num(plan.weight)
         checks.append((plan.weight, ~wp | wbad | (w < 0), "the weight is not a number >= 0"))
         weight = w.astype(np.float32)
     raw = np.zeros((len(plan.dense), n), dtype=np.float64)  # feature-major: rows contiguous
     dense_present = np.zeros((len(plan.dense), n), dtype=bool)
     for j, (_, column, _) in enumerate(plan.dense):
-        raw[j], dense_present[j], bad_j = _numbers(cols[column])
+        raw[j], dense_present[j], bad_j = num(column)
         checks.append((column, bad_j, "is not a number"))
     bad = np.zeros(n, dtype=bool)
     for _, mask, _ in checks:
@@ -212,7 +218,11 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
         rec, label = rec[keep], label[keep]
         raw, dense_present = raw[:, keep], dense_present[:, keep]
         weight = weight[keep] if weight is not None else None
-        cols = {c: v.filter(pa.array(keep)) for c, v in cols.items()}
+        if fast:
+            table = table.filter(keep)
+            cols = table.cols
+        else:
+            cols = {c: v.filter(pa.array(keep)) for c, v in cols.items()}
     is_eval = np.full(len(rec), eval_file) | (rec >= eval_from)
     if plan.split_column:
         col = cols[plan.split_column]
@@ -226,9 +236,12 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
         return out
     out.is_eval, out.label, out.weight = is_eval, label, weight
     out.dense = _transform(raw, dense_present, plan)
-    out.sparse = np.empty((len(rec), len(plan.cats)), dtype=np.int32)
-    for j, (_, column, rows) in enumerate(plan.cats):
-        out.sparse[:, j] = ids_of(cols[column], rows)
+    if fast:
+        out.sparse = table.sparse
+    else:
+        out.sparse = np.empty((len(rec), len(plan.cats)), dtype=np.int32)
+        for j, (_, column, rows) in enumerate(plan.cats):
+            out.sparse[:, j] = ids_of(cols[column], rows)
     for _, column, rows, sep, max_len in plan.multi:
         values, offsets, counts = _multi_hot(cols[column], rows, sep, max_len)
         out.multi.append((values, offsets))

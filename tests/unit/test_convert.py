@@ -286,3 +286,56 @@ def test_criteo_test_file_without_labels_is_refused(tmp_path):
                                            r"expected 40 fields, got 39"):
         convert([path], load_preset("criteo"), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- the fast path (convert_fast)
+
+FAST_SCHEMA = """
+weight = "w"
+[label]
+column = "y"
+[[dense]]
+name = "x"
+transform = "log1p"
+[[dense]]
+name = "z"
+transform = "standardize"
+[[categorical]]
+name = "c"
+[[categorical]]
+name = "d"
+[tables.d]
+rows = 7
+[[multi_hot]]
+name = "m"
+table = "c"
+separator = "|"
+max_len = 2
+[split]
+column = "s"
+values = ["e"]
+"""
+FAST_ROWS = ["1,3,-5,1,a1b2c3d4,q,a|b,t", "0,,12345678,2,,longer than eight,,e",
+             "1,7,-0,1,x,é,c|d|e,t", "0,12,3,0,ffffffff,,|,t", "1,1,2,1,a,b,c,t,extra",
+             "0,99999999,1,1,abc,defg,x,t", "1,5,1.5,1,a,b,c,t", "1,0,0,1,aaaaaaaa,bbbbbbbb,,t"]
+
+
+@pytest.mark.parametrize("lines", [FAST_ROWS, FAST_ROWS[:2] + FAST_ROWS[3:6] + FAST_ROWS[7:],
+                                   FAST_ROWS + [""] + FAST_ROWS[:1], FAST_ROWS[:1] * 3])
+@pytest.mark.parametrize("end", ["\n", "\r\n"])
+def test_fast_path_writes_what_the_csv_reader_path_writes(tmp_path, monkeypatch, lines, end):
+    import recsync.data.convert as conv
+    text = "y,x,z,w,c,d,m,s" + end + end.join(lines) + end
+    outs = []
+    for fast in (True, False):
+        if not fast:
+            monkeypatch.setattr(conv, "fast_block", lambda *a: None)
+        out = tmp_path / f"out{fast}"
+        r = convert([write(tmp_path / "in.csv", text)], schema(FAST_SCHEMA), out,
+                    progress=False, block_bytes=64)
+        files = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*"))
+                 if p.is_file() and p.name != "meta.json"}
+        meta = json.loads((out / "meta.json").read_text())
+        outs.append((files, meta["source"], meta["preprocessing"]["standardize"],
+                     [(e.where.split("/")[-1], e.column, e.reason) for e in r.examples]))
+    assert outs[0] == outs[1]

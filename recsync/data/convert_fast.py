@@ -1,0 +1,241 @@
+"""The fast path of ``recsync data convert`` for a block of text lines: fields split with numpy
+(as recsync/data/criteo_block_parser.py does), integers decoded and categorical values hashed
+straight from the block's bytes, without building an Arrow table.
+
+It gives exactly what the CSV reader path (convert_parse.read_text_block) gives, or declines
+(None) and that path reads the block: when the block holds a quote or a carriage return that
+does not end a line, or a number column (label, weight, dense) holds anything but an optional
+``-`` and 1 to 8 digits (decimals, exponents, long numbers, bad values). The tests hold the two
+paths to the same output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from recsync.data.value_hash import FNV_OFFSET, FNV_PRIME, _fnv_rows
+from recsync.hashing import SPLITMIX_GAMMA
+
+PAD = 16  # zero bytes after the block, so an 8-byte window at any field start stays in bounds
+_U = np.uint64
+_ASCII0 = 0x3030303030303030
+_F0 = 0xF0F0F0F0F0F0F0F0
+# indexed by the digit count d (1..8) of a number held in the low d bytes of a word:
+_DMASK = np.array([(1 << (8 * d)) - 1 for d in range(9)], dtype=np.uint64)
+_DSHIFT = np.array([8 * (8 - d) if d else 0 for d in range(9)], dtype=np.uint64)
+_DFILL = np.array([_ASCII0 & ((1 << (8 * (8 - d))) - 1) for d in range(9)], dtype=np.uint64)
+
+
+class FastBlock:
+    """The rows of a block whose field count is right (``invalid``: the others, as
+    read_text_block reports them), as parse() reads them: ``numbers(column)``, ``sparse`` (ids
+    of the plan's categorical features, int32 [rows, features]), and any column as an Arrow
+    array in ``cols`` (built on first use: split column, multi-hot, values for messages)."""
+
+    def __init__(self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                 where: dict[str, int], nums: dict, sparse: np.ndarray | None, invalid: list):
+        self.data, self.starts, self.lengths, self.where = data, starts, lengths, where
+        self.nums, self.sparse, self.invalid = nums, sparse, invalid
+        self.num_rows = len(lengths)
+        self.cols = _Columns(data, starts, lengths, where)
+
+    def numbers(self, column: str):
+        return self.nums[column]
+
+    def filter(self, keep: np.ndarray) -> FastBlock:
+        return FastBlock(self.data, self.starts[keep], self.lengths[keep], self.where,
+                         {c: tuple(a[keep] for a in v) for c, v in self.nums.items()},
+                         None if self.sparse is None else self.sparse[keep], [])
+
+
+def block_column(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """The fields as a binary array, empty ones null (as the CSV reader gives them)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+    present = lengths > 0
+    nulls = len(present) - int(np.count_nonzero(present))
+    bitmap = pa.py_buffer(np.packbits(present, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(pa.binary(), len(lengths),
+                                 [bitmap, pa.py_buffer(offsets), pa.py_buffer(buf[idx])],
+                                 null_count=nulls)
+
+
+class _Columns(dict):
+    """Columns as Arrow arrays, built on first use (no reference to the block: no cycle, so a
+    block's memory goes as soon as it is parsed)."""
+
+    def __init__(self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                 where: dict[str, int]):
+        super().__init__()
+        self.data, self.starts, self.lengths, self.where = data, starts, lengths, where
+
+    def __missing__(self, c: str) -> pa.Array:
+        j = self.where[c]
+        self[c] = block_column(self.data, self.starts[:, j], self.lengths[:, j])
+        return self[c]
+
+
+def fast_block(data: bytes, names: list[str], plan, delimiter: str) -> FastBlock | None:
+    """A block of whole lines (the last ending in ``\\n``) read as convert_parse's
+    read_text_block would, or None where this path does not apply."""
+    if b'"' in data:
+        return None
+    cr = data.find(b"\r") >= 0
+    if cr and data.count(b"\r") != data.count(b"\r\n"):
+        return None
+    nbytes = len(data)
+    buf = np.zeros(nbytes + PAD, dtype=np.uint8)
+    buf[:nbytes] = np.frombuffer(data, dtype=np.uint8)
+    words = np.ndarray((nbytes,), dtype="<u8", buffer=buf, strides=(1,))
+    d = buf[:nbytes]
+    mark = d == 10
+    mark |= d == ord(delimiter)
+    pos = np.flatnonzero(mark)
+    nl_at = np.flatnonzero(d[pos] == 10)
+    nfields = np.diff(nl_at, prepend=-1)
+    ncols = len(names)
+    good = nfields == ncols
+    fstart = np.empty_like(pos)
+    fstart[:1] = 0
+    np.add(pos[:-1], 1, out=fstart[1:])
+    invalid = []
+    if good.all():
+        ends, starts = pos.reshape(-1, ncols), fstart.reshape(-1, ncols)
+    else:
+        bad = np.flatnonzero(~good)
+        one = nl_at[bad[nfields[bad] == 1]]  # the newlines of lines of one field
+        size = pos[one] - fstart[one]
+        if ((size == 0) | ((size == 1) & (buf[pos[one] - 1] == 13))).any():
+            return None  # a blank line: the CSV reader makes a row of nulls of it
+        invalid = [(int(i), f"expected {ncols} fields, got {int(nfields[i])}")
+                   for i in bad.tolist()]
+        sel = nl_at[good][:, None] + np.arange(1 - ncols, 1)
+        ends, starts = pos[sel], fstart[sel]
+    index = {c: i for i, c in enumerate(names)}
+    cols = plan.columns()
+    where = {c: j for j, c in enumerate(cols)}
+    if cols != names:
+        take = np.array([index[c] for c in cols])
+        starts, ln = starts[:, take], ends[:, take]
+    else:
+        ln = ends.copy()
+    ln -= starts
+    if cr and names[-1] in where:  # "\r\n" line ends: the last field ends before the "\r"
+        j = where[names[-1]]
+        ln[:, j] -= (buf[ends[:, -1] - 1] == 13) & (ln[:, j] > 0)
+    numeric = [c for c in dict.fromkeys((plan.label, plan.weight, *(x[1] for x in plan.dense)))
+               if c]
+    k = [where[c] for c in numeric]
+    got = _integers(words[starts[:, k]], ln[:, k])
+    if got is None:
+        return None
+    values, present = got
+    nobad = np.zeros(len(ln), dtype=bool)
+    nums = {c: (values[:, i], present[:, i], nobad) for i, c in enumerate(numeric)}
+    sparse = None
+    if not plan.fit:  # the statistics pass reads no categorical column
+        k = [where[c] for _, c, _ in plan.cats]
+        sparse = _ids(buf, words, plan, starts[:, k], ln[:, k])
+    return FastBlock(buf, starts, ln, where, nums, sparse, invalid)
+
+
+def _integers(w: np.ndarray, n: np.ndarray):
+    """(float64 values, 0 where missing; present; bad: none) of fields of an optional ``-`` and
+    1 to 8 digits, from their 8-byte windows ``w`` and lengths ``n``; None if any field present
+    is not such a number (-0 included: the CSV reader's -0.0 is left to it)."""
+    neg = ((w & _U(0xFF)) == _U(0x2D)) & (n > 0)
+    w1 = w >> (neg.astype(np.uint64) << _U(3))
+    digits = n - neg
+    dc = np.clip(digits, 1, 8)
+    x = ((w1 & _DMASK[dc]) << _DSHIFT[dc]) | _DFILL[dc]  # digits right-aligned, '0'-padded
+    ok = (x & _U(_F0)) == _U(_ASCII0)
+    ok &= ((x + _U(0x0606060606060606)) & _U(_F0)) == _U(_ASCII0)
+    ok &= (digits >= 1) & (n <= 8)
+    present = n > 0
+    if not (ok | ~present).all():
+        return None
+    x &= _U(0x0F0F0F0F0F0F0F0F)  # Lemire's 8-digit SWAR parse (byte 0 = most significant)
+    x = (x * _U(2561)) >> _U(8)
+    x &= _U(0x00FF00FF00FF00FF)
+    x = (x * _U(6553601)) >> _U(16)
+    x &= _U(0x0000FFFF0000FFFF)
+    x = (x * _U(42949672960001)) >> _U(32)
+    if (neg & (x == 0)).any():
+        return None
+    values = x.astype(np.float64)
+    values[~present] = 0.0
+    np.negative(values, out=values, where=neg)
+    return values, present
+
+
+def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
+         lengths: np.ndarray) -> np.ndarray:
+    """int32 [rows, categorical features]: value_hash's ids (1 + hash % (rows - 1), 0 for an
+    empty field) of the fields at ``starts`` with ``lengths`` ([rows, features]), hashed from
+    the block's bytes."""
+    n, k = lengths.shape
+    if not k:
+        return np.zeros((n, 0), dtype=np.int32)
+    longest = lengths.max(axis=0) if n else np.zeros(k, dtype=np.int64)
+    if (longest <= 8).all():
+        h = _fnv_words(words[starts], lengths, int(longest.max()))
+    else:  # longer text: value_hash on the column as Arrow packs it (contiguous)
+        h = np.empty((n, k), dtype=np.uint64)
+        for j, (_, c, _) in enumerate(plan.cats):
+            if longest[j] <= 8:
+                h[:, j] = _fnv_words(words[starts[:, j]], lengths[:, j], int(longest[j]))
+            else:
+                col = block_column(buf, starts[:, j], lengths[:, j])
+                h[:, j] = _fnv_rows(np.frombuffer(col.buffers()[2], dtype=np.uint8),
+                                    np.frombuffer(col.buffers()[1], dtype=np.int32)[:-1],
+                                    lengths[:, j])
+    z = _splitmix64(h)
+    out = np.empty((n, k), dtype=np.int32)
+    by_rows: dict[int, list[int]] = {}
+    for j, (_, _, rows) in enumerate(plan.cats):
+        by_rows.setdefault(rows, []).append(j)
+    for rows, js in by_rows.items():
+        m = _U(rows - 1)
+        if len(js) == k:
+            np.remainder(z, m, out=z)
+            z += _U(1)
+            out[:] = z
+        else:
+            out[:, js] = z[:, js] % m + _U(1)
+    out[lengths == 0] = 0
+    return out
+
+
+def _fnv_words(w: np.ndarray, lengths: np.ndarray, hi: int) -> np.ndarray:
+    """FNV-1a 64 of the first ``lengths`` (<= 8) bytes of each little-endian word of ``w``: the
+    same as value_hash._fnv_rows, a word at a time."""
+    shape = w.shape
+    w, lengths = np.ascontiguousarray(w).reshape(-1), lengths.reshape(-1)
+    h = np.full(w.shape, FNV_OFFSET, dtype=np.uint64)
+    byte = w.view(np.uint8).reshape(-1, 8)
+    same = bool(((lengths == hi) | (lengths == 0)).all())  # one length: no masks
+    nxt = None if same else np.empty(w.shape, dtype=np.uint64)
+    for j in range(hi):
+        if same:
+            np.bitwise_xor(h, byte[:, j], out=h, casting="unsafe")
+            h *= FNV_PRIME
+        else:
+            np.bitwise_xor(h, byte[:, j], out=nxt, casting="unsafe")
+            nxt *= FNV_PRIME
+            np.copyto(h, nxt, where=lengths > j)
+    return h.reshape(shape)
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    """recsync.hashing.splitmix64, in place (fewer temporaries)."""
+    t = np.empty_like(z)
+    z += _U(SPLITMIX_GAMMA)
+    for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        np.right_shift(z, _U(shift), out=t)
+        z ^= t
+        z *= _U(mul)
+    np.right_shift(z, _U(31), out=t)
+    z ^= t
+    return z

@@ -74,7 +74,9 @@ class TrainConfig(Section):
     """stop after this many steps (0: no limit)"""
     embedding_optimizer: Literal["adagrad", "sgd"] = "adagrad"
     """row-wise optimizer of embedding rows"""
-    embedding_lr: float = Field(0.2, gt=0)
+    embedding_lr: float = Field(0.05, gt=0)
+    """learning rate of the embedding rows (0.05: measured best of 0.02-0.2 for every built-in
+    model on the Avazu sample and as good as 0.2 for DLRM on synthetic data; docs/models.md)"""
     dense_optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
     """optimizer of the dense (MLP) parameters"""
     dense_lr: float = Field(0.01, gt=0)

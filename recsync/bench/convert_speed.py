@@ -13,6 +13,8 @@ counting pass is included).
 from __future__ import annotations
 
 import json
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,9 +70,10 @@ def _child(csv_path: str, schema_path: str, out: str) -> None:
     print(json.dumps({"rows": r.rows_written, "seconds": r.seconds, "peak_rss_mb": peak_kb / 1024}))
 
 
-def measure_convert(tmpdir, rows: int = 1_000_000) -> dict:
-    """Write a ``rows``-row CSV under ``tmpdir`` and convert it; returns rows_per_s,
-    peak_rss_mb (of the converting process), seconds, csv_bytes and rows."""
+def measure_convert(tmpdir, rows: int = 1_000_000, rounds: int = 1) -> dict:
+    """Write a ``rows``-row CSV under ``tmpdir`` and convert it ``rounds`` times; returns
+    rows_per_s (of the median round), peak_rss_mb (the highest of the converting processes),
+    seconds (per round), csv_bytes and rows."""
     tmp = Path(tmpdir)
     csv_path, schema_path, out = tmp / "bench.csv", tmp / "schema.toml", tmp / "data"
     t0 = time.perf_counter()
@@ -79,11 +82,18 @@ def measure_convert(tmpdir, rows: int = 1_000_000) -> dict:
     schema_path.write_text(SCHEMA)
     code = ("import sys; from recsync.bench.convert_speed import _child; "
             "_child(*sys.argv[1:])")
-    done = subprocess.run([sys.executable, "-c", code, str(csv_path), str(schema_path),
-                           str(out)], check=True, capture_output=True, text=True)
-    r = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"rows": r["rows"], "seconds": r["seconds"], "rows_per_s": r["rows"] / r["seconds"],
-            "peak_rss_mb": r["peak_rss_mb"], "csv_bytes": size, "generate_s": gen_s}
+    results = []
+    for _ in range(rounds):
+        done = subprocess.run([sys.executable, "-c", code, str(csv_path), str(schema_path),
+                               str(out)], check=True, capture_output=True, text=True)
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        shutil.rmtree(out)
+    csv_path.unlink()
+    seconds = [r["seconds"] for r in results]
+    return {"rows": results[0]["rows"], "seconds": seconds,
+            "rows_per_s": results[0]["rows"] / statistics.median(seconds),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in results), "csv_bytes": size,
+            "generate_s": gen_s}
 
 
 if __name__ == "__main__":

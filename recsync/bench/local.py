@@ -11,8 +11,9 @@ embedding rows and Adagrad on dense parameters with the same learning rates):
 The arms alternate over ``ROUNDS`` rounds; each arm's figure is the median of its rounds, and
 ``local_vs_plain_speed`` is the ratio of the medians. The scenario also measures the data
 pipeline on this machine: synthetic rows generated per second, Criteo lines converted per second
-(on a Criteo-format file of at least 1M lines written from the synthetic rows), and rows read per
-second by the reader.
+(on a Criteo-format file of at least 1M lines written from the synthetic rows), CSV rows
+converted per second by `recsync data convert` with a schema (bench/convert_speed.py; ratio
+``csv_convert_rows_per_s``) and its peak memory, and rows read per second by the reader.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsync.bench.convert_speed import measure_convert
 from recsync.config import load_config
 from recsync.data.criteo import convert_criteo
 from recsync.data.criteo_writer import write_criteo_tsv
@@ -80,7 +82,8 @@ def run(out: Path, scale: float) -> dict:
             f"local's time includes reading, lazy row initialisation and logging. "
             f"Per-round local/plain ratios: {', '.join(f'{x:.3f}' for x in per_round)}."),
         "arms": arms,
-        "ratios": {"local_vs_plain_speed": ratio},
+        "ratios": {"local_vs_plain_speed": ratio,
+                   "csv_convert_rows_per_s": measurements["csv"]["rows_per_s"]},
         "measurements": measurements,
         "tables": {"Data pipeline (this machine)": [
             ["synthetic rows generated / s", measurements["synth_rows_per_s"],
@@ -92,6 +95,14 @@ def run(out: Path, scale: float) -> dict:
              f"batches of {BATCH}, median of 3 passes over {measurements['read_rows']:,} rows"],
             ["rows read / s (shuffled)", measurements["read_shuffled_rows_per_s"],
              "the same, with the in-chunk shuffle"],
+            ["CSV rows converted / s (`recsync data convert`)",
+             measurements["csv"]["rows_per_s"],
+             f"median of 3 conversions of a {measurements['csv']['rows']:,}-row CSV "
+             f"({measurements['csv']['csv_bytes'] / 1e6:.0f} MB: label, 13 integer and 26 "
+             f"8-hex-digit string columns) with a 13 log1p + 26 categorical schema; "
+             f"seconds {', '.join(f'{s:.2f}' for s in measurements['csv']['seconds'])}"],
+            ["peak memory of `recsync data convert` (MB)", measurements["csv"]["peak_rss_mb"],
+             "the converting process's maximum resident set, highest of the 3"],
         ]},
         "configs": {"both arms (recsync config of local)": cfg.to_toml()},
     }
@@ -114,6 +125,8 @@ def _data_pipeline(out: Path, rows: int, criteo_lines: int) -> tuple[dict, Path]
     mb = tsv.stat().st_size / 1e6
     tsv.unlink()
     shutil.rmtree(out / "criteo_converted")
+    print(f"converting a {criteo_lines:,}-row CSV with a schema (3 times) ...", flush=True)
+    csv = measure_convert(out, rows=criteo_lines, rounds=3)
     read = [_read_pass(ds, shuffle=False) for _ in range(3)]
     read_shuffled = [_read_pass(ds, shuffle=True) for _ in range(3)]
     n = ds.rows("train")
@@ -121,7 +134,7 @@ def _data_pipeline(out: Path, rows: int, criteo_lines: int) -> tuple[dict, Path]
             "criteo_lines": lines, "criteo_mb": mb,
             "criteo_lines_per_s": lines / statistics.median(times),
             "read_rows": n, "read_rows_per_s": n / statistics.median(read),
-            "read_shuffled_rows_per_s": n / statistics.median(read_shuffled)}, data
+            "read_shuffled_rows_per_s": n / statistics.median(read_shuffled), "csv": csv}, data
 
 
 def _write_criteo_copy(ds: Dataset, path: Path, min_lines: int) -> int:

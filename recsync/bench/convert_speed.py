@@ -85,7 +85,9 @@ def measure_convert(tmpdir, rows: int = 1_000_000, rounds: int = 1) -> dict:
     results = []
     for _ in range(rounds):
         done = subprocess.run([sys.executable, "-c", code, str(csv_path), str(schema_path),
-                               str(out)], check=True, capture_output=True, text=True)
+                               str(out)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"converting {csv_path} failed: {done.stderr.strip()[-2000:]}")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
         shutil.rmtree(out)
     csv_path.unlink()

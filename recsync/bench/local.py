@@ -126,7 +126,8 @@ def _data_pipeline(out: Path, rows: int, criteo_lines: int) -> tuple[dict, Path]
     tsv.unlink()
     shutil.rmtree(out / "criteo_converted")
     print(f"converting a {criteo_lines:,}-row CSV with a schema (3 times) ...", flush=True)
-    csv = measure_convert(out, rows=criteo_lines, rounds=3)
+    (out / "csv_convert").mkdir(exist_ok=True)
+    csv = measure_convert(out / "csv_convert", rows=criteo_lines, rounds=3)
     read = [_read_pass(ds, shuffle=False) for _ in range(3)]
     read_shuffled = [_read_pass(ds, shuffle=True) for _ in range(3)]
     n = ds.rows("train")

@@ -71,7 +71,10 @@ class LookupPlan:
                 else:
                     self.slots.append(Slot(t, column=single.index(f)))
         self.table_slots = [[s for s in self.slots if s.table == t] for t in range(len(tables))]
-        self.one_dim = len(set(self.dims)) == 1
+        widths = sorted(set(self.dims))
+        self.group_of = [widths.index(d) for d in self.dims]  # table -> its leaf (one per dim)
+        self.groups = len(widths)
+        self.one_dim = self.groups == 1
         self.all_single = all(s.multi is None for s in self.slots)
 
     def dedup(self, batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -108,15 +111,14 @@ class PulledBatch:
                  rows: list[torch.Tensor], batch_size: int, offsets: tuple):
         self.plan, self.ids, self.inverse = plan, ids, inverse
         self.batch_size, self.offsets = batch_size, offsets
-        dims = sorted(set(plan.dims))
-        self.group_of = [dims.index(d) for d in plan.dims]  # table -> its leaf
+        self.group_of = plan.group_of
         self.start = [0] * len(ids)  # table -> its first row in its leaf
-        sizes = [0] * len(dims)
+        sizes = [0] * plan.groups
         for t, u in enumerate(ids):
             self.start[t] = sizes[self.group_of[t]]
             sizes[self.group_of[t]] += len(u)
         self.leaves = [torch.cat([r for t, r in enumerate(rows) if self.group_of[t] == g])
-                       .requires_grad_(True) for g in range(len(dims))]
+                       .requires_grad_(True) for g in range(plan.groups)]
 
     @property
     def rows(self) -> torch.Tensor:

@@ -134,17 +134,12 @@ def concat(embeddings) -> torch.Tensor:
 
 def inputs_of(ds, model_cfg) -> ModelInputs:
     """A data set's (data/reader.py Dataset) inputs for ``model_cfg`` (ModelConfig): every
-    table as large as the data set says, or ``model.table_rows`` if set (never fewer)."""
+    table as large as the data set says, or ``model.table_rows`` if set (registry.py
+    apply_table_rows: never fewer)."""
+    from recsync.model.registry import apply_table_rows
     lay = ds.layout
-    rows = {t.name: t.rows for t in lay.tables}
-    if model_cfg.table_rows:
-        if model_cfg.table_rows < max(rows.values()):
-            raise ValueError(f"model.table_rows = {model_cfg.table_rows} is smaller than the "
-                             f"data set's largest table ({max(rows.values())} rows): ids would "
-                             f"not fit")
-        rows = dict.fromkeys(rows, model_cfg.table_rows)
-    return ModelInputs(
+    return apply_table_rows(model_cfg, ModelInputs(
         dense=tuple(lay.dense),
         features=tuple(SparseFeature(f.name, f.table, f.pooling) for f in lay.features),
-        tables=tuple(DataTable(t.name, rows[t.name], t.dim) for t in lay.tables),
-        embedding_dim=model_cfg.embedding_dim, base_rate=ds.base_rate("train"))
+        tables=tuple(DataTable(t.name, t.rows, t.dim) for t in lay.tables),
+        embedding_dim=model_cfg.embedding_dim, base_rate=ds.base_rate("train")))

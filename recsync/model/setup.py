@@ -24,10 +24,5 @@ class BuiltModel:
 def model_for(model_cfg, ds) -> BuiltModel:
     """Build ``model_cfg`` (ModelConfig) for data set ``ds``; ValueError names a bad key."""
     inputs = inputs_of(ds, model_cfg)
-    module, tables = build_model(model_cfg, inputs)
-    known = {t.name for t in ds.layout.tables}
-    for t in tables:
-        if t.source not in known:
-            raise ValueError(f"model.name = {model_cfg.name!r}: table {t.name!r} reads data "
-                             f"table {t.source!r}, which the data set does not have")
+    module, tables = build_model(model_cfg, inputs)  # checks each table's source
     return BuiltModel(module, tables, LookupPlan(ds.layout.features, tables), inputs)

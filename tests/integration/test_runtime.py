@@ -104,12 +104,15 @@ def test_ps_modes_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path,
 def test_a_dead_ps_shard_stops_the_run_with_a_clear_error(ray_cluster, data, tmp_path):
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
                  "train.epochs=50", 'faults.kills=[{target="ps", index=1, at_s=1.0}]')
-    start = time.perf_counter()
     with pytest.raises(RunFailed, match="shard 1 died"):
         run(cfg, tmp_path)
-    assert time.perf_counter() - start < 30
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "shard 1" in summary["error"]
+    # it stopped because of the kill, long before the end, and without hanging after it (a
+    # hang guard counted from the kill: Ray's start-up is not what this test is about)
+    assert summary["samples"] < 50 * Dataset(data).rows("train") / 2
+    [kill] = summary["failures"]
+    assert kill["event"] == "killed ps 1" and summary["train_s"] - kill["time_s"] < 30
 
 
 @pytest.mark.parametrize("mode", ["async", "sync", "gba", "shadow", "eager", "hybrid"])

@@ -153,9 +153,9 @@ class _Run:
                 continue
             n, mean, m2 = stats[j]
             std = float(np.sqrt(m2 / n)) if n else 0.0
-            plan.mean[j], plan.std[j] = (mean if n else 0.0), (std if std > 0 else 1.0)
-            fitted[name] = {"mean": float(plan.mean[j]), "std": float(plan.std[j]),
-                            "count": int(n)}
+            fitted[name] = {"mean": float(mean) if n else 0.0,
+                            "std": std if std > 0 else 1.0, "count": int(n)}
+        plan.set_fitted(fitted)
         return fitted
 
     def write(self, root: Path, plan: Plan, split_at: int | None, strict: bool,
@@ -264,14 +264,20 @@ def _where(src: Source, loc, i: int) -> str:
 
 def _stop_at_first(src: Source, loc, p: Parsed) -> None:
     """Strict mode: raise at the piece's first bad row or truncated list."""
+    stop_at_first(p, lambda i: _where(src, loc, i), lists=True, note="--strict")
+
+
+def stop_at_first(p: Parsed, where, *, lists: bool, note: str) -> None:
+    """Raise ConvertError at the piece's first bad row (and, with ``lists``, truncated list):
+    ``where(record index)`` names the place, ``note`` says why it is an error."""
     first = [(i, f"column {c}: {why}" if c else why) for i, c, why in p.examples[:1]]
-    if p.first_truncated is not None:
+    if lists and p.first_truncated is not None:
         i, column, n, max_len = p.first_truncated
         first.append((i, f"column {column}: a list of {n} elements, more than max_len "
                          f"{max_len}"))
     if first:
         i, why = min(first)
-        raise ConvertError(f"{_where(src, loc, i)}: {why} (--strict)")
+        raise ConvertError(f"{where(i)}: {why} ({note})")
 
 
 def _write_rows(writer: SplitWriter, p: Parsed, mask: np.ndarray) -> None:

@@ -139,15 +139,21 @@ def check_columns(sources: list[Source], schema: Schema, keys: dict[str, str]) -
             want = first.columns[diff] if diff < len(first.columns) else "(none)"
             raise ConvertError(f"{s.name}:1: the header differs from {first.name}'s: column "
                                f"{diff + 1} is {got!r}, not {want!r}")
-        for col, key in keys.items():
-            n = s.columns.count(col)
-            where = "header" if s.kind == "text" and schema.input.header else "columns"
-            if n == 0:
-                raise ConvertError(f"{s.name}: column {col!r} ({key} in the schema) is not in "
-                                   f"its {where} ({', '.join(s.columns)[:200]})")
-            if n > 1:
-                raise ConvertError(f"{s.name}: column {col!r} ({key}) appears {n} times in its "
-                                   f"{where}")
+        where = "header" if s.kind == "text" and schema.input.header else "columns"
+        check_names(s.name, s.columns, keys, where)
+
+
+def check_names(name: str, columns: list[str], keys: dict[str, str], where: str) -> None:
+    """Input ``name``'s ``columns`` hold each of ``keys`` (column -> the schema key naming it)
+    exactly once; ``where``: what lists the columns ("header", "columns")."""
+    for col, key in keys.items():
+        n = columns.count(col)
+        if n == 0:
+            raise ConvertError(f"{name}: column {col!r} ({key} in the schema) is not in "
+                               f"its {where} ({', '.join(columns)[:200]})")
+        if n > 1:
+            raise ConvertError(f"{name}: column {col!r} ({key}) appears {n} times in its "
+                               f"{where}")
 
 
 def text_blocks(src: Source, block_bytes: int) -> Iterator[TextBlock]:

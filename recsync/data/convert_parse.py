@@ -31,7 +31,7 @@ NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 class Plan:
     """What a conversion reads and computes, from the schema (and the fitted statistics)."""
 
-    label: str
+    label: str  # "" when the rows have no label (raw rows to score: recsync/data/rows.py)
     threshold: float | None
     weight: str
     dense: list[tuple[str, str, str]]  # (name, column, transform)
@@ -58,6 +58,13 @@ class Plan:
         plan.mean, plan.std = np.zeros(len(plan.dense)), np.ones(len(plan.dense))
         return plan
 
+    def set_fitted(self, fitted: dict) -> None:
+        """Use the fitted statistics (``{name: {"mean", "std"}}`` of the standardize features,
+        as meta.json's ``preprocessing.standardize`` stores them)."""
+        for j, (name, _, how) in enumerate(self.dense):
+            if how == "standardize":
+                self.mean[j], self.std[j] = fitted[name]["mean"], fitted[name]["std"]
+
     def numeric_columns(self) -> set[str]:
         """Columns read only as numbers (not also hashed or split on)."""
         text = {c[1] for c in self.cats} | {m[1] for m in self.multi} | {self.split_column}
@@ -79,6 +86,7 @@ class Parsed:
     truncated: int = 0  # multi-hot lists cut to max_len
     first_truncated: tuple[int, str, int, int] | None = None  # (record, column, len, max_len)
     is_eval: np.ndarray | None = None  # bool per row written
+    kept: np.ndarray | None = None  # int64 per row written: its record index in the piece
     dense: np.ndarray | None = None
     sparse: np.ndarray | None = None
     label: np.ndarray | None = None
@@ -179,15 +187,18 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
         cols = {c: _combine(table.column(c)) for c in plan.columns()}
         num = lambda c: _numbers(cols[c])  # noqa: E731
     checks: list[tuple[str, np.ndarray, str]] = []  # (column, bad mask, why)
-    y, present, nonnum = num(plan.label)
-    checks.append((plan.label, ~present, "the label is missing"))
-    checks.append((plan.label, nonnum, "the label is not a number"))
-    if plan.threshold is None:
-        checks.append((plan.label, present & ~nonnum & (y != 0) & (y != 1),
-                       "the label is not 0 or 1"))
-        label = y.astype(np.float32)
+    if not plan.label:  # rows to score: no label (NaN)
+        label = np.full(n, np.nan, dtype=np.float32)
     else:
-        label = (y >= plan.threshold).astype(np.float32)
+        y, present, nonnum = num(plan.label)
+        checks.append((plan.label, ~present, "the label is missing"))
+        checks.append((plan.label, nonnum, "the label is not a number"))
+        if plan.threshold is None:
+            checks.append((plan.label, present & ~nonnum & (y != 0) & (y != 1),
+                           "the label is not 0 or 1"))
+            label = y.astype(np.float32)
+        else:
+            label = (y >= plan.threshold).astype(np.float32)
     weight = None
     if plan.weight:
         w, wp, wbad = num(plan.weight)
@@ -234,7 +245,7 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
     if plan.fit:
         out.stats = _stats(raw, dense_present & ~is_eval)
         return out
-    out.is_eval, out.label, out.weight = is_eval, label, weight
+    out.is_eval, out.label, out.weight, out.kept = is_eval, label, weight, rec
     out.dense = _transform(raw, dense_present, plan)
     if fast:
         out.sparse = table.sparse

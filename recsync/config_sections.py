@@ -104,6 +104,10 @@ class OutputConfig(Section):
     """show a progress bar on a terminal"""
     plot: bool = True
     """write training.png beside summary.json at the end"""
+    save_predictions: bool = False
+    """write predictions.parquet beside summary.json: the final evaluation's scores (column
+    `score`, float32, the ones its AUC was computed from) in eval-split order, with `label`
+    (and `weight` where the data has weights); also after Ctrl-C in a local run"""
 
 
 class ClusterConfig(Section):

@@ -12,11 +12,15 @@ from recsync.model.loss import logits
 
 
 @torch.no_grad()
-def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size: int) -> dict:
+def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size: int,
+             keep_scores: bool = False) -> dict:
     """AUC and log loss on the first ``rows`` rows of the eval split (all of it if larger).
-    ``lookup`` serves the rows (``pull(batch) -> PulledBatch``): LocalLookup or PSClient."""
+    ``lookup`` serves the rows (``pull(batch) -> PulledBatch``): LocalLookup or PSClient.
+    ``keep_scores``: the result also holds the arrays the metrics were computed from, in
+    eval-split order: "scores" (float32 probabilities), "labels" and, where the data has
+    weights, "weights" (for OUT/predictions.parquet)."""
     dense.eval()
-    labels, probs, seen = [], [], 0
+    labels, probs, weights, seen = [], [], [], 0
     for p, info in enumerate(ds.meta["splits"]["eval"]["parts"]):
         if seen >= rows:
             break
@@ -25,8 +29,20 @@ def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size:
             pulled = lookup.pull(batch)
             probs.append(torch.sigmoid(logits(dense, batch, pulled.embeddings())).numpy())
             labels.append(batch.label.numpy())
+            if batch.weight is not None:
+                weights.append(batch.weight.numpy())
         seen += chunk.rows
     dense.train()
     if not labels:
-        return {"auc": float("nan"), "logloss": float("nan"), "rows": 0}
-    return auc_logloss(np.concatenate(labels), np.concatenate(probs))
+        result = {"auc": float("nan"), "logloss": float("nan"), "rows": 0}
+        scores, label, weight = (np.zeros(0, np.float32), np.zeros(0, np.float32),
+                                 np.zeros(0, np.float32) if ds.layout.weight else None)
+    else:
+        scores, label = np.concatenate(probs), np.concatenate(labels)
+        weight = np.concatenate(weights) if weights else None
+        result = auc_logloss(label, scores)
+    if keep_scores:
+        result.update(scores=scores.astype(np.float32, copy=False), labels=label)
+        if weight is not None:
+            result["weights"] = weight
+    return result

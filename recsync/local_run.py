@@ -99,8 +99,9 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float) -> d
 
 
 def final_eval(cfg: RunConfig, ds: Dataset, model: LocalModel) -> dict:
-    """The trained model on the whole eval split."""
-    return evaluate(model.dense, model.lookup, ds, ds.rows("eval"), cfg.train.eval_batch_size)
+    """The trained model on the whole eval split (with its scores if the run saves them)."""
+    return evaluate(model.dense, model.lookup, ds, ds.rows("eval"), cfg.train.eval_batch_size,
+                    keep_scores=cfg.output.save_predictions)
 
 
 def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,

@@ -20,12 +20,14 @@ import torch
 from recsync.config import RunConfig
 from recsync.local_run import final_eval, run_local
 from recsync.metrics import MetricsLog, write_json
+from recsync.predictions import FILE as PREDICTIONS
+from recsync.predictions import save_predictions
 from recsync.preflight import preflight
 from recsync.record import RunRecord
 from recsync.stopping import catch_signals, ending, keep_signals_from_ray, remove_temp_files
 from recsync.summary import build_summary
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS)
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
@@ -105,6 +107,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                     result = {"eval": final_eval(cfg, ds, e.model)}
         record = result.get("record") or record or RunRecord(start=started)
         remove_temp_files(out, checkpoint_root(cfg, out) if cfg.mode != "local" else None)
+        result["predictions"] = save_predictions(out, result)  # the arrays leave the result
         summary = build_summary(cfg, ds, record, result, status, cause)
         write_outputs(cfg, out, summary)
     if raised is not None:

@@ -34,6 +34,7 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
         "eval": {**final, "bayes_auc": synthetic.get("bayes_auc"),
                  "bayes_logloss": synthetic.get("bayes_logloss")},
         "evals": record.evals,
+        "predictions": result.get("predictions"),  # {"path", "rows"}: output.save_predictions
         "staleness": staleness(shards),
         **mode_sections(cfg, [m["mode"] for m in modes], result.get("mode_stats"), shards,
                         record.waits),

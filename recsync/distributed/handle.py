@@ -314,7 +314,8 @@ class DistributedRun:
         model = LocalModel(self.dense_model,
                            PSClient(self.shards, self.plan), None)
         final_eval = evaluate(model.dense, model.lookup, self.ds, self.ds.rows("eval"),
-                              self.cfg.train.eval_batch_size)
+                              self.cfg.train.eval_batch_size,
+                              keep_scores=self.cfg.output.save_predictions)
         return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,
                 "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
                 "final_checkpoint": final_checkpoint,

@@ -40,7 +40,8 @@ class CriteoRows:
         cols = ["label", *FEATURES] if has_label else FEATURES
         arrow = to_arrow(table, cols, source)
         n = arrow.num_rows
-        fields = [pc.cast(arrow.column(c), pa.string()).fill_null("") for c in cols]
+        fields = [pc.cast(arrow.column(c).combine_chunks(), pa.string()).fill_null("")
+                  for c in cols]
         for c, f in zip(cols, fields):  # a tab or line end would move the fields
             odd = np.asarray(pc.match_substring_regex(f, "[\t\r\n]"))
             if odd.any():
@@ -48,7 +49,7 @@ class CriteoRows:
                                    f"{c}: a tab or line end in a value")
         if not has_label:
             fields.insert(0, pa.array(["0"] * n, pa.string()))
-        lines = pc.binary_join_element_wise(*fields, pa.array([""] * n, pa.string()), "\t")
+        lines = pc.binary_join_element_wise(*fields, "\t")
         text = pc.binary_join_element_wise(lines, pa.array([""] * n, pa.string()), "\n")
         offsets = np.frombuffer(text.buffers()[1], np.int32)[text.offset:text.offset + n + 1]
         data = np.frombuffer(text.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] \

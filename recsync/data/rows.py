@@ -141,7 +141,8 @@ def to_batch(p: Parsed) -> Batch:
 
 
 def _what(meta: dict) -> str:
-    if meta.get("synthetic") is not None or (meta.get("source") or {}).get("kind") == "synth":
+    kind = (meta.get("source") or {}).get("kind")
+    if meta.get("synthetic") is not None or kind == "synthetic":
         return "synthetic data (`recsync data synth`)"
     return "this data set"
 

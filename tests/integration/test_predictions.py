@@ -1,5 +1,6 @@
 """output.save_predictions: a local and a 2-worker sync run write OUT/predictions.parquet, one
-row per eval row in eval-split order, from which the AUC the summary reports is recomputed."""
+row per eval row in eval-split order, from which the AUC the summary reports is recomputed.
+(A local run's Ctrl-C, weights and --overwrite: tests/unit/test_predictions.py.)"""
 
 from __future__ import annotations
 
@@ -42,11 +43,3 @@ def test_predictions_hold_the_scores_the_reported_auc_came_from(mode, data, ray_
         summary["predictions"]
     assert not list((tmp_path / "run").glob(".*tmp*"))
 
-
-def test_no_predictions_unless_asked_and_overwrite_removes_old_ones(data, tmp_path):
-    out = tmp_path / "run"
-    run(config(data, "train.max_steps=2", "output.save_predictions=true"), out)
-    assert (out / "predictions.parquet").exists()
-    summary = run(config(data, "train.max_steps=2"), out, overwrite=True)
-    assert summary["predictions"] is None
-    assert not (out / "predictions.parquet").exists()  # not a stale file of the earlier run

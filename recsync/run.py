@@ -2,8 +2,8 @@
 output contract.
 
 Outputs (docs/design.md §9): ``config.toml`` (resolved config), ``metrics.jsonl`` (one record
-per logging interval), ``summary.json`` (at the end, also after Ctrl-C or a failure) and
-``training.png``.
+per logging interval), ``summary.json`` (at the end, also after Ctrl-C or a failure),
+``training.png`` and, with ``output.save_predictions``, ``predictions.parquet``.
 """
 
 from __future__ import annotations

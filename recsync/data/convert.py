@@ -173,7 +173,7 @@ class _Run:
             bad += p.bad
             truncated += p.truncated
             for i, column, why in p.examples[:MAX_EXAMPLES - len(examples)]:
-                examples.append(BadRow(_where(src, loc, i), column, why))
+                examples.append(BadRow(place(src, loc, i), column, why))
             for split, mask in (("train", ~p.is_eval), ("eval", p.is_eval)):
                 if mask.any():
                     _write_rows(writers[split], p, mask)
@@ -231,31 +231,37 @@ class _Run:
         return g
 
     def _pieces(self, src: Source, plan: Plan):
-        """(job(eval_from) -> Parsed, location, records, bytes on disk) per piece of ``src``."""
-        delimiter = self.schema.input.delimiter
-        if src.kind == "parquet":
-            for batch, group, row0, nbytes in parquet_batches(src, plan.columns(), BATCH_ROWS):
-                def job(eval_from, batch=batch):
-                    table = pa.Table.from_batches([batch])
-                    return parse(table, [], table.num_rows, plan, eval_from, src.eval)
-                yield job, (group, row0), batch.num_rows, nbytes
-            return
-        for block in text_blocks(src, self.block_bytes):
-            def job(eval_from, block=block):
-                fast = fast_block(block.data, src.columns, plan, delimiter)
-                if fast is not None:
-                    return parse(fast, fast.invalid, block.lines, plan, eval_from, src.eval)
-                try:
-                    table, invalid = read_text_block(block.data, src.columns, plan, delimiter)
-                except pa.ArrowInvalid as e:
-                    raise ConvertError(f"{src.name}:{block.line0}-"
-                                       f"{block.line0 + block.lines - 1}: cannot be parsed "
-                                       f"({one_line(e)})") from None
-                return parse(table, invalid, block.lines, plan, eval_from, src.eval)
-            yield job, block.line0, block.lines, block.read_bytes
+        return pieces(src, plan, self.schema.input.delimiter, self.block_bytes)
 
 
-def _where(src: Source, loc, i: int) -> str:
+def pieces(src: Source, plan: Plan, delimiter: str, block_bytes: int = BLOCK_BYTES):
+    """(job(eval_from) -> Parsed, location, records, bytes on disk) per piece of ``src``: a
+    block of text lines (fast path, else pyarrow's CSV reader) or a batch of Parquet rows."""
+    if src.kind == "parquet":
+        for batch, group, row0, nbytes in parquet_batches(src, plan.columns(), BATCH_ROWS):
+            def job(eval_from, batch=batch):
+                table = pa.Table.from_batches([batch])
+                return parse(table, [], table.num_rows, plan, eval_from, src.eval)
+            yield job, (group, row0), batch.num_rows, nbytes
+        return
+    for block in text_blocks(src, block_bytes):
+        def job(eval_from, block=block):
+            fast = fast_block(block.data, src.columns, plan, delimiter)
+            if fast is not None:
+                return parse(fast, fast.invalid, block.lines, plan, eval_from, src.eval)
+            try:
+                table, invalid = read_text_block(block.data, src.columns, plan, delimiter)
+            except pa.ArrowInvalid as e:
+                raise ConvertError(f"{src.name}:{block.line0}-"
+                                   f"{block.line0 + block.lines - 1}: cannot be parsed "
+                                   f"({one_line(e)})") from None
+            return parse(table, invalid, block.lines, plan, eval_from, src.eval)
+        yield job, block.line0, block.lines, block.read_bytes
+
+
+def place(src: Source, loc, i: int) -> str:
+    """A record's place for messages: ``file:line`` (1-based), or a Parquet file's row group
+    and 0-based row."""
     if src.kind == "parquet":
         group, row0 = loc
         return f"{src.name}: row group {group}, row {row0 + i}"
@@ -264,7 +270,7 @@ def _where(src: Source, loc, i: int) -> str:
 
 def _stop_at_first(src: Source, loc, p: Parsed) -> None:
     """Strict mode: raise at the piece's first bad row or truncated list."""
-    stop_at_first(p, lambda i: _where(src, loc, i), lists=True, note="--strict")
+    stop_at_first(p, lambda i: place(src, loc, i), lists=True, note="--strict")
 
 
 def stop_at_first(p: Parsed, where, *, lists: bool, note: str) -> None:

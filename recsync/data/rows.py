@@ -17,7 +17,10 @@ Data converted by ``recsync data criteo`` has no schema; its raw rows (columns `
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -25,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from recsync.data.convert import HASH_NAME, BadRow, stop_at_first
-from recsync.data.convert_input import ConvertError, check_names
+from recsync.data.convert import BLOCK_BYTES, HASH_NAME, BadRow, pieces, place, stop_at_first
+from recsync.data.convert_input import ConvertError, check_names, open_source
 from recsync.data.convert_parse import MAX_EXAMPLES, Parsed, Plan, parse
 from recsync.data.reader import Batch
 from recsync.data.schema import Schema
@@ -69,6 +72,14 @@ def preprocess(table, data_meta: dict, *, source: str = "<rows>", strict: bool =
     return RowPreprocessor(data_meta)(table, source=source, strict=strict, first_row=first_row)
 
 
+def preprocess_files(paths, data_meta: dict, *, strict: bool = True,
+                     columns: list[str] | None = None) -> Iterator[tuple[Batch, RowsReport]]:
+    """Raw CSV/TSV/Parquet files streamed as (batch, report) pieces, read and preprocessed
+    exactly as ``recsync data convert`` reads and preprocesses them
+    (:meth:`RowPreprocessor.files`)."""
+    return RowPreprocessor(data_meta).files(paths, strict=strict, columns=columns)
+
+
 class RowPreprocessor:
     """The preprocessing of one data set, built once from its meta (for many batches)."""
 
@@ -104,23 +115,58 @@ class RowPreprocessor:
                  first_row: int = 0) -> tuple[Batch, RowsReport]:
         if self._criteo is not None:
             return self._criteo(table, source=source, strict=strict, first_row=first_row)
-        keys = {c: k for c, k in self.schema.column_keys().items()
-                if c != self.schema.split.column or k != "split.column"}
         names = column_names(table)
-        plan = self.plan
-        optional = [c for c in (plan.label, plan.weight) if c]
-        absent = {c for c in optional if c not in names}
-        if absent:  # rows to score: no label (and no weight) needed
-            plan = replace(plan, label="" if plan.label in absent else plan.label,
-                           weight="" if plan.weight in absent else plan.weight)
-            keys = {c: k for c, k in keys.items() if c not in absent}
-        check_names(source, names, keys, "columns")
+        plan = self.plan_for(source, names, "columns")
         arrow = to_arrow(table, plan.columns(), source)
         p = parse(arrow, [], arrow.num_rows, plan, 2**62, False)
         where = lambda i: f"{source}: row {first_row + i}"  # noqa: E731
         if strict:
             stop_at_first(p, where, lists=False, note="strict")
         return to_batch(p), report(p, where)
+
+    def plan_for(self, source: str, names: list[str], listed_in: str) -> Plan:
+        """The plan for rows with columns ``names`` (the label and weight may be absent);
+        ConvertError naming ``source`` if a feature's column is missing."""
+        keys = {c: k for c, k in self.schema.column_keys().items()
+                if c != self.schema.split.column or k != "split.column"}
+        plan = self.plan
+        absent = {c for c in (plan.label, plan.weight) if c and c not in names}
+        if absent:  # rows to score: no label (and no weight) needed
+            plan = replace(plan, label="" if plan.label in absent else plan.label,
+                           weight="" if plan.weight in absent else plan.weight)
+            keys = {c: k for c, k in keys.items() if c not in absent}
+        check_names(source, names, keys, listed_in)
+        return plan
+
+    def files(self, paths, *, strict: bool = True, columns: list[str] | None = None,
+              block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[Batch, RowsReport]]:
+        """(batch, report) per piece (a block of text lines, a batch of Parquet rows) of each
+        of ``paths``, read exactly as ``recsync data convert`` reads them (the schema's
+        delimiter and header; plain or compressed text, or Parquet); a report's ``kept`` are
+        0-based record indices in its file, and bad rows are named ``file:line``.
+        ``columns``: the column names of headerless text instead of the schema's (e.g.
+        without the label)."""
+        if self._criteo is not None:
+            raise ValueError("raw files of a `recsync data criteo` data set: read them into a "
+                             "table (columns label, I1..I13, C1..C26) and preprocess that")
+        schema = self.schema
+        if columns is not None:
+            schema = schema.model_copy(update={"input": schema.input.model_copy(
+                update={"columns": list(columns)})})
+        for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+            src = open_source(str(path), schema)
+            listed_in = "header" if src.kind == "text" and schema.input.header else "columns"
+            plan = self.plan_for(src.name, src.columns, listed_in)
+            first = 0
+            for job, loc, records, _ in pieces(src, plan, schema.input.delimiter, block_bytes):
+                p = job(2**62)
+                where = functools.partial(place, src, loc)
+                if strict:
+                    stop_at_first(p, where, lists=False, note="strict")
+                r = report(p, where)
+                r.kept = r.kept + first
+                first += records
+                yield to_batch(p), r
 
 
 def report(p: Parsed, where) -> RowsReport:

@@ -5,6 +5,7 @@ label optional, bad rows reported as a conversion reports them."""
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 
 import numpy as np
@@ -12,12 +13,13 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import recsync
 from recsync.bench.quality import shared_data_dir
 from recsync.data.convert_input import ConvertError
 from recsync.data.reader import Batch, Dataset
-from recsync.data.rows import preprocess, preprocess_table
+from recsync.data.rows import preprocess, preprocess_files, preprocess_table
 from recsync.data.schema import load_schema, parse_schema
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.data.value_hash import hash_one
@@ -207,6 +209,36 @@ def test_parquet_rows_and_arrow_tables_agree(converted, tmp_path):
     assert_same(a, whole(ds))
 
 
+def concat(pieces) -> Batch:
+    """Pieces of preprocess_files as one batch, and their reports."""
+    pieces = list(pieces)
+    multi = []
+    for j in range(len(pieces[0][0].multi)):
+        lengths = np.concatenate([np.diff(b.multi[j][1].numpy()) for b, _ in pieces])
+        multi.append((np.concatenate([b.multi[j][0].numpy() for b, _ in pieces]),
+                      np.concatenate([[0], np.cumsum(lengths)])))
+    cat = lambda get: torch.from_numpy(np.concatenate([get(b) for b, _ in pieces]))  # noqa
+    return Batch(cat(lambda b: b.dense.numpy()), cat(lambda b: b.sparse.numpy()),
+                 cat(lambda b: b.label.numpy()),
+                 None if pieces[0][0].weight is None else cat(lambda b: b.weight.numpy()),
+                 tuple((torch.from_numpy(v), torch.from_numpy(o)) for v, o in multi)), \
+        [r for _, r in pieces]
+
+
+def test_files_are_read_as_the_conversion_reads_them(converted, tmp_path):
+    ds, path = converted
+    gz = tmp_path / "in.csv.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    for p in (path, gz):
+        batch, reports = concat(preprocess_files([p], ds.meta, strict=False))
+        assert_same(batch, whole(ds))
+        assert np.concatenate([r.kept for r in reports]).tolist() == [0, 1, 2, 4, 6, 7]
+        assert [e.where for r in reports for e in r.examples] == [f"{p}:5", f"{p}:7"]
+    with pytest.raises(ConvertError, match=rf"^{path}:5: column clicks: 'abc' is not a number "
+                                           rf"\(strict\)$"):
+        list(preprocess_files(path, ds.meta))
+
+
 def test_a_bad_row_stops_with_its_source_and_row(converted):
     ds, path = converted
     table = read_text(path, load_schema_text())
@@ -293,3 +325,21 @@ def test_raw_criteo_rows_of_a_criteo_tool_data_set(tmp_path):
     bad = table.set_column(1, "I1", pa.array(["2.5"] + [None] * (table.num_rows - 1)))
     with pytest.raises(ConvertError, match=r"^t: row 0: non-integer dense value in I1"):
         preprocess_table(bad, ds.meta, source="t")
+
+
+@needs_shared
+def test_a_kaggle_test_file_without_labels_is_scored_with_the_criteo_preset(tmp_path):
+    """39 fields, no label: the preset's columns without "label"."""
+    train = SHARED / "criteo_kaggle_train_head1k" / "train_head1k.txt"
+    test = SHARED / "criteo_kaggle_test_head10k" / "test_head10k.txt"
+    recsync.convert(train, tmp_path / "data", preset="criteo", progress=False)
+    meta = Dataset(tmp_path / "data").meta
+    columns = [c for c in load_schema(preset="criteo").input.columns if c != "label"]
+    batch, reports = concat(preprocess_files(test, meta, columns=columns))
+    assert len(batch.label) == 10_000 and batch.label.isnan().all()
+    assert sum(r.bad for r in reports) == 0
+    schema = load_schema(preset="criteo")
+    table = read_text(test, schema.model_copy(update={"input": schema.input.model_copy(
+        update={"columns": columns})}))
+    assert_same(preprocess_table(table, meta), whole_of(batch), label=False)
+

@@ -30,7 +30,7 @@ _DFILL = np.array([_ASCII0 & ((1 << (8 * (8 - d))) - 1) for d in range(9)], dtyp
 class FastBlock:
     """The rows of a block whose field count is right (``invalid``: the others, as
     read_text_block reports them), as parse() reads them: ``numbers(column)``, ``sparse`` (ids
-    of the plan's categorical features, int32 [rows, features]), and any column as an Arrow
+    of the plan's categorical features, plan.id_dtype [rows, features]), and any column as an Arrow
     array in ``cols`` (built on first use: split column, multi-hot, values for messages)."""
 
     def __init__(self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
@@ -172,9 +172,9 @@ def _integers(w: np.ndarray, n: np.ndarray):
 
 def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
          lengths: np.ndarray) -> np.ndarray:
-    """int32 [rows, categorical features]: value_hash's ids (1 + hash % (rows - 1), 0 for an
-    empty field) of the fields at ``starts`` with ``lengths`` ([rows, features]), hashed from
-    the block's bytes."""
+    """plan.id_dtype [rows, categorical features]: value_hash's ids (1 + hash % (rows - 1), 0
+    for an empty field) of the fields at ``starts`` with ``lengths`` ([rows, features]), hashed
+    from the block's bytes."""
     n, k = lengths.shape
     if not k:
         return np.zeros((n, 0), dtype=np.int32)
@@ -192,7 +192,7 @@ def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
                                     np.frombuffer(col.buffers()[1], dtype=np.int32)[:-1],
                                     lengths[:, j])
     z = _splitmix64(h)
-    out = np.empty((n, k), dtype=np.int32)
+    out = np.empty((n, k), dtype=plan.id_dtype)
     by_rows: dict[int, list[int]] = {}
     for j, (_, _, rows) in enumerate(plan.cats):
         by_rows.setdefault(rows, []).append(j)

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from recsync.data.convert_fast import FastBlock
+from recsync.data.format import MAX_INT32_ROWS
 from recsync.data.schema import Schema
 from recsync.data.value_hash import valid_mask, hash_text, ids_of, to_ids
 
@@ -64,6 +65,11 @@ class Plan:
         for j, (name, _, how) in enumerate(self.dense):
             if how == "standardize":
                 self.mean[j], self.std[j] = fitted[name]["mean"], fitted[name]["std"]
+
+    @property
+    def id_dtype(self) -> type:
+        """Single-hot ids: int32 where every table fits (as the data set stores them)."""
+        return np.int32 if all(c[2] <= MAX_INT32_ROWS for c in self.cats) else np.int64
 
     def numeric_columns(self) -> set[str]:
         """Columns read only as numbers (not also hashed or split on)."""
@@ -250,7 +256,7 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
     if fast:
         out.sparse = table.sparse
     else:
-        out.sparse = np.empty((len(rec), len(plan.cats)), dtype=np.int32)
+        out.sparse = np.empty((len(rec), len(plan.cats)), dtype=plan.id_dtype)
         for j, (_, column, rows) in enumerate(plan.cats):
             out.sparse[:, j] = ids_of(cols[column], rows)
     for _, column, rows, sep, max_len in plan.multi:

@@ -343,3 +343,20 @@ def test_a_kaggle_test_file_without_labels_is_scored_with_the_criteo_preset(tmp_
         update={"columns": columns})}))
     assert_same(preprocess_table(table, meta), whole_of(batch), label=False)
 
+
+
+@pytest.mark.parametrize("quoted", [False, True])  # the fast path, and pyarrow's CSV reader
+def test_ids_of_tables_beyond_int32_do_not_wrap(tmp_path, quoted):
+    (tmp_path / "s.toml").write_text('[label]\ncolumn = "y"\n[[categorical]]\nname = "u"\n'
+                                     '[tables.u]\nrows = 1099511627776\n[split]\n'
+                                     'eval_fraction = 0.0\n')
+    values = ["alice", "bob", "carol", '"d,e"' if quoted else "dave"]
+    (tmp_path / "in.csv").write_text("y,u\n" + "".join(f"1,{v}\n" for v in values))
+    recsync.convert(tmp_path / "in.csv", tmp_path / "data", schema=tmp_path / "s.toml",
+                    progress=False)
+    ds = Dataset(tmp_path / "data")
+    want = [1 + hash_one(v.strip('"')) % (2**40 - 1) for v in values]
+    assert max(want) > 2**31
+    assert whole(ds).sparse[:, 0].tolist() == want
+    got = preprocess_table({"u": [v.strip('"') for v in values]}, ds.meta)
+    assert got.sparse[:, 0].tolist() == want

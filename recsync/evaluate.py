@@ -1,4 +1,4 @@
-"""AUC and log loss of a trained model on the eval split: the local run's model, or a
+"""AUC, log loss, NE and calibration (recsync/metrics.py) of a trained model on the eval split: the local run's model, or a
 distributed run's dense parameters with its rows served by the PS."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from recsync.model.loss import logits
 
 @torch.no_grad()
 def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size: int) -> dict:
-    """AUC and log loss on the first ``rows`` rows of the eval split (all of it if larger).
+    """AUC, log loss, NE and calibration (weighted where the data has weights) on the first
+    ``rows`` rows of the eval split (all of it if larger).
     ``lookup`` serves the rows (``pull(batch) -> PulledBatch``): LocalLookup or PSClient."""
     dense.eval()
-    labels, probs, seen = [], [], 0
+    labels, probs, weights, seen = [], [], [], 0
     for p, info in enumerate(ds.meta["splits"]["eval"]["parts"]):
         if seen >= rows:
             break
@@ -25,8 +26,11 @@ def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size:
             pulled = lookup.pull(batch)
             probs.append(torch.sigmoid(logits(dense, batch, pulled.embeddings())).numpy())
             labels.append(batch.label.numpy())
+            if batch.weight is not None:
+                weights.append(batch.weight.numpy())
         seen += chunk.rows
     dense.train()
     if not labels:
-        return {"auc": float("nan"), "logloss": float("nan"), "rows": 0}
-    return auc_logloss(np.concatenate(labels), np.concatenate(probs))
+        return auc_logloss(np.empty(0), np.empty(0))
+    return auc_logloss(np.concatenate(labels), np.concatenate(probs),
+                       np.concatenate(weights) if weights else None)

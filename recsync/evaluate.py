@@ -1,5 +1,6 @@
-"""AUC, log loss, NE and calibration (recsync/metrics.py) of a trained model on the eval split: the local run's model, or a
-distributed run's dense parameters with its rows served by the PS."""
+"""AUC, log loss, NE and calibration (recsync/metrics.py) of a trained model on the eval
+split: the local run's model, or a distributed run's dense parameters with its rows served by
+the PS."""
 
 from __future__ import annotations
 

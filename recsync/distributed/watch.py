@@ -1,6 +1,7 @@
 """The one watch loop of a distributed run: every half second it looks at the shards and the
 workers, asks the policy what a failure means and carries that out, writes a metrics record,
-and takes checkpoint rounds, switches and injected failures when they are due."""
+and takes checkpoint rounds, switches, injected failures and evaluations (on a thread of their
+own: distributed/evals.py) when they are due."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 
 
 from recsync.distributed.actions import carry_out
+from recsync.distributed.evals import PeriodicEval
 from recsync.distributed.faults import FaultInjector
 from recsync.distributed.handle import SHARD_RESTART_WAIT_S
 from recsync.distributed.policy import Decision, Kind, decide
@@ -30,6 +32,7 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
         total = min(total, t.max_steps * t.batch_size * cfg.cluster.workers)
     bar = progress(total, "sample", f"train ({run.mode})", cfg.output.progress, smoothing=0.1)
     faults, switcher = FaultInjector(cfg), Switcher(cfg)
+    evals = PeriodicEval(run, total)
     recovering = cfg.recovery.kind != "none"
     last = time.perf_counter()
     try:
@@ -47,7 +50,12 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
                 settle(run, statuses, shards, elapsed)
                 continue
             now = time.perf_counter()
+            done = all(s.state == "done" for s in statuses)
+            if done:  # training ended: waiting for the evaluation going on is not training
+                record.stop()
+            finished = evals.collect(wait=done)  # before the line: its events go with it
             line = metrics_line(run, statuses, now - last)
+            line["eval"] = finished
             bar.update(max(0, line["samples"] - record.samples))
             record.samples, record.steps = line["samples"], line["step"]
             run.recent.append((time.time(), line["samples"]))
@@ -55,8 +63,9 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
             log.write(line)
             if line["loss"] is not None:
                 bar.set_postfix(loss=f"{line['loss']:.4f}")
-            if all(s.state == "done" for s in statuses):
+            if done:
                 return statuses
+            evals.start_if_due(line["samples"], line["time_s"])
             run.rounds.if_due(elapsed, any(s.samples for s in statuses))
             due = switcher.due(run.mode, statuses, elapsed, line["step"])
             if due and switch(run, due[0]):
@@ -64,6 +73,7 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
                 bar.set_description(f"train ({run.mode})")
                 switcher.switched()
     finally:
+        evals.close()
         bar.close()
 
 

@@ -104,6 +104,10 @@ class OutputConfig(Section):
     """show a progress bar on a terminal"""
     plot: bool = True
     """write training.png beside summary.json at the end"""
+    tensorboard: bool = False
+    """also write metrics.jsonl's records as TensorBoard event files in OUT/tb/ (loss, AUC,
+    log loss, NE, calibration, samples/s, staleness, mode, checkpoints and recoveries): needs
+    the optional extra, `pip install 'recsync[tensorboard]'`"""
 
 
 class ClusterConfig(Section):

@@ -63,17 +63,33 @@ def _clean(value):
 
 
 class MetricsLog:
-    """Appends one JSON object per line to ``metrics.jsonl``, flushed at once (crash-safe)."""
+    """Appends one JSON object per line to ``metrics.jsonl``, flushed at once (crash-safe);
+    with ``tensorboard`` (a directory), also TensorBoard event files of the same records
+    (recsync/tb_sink.py)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tensorboard: Path | None = None):
         self.path = Path(path)
         self._f = open(self.path, "a", buffering=1)
+        self._tb = None
+        if tensorboard is not None:
+            from recsync.tb_sink import TensorBoardSink
+            self._tb = TensorBoardSink(tensorboard)
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(_clean(record)) + "\n")
+        record = _clean(record)
+        self._f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            self._tb.write(record)
+
+    def final_eval(self, ev: dict | None, samples: int) -> None:
+        """The final evaluation (summary.json's ``eval``): TensorBoard's ``final/...``."""
+        if self._tb is not None and ev:
+            self._tb.write_eval("final", _clean(ev), samples)
 
     def close(self) -> None:
         self._f.close()
+        if self._tb is not None:
+            self._tb.close()
 
 
 def write_json(path: Path, obj: dict) -> None:

@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import ray
 
-
 from recsync.distributed.actions import carry_out
 from recsync.distributed.evals import PeriodicEval
 from recsync.distributed.faults import FaultInjector

@@ -14,9 +14,10 @@ TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
 
 def test_async_run_evaluates_while_training(ray_cluster, data, tmp_path):
-    # 4,096 rows, 2 workers of batch 64; an emulated 40 ms per PS call keeps training going
-    # for several polls of the watch loop, so that several evaluations fit in
+    # 2 x 4,096 rows, 2 workers of batch 64; an emulated 40 ms per PS call keeps training going
+    # for several polls of the watch loop (0.5 s), so that several evaluations fit in
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+                 "train.epochs=2",
                  "train.eval_every_samples=512", "train.eval_sample_rows=256",
                  "network.latency_ms=40",
                  f"output.tensorboard={str(TENSORBOARD).lower()}")

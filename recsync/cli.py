@@ -102,10 +102,13 @@ def _print_summary(summary: dict | None, out: Path) -> None:
     click.echo(f"{summary['status']}: {summary['samples']:,} samples in {summary['steps']:,} "
                f"steps, {_num(summary['samples_per_s'], ',.0f')} samples/s (measured from the "
                f"first step" + (f"; start-up {startup:.1f} s)" if startup is not None else ")"))
-    if ev.get("auc") is not None:
-        line = (f"eval AUC {ev['auc']:.4f}, logloss {_num(ev['logloss'], '.4f')} on "
-                f"{ev['rows']:,} rows")
-        if ev.get("bayes_auc") is not None:
+    if ev.get("rows"):
+        line = (f"eval AUC {_num(ev['auc'], '.4f')}, logloss {_num(ev['logloss'], '.4f')}, NE "
+                f"{_num(ev.get('ne'), '.4f')}, calibration {_num(ev.get('calibration'), '.3f')} "
+                f"on {ev['rows']:,} rows")
+        if ev.get("note"):
+            line += f" ({ev['note']})"
+        if ev.get("bayes_auc") is not None and ev.get("auc") is not None:
             line += (f"  (Bayes-optimal: AUC {ev['bayes_auc']:.4f}, logloss "
                      f"{ev['bayes_logloss']:.4f}; gap {ev['bayes_auc'] - ev['auc']:.4f})")
         click.echo(line)

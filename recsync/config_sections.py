@@ -91,7 +91,9 @@ class TrainConfig(Section):
     threads: int = Field(1, ge=1)
     """torch intra-op threads per training process"""
     eval_every_samples: int = Field(0, ge=0)
-    """evaluate on eval_sample_rows every this many training samples (0: 8 times per run)"""
+    """evaluate (AUC, log loss, NE, calibration) on eval_sample_rows every this many training
+    samples (0: 8 times per run); local training waits for each, distributed workers never do
+    (a thread of the driver evaluates a copy of the dense parameters as training goes on)"""
     eval_sample_rows: int = Field(50_000, ge=1)
     """rows of the eval split used by the evaluations during training"""
     eval_batch_size: int = Field(65_536, ge=1)
@@ -108,6 +110,10 @@ class OutputConfig(Section):
     """write predictions.parquet beside summary.json: the final evaluation's scores (column
     `score`, float32, the ones its AUC was computed from) in eval-split order, with `label`
     (and `weight` where the data has weights); also after Ctrl-C in a local run"""
+    tensorboard: bool = False
+    """also write metrics.jsonl's records as TensorBoard event files in OUT/tb/ (loss, AUC,
+    log loss, NE, calibration, samples/s, staleness, mode, checkpoints and recoveries): needs
+    the optional extra, `pip install 'recsync[tensorboard]'`"""
 
 
 class ClusterConfig(Section):

@@ -1,5 +1,6 @@
-"""AUC and log loss of a trained model on the eval split: the local run's model, or a
-distributed run's dense parameters with its rows served by the PS."""
+"""AUC, log loss, NE and calibration (recsync/metrics.py) of a trained model on the eval
+split: the local run's model, or a distributed run's dense parameters with its rows served by
+the PS."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from recsync.model.loss import logits
 @torch.no_grad()
 def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size: int,
              keep_scores: bool = False) -> dict:
-    """AUC and log loss on the first ``rows`` rows of the eval split (all of it if larger).
-    ``lookup`` serves the rows (``pull(batch) -> PulledBatch``): LocalLookup or PSClient.
+    """AUC, log loss, NE and calibration (weighted where the data has weights) on the first
+    ``rows`` rows of the eval split (all of it if larger). ``lookup`` serves the rows
+    (``pull(batch) -> PulledBatch``): LocalLookup or PSClient.
     ``keep_scores``: the result also holds the arrays the metrics were computed from, in
     eval-split order: "scores" (float32 probabilities), "labels" and, where the data has
     weights, "weights" (for OUT/predictions.parquet)."""
@@ -34,13 +36,13 @@ def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size:
         seen += chunk.rows
     dense.train()
     if not labels:
-        result = {"auc": float("nan"), "logloss": float("nan"), "rows": 0}
+        result = auc_logloss(np.empty(0), np.empty(0))
         scores, label, weight = (np.zeros(0, np.float32), np.zeros(0, np.float32),
                                  np.zeros(0, np.float32) if ds.layout.weight else None)
     else:
         scores, label = np.concatenate(probs), np.concatenate(labels)
         weight = np.concatenate(weights) if weights else None
-        result = auc_logloss(label, scores)
+        result = auc_logloss(label, scores, weight)
     if keep_scores:
         result.update(scores=scores.astype(np.float32, copy=False), labels=label)
         if weight is not None:

@@ -111,7 +111,7 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
     total = t.epochs * ds.rows("train")
     if t.max_steps:
         total = min(total, t.max_steps * t.batch_size)
-    eval_every = t.eval_every_samples or max(1, math.ceil(total / 8))
+    eval_every = record.eval_every = eval_interval(t, total)
     next_eval = eval_every
     shuffle_seed = t.seed if cfg.data.shuffle else None
     timer = StepTimer()
@@ -144,6 +144,12 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
         bar.close()
 
 
+def eval_interval(t: TrainConfig, total_samples: int) -> int:
+    """Training samples between evaluations: ``train.eval_every_samples``, or 0: eight per
+    run of ``total_samples``."""
+    return t.eval_every_samples or max(1, math.ceil(total_samples / 8))
+
+
 def _interval_record(cfg: RunConfig, record: RunRecord, timer: StepTimer) -> dict:
     interval_s = time.perf_counter() - timer.start
     return {"time_s": record.time_s(), "samples": record.samples, "step": record.steps,
@@ -157,7 +163,9 @@ def _timed_eval(cfg: RunConfig, ds: Dataset, model: LocalModel, record: RunRecor
     start = time.perf_counter()
     result = evaluate(model.dense, model.lookup, ds, cfg.train.eval_sample_rows,
                       cfg.train.eval_batch_size)
-    record.eval_s += time.perf_counter() - start
-    result.update(samples=record.samples, time_s=record.time_s())
+    took = time.perf_counter() - start
+    record.eval_s += took  # training waited for all of it
+    record.eval_total_s += took
+    result.update(samples=record.samples, time_s=record.time_s(), eval_s=took)
     record.evals.append(result)
     return result

@@ -1,4 +1,5 @@
-"""Quality metrics (AUC, log loss) and the run's output files: metrics.jsonl and summary.json."""
+"""Quality metrics (AUC, log loss, NE, calibration) and the run's output files: metrics.jsonl
+(with an optional TensorBoard sink beside it) and summary.json."""
 
 from __future__ import annotations
 
@@ -10,15 +11,44 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
 
+EPS = 1e-7  # probabilities are clipped to [EPS, 1 - EPS] for the log loss
 
-def auc_logloss(labels: np.ndarray, probs: np.ndarray) -> dict:
-    """AUC and mean log loss of predicted click probabilities; AUC is NaN with one class only."""
+
+def binary_entropy(p: float) -> float:
+    """Entropy (nats) of a coin that lands 1 with probability ``p``; 0 at p = 0 or 1."""
+    if p <= 0.0 or p >= 1.0:
+        return 0.0
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
+def auc_logloss(labels: np.ndarray, probs: np.ndarray, weights: np.ndarray | None = None) -> dict:
+    """AUC, mean log loss, NE and calibration of predicted click probabilities.
+
+    NE (normalized entropy) = log loss / entropy of the eval CTR: the log loss over that of
+    always predicting the CTR (below 1: better than the constant). Calibration = mean
+    prediction / CTR (1: as many clicks predicted as happened). With ``weights`` (the data
+    set's weight column) every mean, the CTR and the AUC are weighted, as the training loss is.
+    Where the labels are all one class, AUC and NE are NaN (null in JSON) and ``note`` says why;
+    calibration is NaN only where the CTR is 0."""
     labels = np.asarray(labels, dtype=np.float64)
-    probs = np.clip(np.asarray(probs, dtype=np.float64), 1e-7, 1 - 1e-7)
-    both = 0 < labels.sum() < len(labels)
-    return {"auc": float(roc_auc_score(labels, probs)) if both else math.nan,
-            "logloss": float(log_loss(labels, probs, labels=[0, 1])),
-            "rows": int(len(labels))}
+    raw = np.asarray(probs, dtype=np.float64)
+    probs = np.clip(raw, EPS, 1 - EPS)
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    if len(labels) == 0 or (w is not None and not w.sum() > 0):
+        return {"auc": math.nan, "logloss": math.nan, "ne": math.nan, "calibration": math.nan,
+                "ctr": math.nan, "rows": int(len(labels)), "note": "no eval rows (or weights)"}
+    ctr = float(np.average(labels, weights=w))
+    both = 0.0 < ctr < 1.0  # both classes (with weight)
+    logloss = float(log_loss(labels, probs, labels=[0, 1], sample_weight=w))
+    out = {"auc": float(roc_auc_score(labels, probs, sample_weight=w)) if both else math.nan,
+           "logloss": logloss,
+           "ne": logloss / binary_entropy(ctr) if both else math.nan,
+           "calibration": float(np.average(raw, weights=w)) / ctr if ctr > 0 else math.nan,
+           "ctr": ctr, "rows": int(len(labels))}
+    if not both:
+        out["note"] = (f"the eval labels are all {ctr:g} (one class): AUC and NE are undefined"
+                       + ("" if ctr > 0 else ", and so is calibration (CTR 0)"))
+    return out
 
 
 def _clean(value):
@@ -33,17 +63,33 @@ def _clean(value):
 
 
 class MetricsLog:
-    """Appends one JSON object per line to ``metrics.jsonl``, flushed at once (crash-safe)."""
+    """Appends one JSON object per line to ``metrics.jsonl``, flushed at once (crash-safe);
+    with ``tensorboard`` (a directory), also TensorBoard event files of the same records
+    (recsync/tb_sink.py)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tensorboard: Path | None = None):
         self.path = Path(path)
         self._f = open(self.path, "a", buffering=1)
+        self._tb = None
+        if tensorboard is not None:
+            from recsync.tb_sink import TensorBoardSink
+            self._tb = TensorBoardSink(tensorboard)
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(_clean(record)) + "\n")
+        record = _clean(record)
+        self._f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            self._tb.write(record)
+
+    def final_eval(self, ev: dict | None, samples: int) -> None:
+        """The final evaluation (summary.json's ``eval``): TensorBoard's ``final/...``."""
+        if self._tb is not None and ev:
+            self._tb.write_eval("final", _clean(ev), samples)
 
     def close(self) -> None:
         self._f.close()
+        if self._tb is not None:
+            self._tb.close()
 
 
 def write_json(path: Path, obj: dict) -> None:

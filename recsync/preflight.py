@@ -2,7 +2,7 @@
 written, instead of minutes in with a traceback: the data set opens (and is a valid one), its
 tables fit in memory, the output and checkpoint directories exist or can be made and are
 writable, and their file systems have room for what the run writes (an estimate, shown beside
-the free space)."""
+the free space); optional packages the config asks for (tensorboard) are installed."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ class WriteEstimate:
 def preflight(cfg: RunConfig, out: Path) -> Dataset:
     """Open the data set and check every path the run writes to; ValueError (one line,
     naming the path) if the run cannot start. Prints the free space against the estimate."""
+    if cfg.output.tensorboard:
+        from recsync.tb_sink import require_tensorboard
+        require_tensorboard()
     ds = open_data(cfg)
     for split in ("train", "eval"):
         ds.parts(split)  # every part file's header against meta.json, here and not in an actor

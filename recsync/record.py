@@ -16,8 +16,12 @@ class RunRecord:
     train_end: float | None = None
     steps: int = 0
     samples: int = 0
-    eval_s: float = 0.0  # evaluations while training (excluded from train_s)
+    eval_s: float = 0.0  # training paused for evaluations (local: all of each one;
+    # distributed: never): excluded from train_s
+    eval_total_s: float = 0.0  # every evaluation during training, paused or not
+    eval_every: int = 0  # training samples between evaluations
     evals: list[dict] = field(default_factory=list)
+    evals_skipped: int = 0  # distributed: evaluations that met a shard or worker going down
     events: list[dict] = field(default_factory=list)  # {time_s, event, ...}, in order
     logged_events: int = 0  # how many of them metrics.jsonl holds
     modes: list[dict] = field(default_factory=list)  # {mode, from_s, to_s, cause}, in order

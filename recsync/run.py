@@ -3,7 +3,8 @@ output contract.
 
 Outputs (docs/design.md §9): ``config.toml`` (resolved config), ``metrics.jsonl`` (one record
 per logging interval), ``summary.json`` (at the end, also after Ctrl-C or a failure),
-``training.png`` and, with ``output.save_predictions``, ``predictions.parquet``.
+``training.png``, with ``output.save_predictions``, ``predictions.parquet`` and, with
+``output.tensorboard``, TensorBoard event files in ``tb/``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from recsync.record import RunRecord
 from recsync.stopping import catch_signals, ending, keep_signals_from_ray, remove_temp_files
 from recsync.summary import build_summary
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS)
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS, "tb")
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
@@ -77,7 +78,8 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     with catch_signals() as signals:
         log = None
         try:
-            log = MetricsLog(out / "metrics.jsonl")
+            log = MetricsLog(out / "metrics.jsonl",
+                             out / "tb" if cfg.output.tensorboard else None)
             try:
                 if cfg.mode == "local":
                     result = run_local(cfg, ds, log, started)
@@ -92,6 +94,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                                                      started=started)
                         finally:  # however it ended: Ray's shutdown is not interrupted
                             signals.stopping()
+                log.final_eval(result.get("eval"), result["record"].samples)
             finally:
                 signals.stopping()
                 if log is not None:

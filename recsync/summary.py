@@ -11,7 +11,8 @@ from recsync.stats import distribution, merged_counts
 def build_summary(cfg, ds, record, result: dict, status: str, error: str | None) -> dict:
     train_s = record.train_s()
     synthetic = ds.synthetic or {}
-    final = result.get("eval") or {"auc": None, "logloss": None, "rows": 0}
+    final = result.get("eval") or {"auc": None, "logloss": None, "ne": None, "calibration": None,
+                                   "rows": 0}
     wall_s = record.elapsed()
     distributed = cfg.mode != "local"
     shards = result.get("shards", [])
@@ -35,6 +36,10 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
                  "bayes_logloss": synthetic.get("bayes_logloss")},
         "evals": record.evals,
         "predictions": result.get("predictions"),  # {"path", "rows"}: output.save_predictions
+        "periodic_eval": {"every_samples": record.eval_every or None,
+                          "rows": cfg.train.eval_sample_rows, "count": len(record.evals),
+                          "skipped": record.evals_skipped, "eval_s": record.eval_total_s,
+                          "paused_s": record.eval_s},
         "staleness": staleness(shards),
         **mode_sections(cfg, [m["mode"] for m in modes], result.get("mode_stats"), shards,
                         record.waits),

@@ -12,7 +12,8 @@ trains the same samples; a 2-worker arm takes half as many steps per worker as `
 default DLRM (MLPs [512, 256, 64] and [512, 256]), the default optimizers and learning rates,
 batch 4096 per worker, seed 0, one intra-op thread per training process, chunks of 4 batches
 (at the end of a run one worker trains alone for little time), no evaluation during training
-(in mode local it would stop training; the distributed modes evaluate only at the end).
+(in mode local it would stop training; in the distributed modes it would share the driver's
+CPU with the workers).
 Nothing is emulated: no network latency, no straggler, no failure.
 
 The arms alternate over ``ROUNDS`` rounds. samples/s counts the steps after a warm-up of a few

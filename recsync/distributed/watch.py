@@ -1,21 +1,25 @@
 """The one watch loop of a distributed run: every half second it looks at the shards and the
 workers, asks the policy what a failure means and carries that out, writes a metrics record,
-and takes checkpoint rounds, switches and injected failures when they are due."""
+and takes checkpoint rounds, switches, injected failures and evaluations (on a thread of their
+own: distributed/evals.py) when they are due."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
 
+import ray
 
 from recsync.distributed.actions import carry_out
+from recsync.distributed.evals import PeriodicEval
 from recsync.distributed.faults import FaultInjector
-from recsync.distributed.handle import SHARD_RESTART_WAIT_S
+from recsync.distributed.handle import ACTOR_GONE, SHARD_RESTART_WAIT_S
 from recsync.distributed.policy import Decision, Kind, decide
 from recsync.distributed.status import DEAD, ShardStatus, WorkerStatus
 from recsync.distributed.switching import Switcher, log_switch, switch
 from recsync.metrics import MetricsLog
 from recsync.progress import progress
+from recsync.stats import distribution, merged_counts
 
 POLL_S = 0.5
 WAIT_KEYS = ("pull_wait_s", "push_wait_s")
@@ -30,6 +34,7 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
         total = min(total, t.max_steps * t.batch_size * cfg.cluster.workers)
     bar = progress(total, "sample", f"train ({run.mode})", cfg.output.progress, smoothing=0.1)
     faults, switcher = FaultInjector(cfg), Switcher(cfg)
+    evals, staleness = PeriodicEval(run, total), StalenessWindow(run)
     recovering = cfg.recovery.kind != "none"
     last = time.perf_counter()
     try:
@@ -47,7 +52,12 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
                 settle(run, statuses, shards, elapsed)
                 continue
             now = time.perf_counter()
+            done = all(s.state == "done" for s in statuses)
+            if done:  # training ended: waiting for the evaluation going on is not training
+                record.stop()
+            finished = evals.collect(wait=done)  # before the line: its events go with it
             line = metrics_line(run, statuses, now - last)
+            line["eval"], line["staleness"] = finished, staleness.since_last()
             bar.update(max(0, line["samples"] - record.samples))
             record.samples, record.steps = line["samples"], line["step"]
             run.recent.append((time.time(), line["samples"]))
@@ -55,8 +65,9 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
             log.write(line)
             if line["loss"] is not None:
                 bar.set_postfix(loss=f"{line['loss']:.4f}")
-            if all(s.state == "done" for s in statuses):
+            if done:
                 return statuses
+            evals.start_if_due(line["samples"], line["time_s"])
             run.rounds.if_due(elapsed, any(s.samples for s in statuses))
             due = switcher.due(run.mode, statuses, elapsed, line["step"])
             if due and switch(run, due[0]):
@@ -64,6 +75,7 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
                 bar.set_description(f"train ({run.mode})")
                 switcher.switched()
     finally:
+        evals.close()
         bar.close()
 
 
@@ -78,6 +90,31 @@ def settle(run, workers: list[WorkerStatus], shards: list[ShardStatus],
         if d.kind is not Kind.RELOAD_SHARD:
             return d
         shards = [replace(s, restarted=False) if s.index in d.shards else s for s in shards]
+
+
+class StalenessWindow:
+    """The staleness of the gradients the shards applied since the previous metrics line
+    ({mean, p99, max}, None if none); None too where a shard does not answer at once (the
+    watch loop never waits for it)."""
+
+    def __init__(self, run):
+        self.run = run
+        self.before: dict[int, int] = {}
+
+    def since_last(self) -> dict | None:
+        refs = [s.staleness.remote() for s in self.run.shards]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+        if len(ready) < len(refs):
+            return None
+        try:
+            now = merged_counts(ray.get(refs))
+        except ACTOR_GONE:
+            return None
+        # a shard restored from a checkpoint counts less than before: never below 0
+        new = {k: n - self.before.get(k, 0) for k, n in now.items()
+               if n > self.before.get(k, 0)}
+        self.before = now
+        return distribution(new) if new else None
 
 
 def metrics_line(run, statuses: list[WorkerStatus], interval_s: float) -> dict:

@@ -171,6 +171,10 @@ class PSShard:
     async def stats(self) -> dict:
         return self.core.stats()
 
+    async def staleness(self) -> dict[int, int]:
+        """{staleness: gradients} applied so far (cheap: the watch loop asks every poll)."""
+        return dict(self.core.staleness)
+
     def die(self) -> None:
         """Fault injection: the process exits at once, as a crashed machine would."""
         os._exit(1)

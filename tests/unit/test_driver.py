@@ -79,10 +79,14 @@ def test_metrics_records(run2):
     evals = [r["eval"] for r in records if r["eval"]]
     assert len(evals) == 8  # eval_every_samples = 0: eight evaluations over the run
     for e in evals:
-        assert {"auc", "logloss", "rows", "samples", "time_s"} <= set(e)
+        assert {"auc", "logloss", "ne", "calibration", "rows", "samples", "time_s",
+                "eval_s"} <= set(e)
         assert e["rows"] == EVAL_ROWS  # eval_sample_rows (50,000) capped at the split
     assert evals[-1]["samples"] == summary["samples"]
     assert summary["evals"] == evals
+    periodic = summary["periodic_eval"]  # local training waits for each evaluation
+    assert periodic["count"] == 8 and periodic["paused_s"] == periodic["eval_s"] > 0
+    assert periodic["eval_s"] == pytest.approx(sum(e["eval_s"] for e in evals))
 
 
 def test_summary_has_every_key(run2, data):
@@ -106,9 +110,10 @@ def test_summary_has_every_key(run2, data):
     assert summary["samples_per_s"] > 0
     assert summary["samples_per_s"] >= summary["samples"] / summary["wall_s"]  # evals excluded
     ev = summary["eval"]
-    assert set(ev) >= {"auc", "logloss", "rows", "bayes_auc", "bayes_logloss"}
+    assert set(ev) >= {"auc", "logloss", "ne", "calibration", "rows", "bayes_auc",
+                       "bayes_logloss"}
     assert ev["rows"] == EVAL_ROWS
-    assert 0 < ev["auc"] < 1 and ev["logloss"] > 0
+    assert 0 < ev["auc"] < 1 and ev["logloss"] > 0 and ev["ne"] > 0 and ev["calibration"] > 0
     meta = json.loads((data / "meta.json").read_text())
     assert ev["bayes_auc"] == meta["synthetic"]["bayes_auc"]
     assert ev["bayes_logloss"] == meta["synthetic"]["bayes_logloss"]

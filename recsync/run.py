@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -70,6 +71,11 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     if not resume:
         prepare_run_dir(out, overwrite)
         (out / "config.toml").write_text(cfg.to_toml())
+    elif checkpoint.changes:  # e.g. other cluster.ps_shards: config.toml is the run's config
+        print(f"resuming with {'; '.join(checkpoint.changes)}", flush=True)
+        tmp = out / f".config.toml.tmp-{os.getpid()}"
+        tmp.write_text(cfg.to_toml())
+        os.replace(tmp, out / "config.toml")
     torch.set_num_threads(cfg.train.threads)
     status, cause, raised, result, record = "completed", None, None, {}, None
     with catch_signals() as signals:
@@ -135,8 +141,10 @@ def checkpoint_root(cfg: RunConfig, out: Path) -> Path:
 
 def resume_point(cfg: RunConfig, out: Path):
     """The job checkpoint to resume the run in ``out`` from; ValueError says why there is
-    none (or that the run completed)."""
+    none (or that the run completed, or ``cfg`` changes a key a resumed run must keep:
+    checkpoint/resume_config.py). Its ``changes`` lists the keys ``cfg`` changes."""
     from recsync.checkpoint import job
+    from recsync.checkpoint.resume_config import check_resume_config
     root = checkpoint_root(cfg, out)
     if cfg.mode == "local" or not (cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s):
         raise ValueError(f"{out}/config.toml: the run wrote no checkpoints to resume from "
@@ -149,4 +157,8 @@ def resume_point(cfg: RunConfig, out: Path):
         raise ValueError(f"{out}: the run completed (its final checkpoint is "
                          f"{ckpt.manifest_path}); nothing to resume")
     ckpt.skipped = skipped
+    ckpt.changes = []
+    if "config" in ckpt.meta:  # (job checkpoints from before resharding do not have it)
+        ckpt.changes = check_resume_config(ckpt.meta["config"], cfg.model_dump(mode="json"),
+                                           f"{out / 'config.toml'}")
     return ckpt

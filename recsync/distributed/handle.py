@@ -17,7 +17,7 @@ import ray
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from recsync.checkpoint import files, job
+from recsync.checkpoint import files, job, reshard
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset, chunk_order
 from recsync.distributed.checkpoints import CheckpointRounds
@@ -267,16 +267,30 @@ class DistributedRun:
             if w is not None:
                 ray.kill(w, no_restart=True)
         meta = ckpt.meta
-        loaded = ray.get([s.rollback.remote(seq) for s, seq in
-                          zip(self.shards, meta["shard_sequences"])], timeout=300)
-        ray.get(self.queue.restore.remote(meta["queue"]))
-        self.done_before = [dict(d) for d in meta["done"]]
+        sequences = meta["shard_sequences"]
+        resharded = len(sequences) != len(self.shards)
+        if resharded:  # resume onto another number of shards: each reads every old one's
+            sources = [(str(job.shard_dir(self.checkpoint_dir, k)), seq)
+                       for k, seq in enumerate(sequences)]
+            loaded = ray.get([s.reshard.remote(sources) for s in self.shards], timeout=900)
+        else:
+            loaded = ray.get([s.rollback.remote(seq) for s, seq in
+                              zip(self.shards, sequences)], timeout=300)
+        workers = len(self.workers)
+        queue = reshard.fold_queue(meta["queue"], workers)
+        ray.get(self.queue.restore.remote(queue))
+        self.done_before = reshard.fold_counts(meta["done"], workers)
         self.last = [{"samples": 0, "steps": 0} for _ in self.workers]
-        self.workers = [None] * len(self.workers)
-        self.start_workers(list(range(len(self.workers))), job.dense_state(ckpt),
-                           meta["step_index"])
+        self.workers = [None] * workers
+        dense = job.dense_state(ckpt)
+        if resharded:  # at once a job checkpoint of these shards: the newest is theirs
+            self.rounds.log(self.rounds.take(resumed={
+                "queue": queue, "done": self.done_before, "dense": dense}),
+                time.time() - self.start_unix, training=False)
+        self.start_workers(list(range(workers)), dense, meta["step_index"])
         return {"versions": [x["version"] for x in loaded],
-                "load_s": max(x["load_s"] for x in loaded)}
+                "load_s": max(x["load_s"] for x in loaded), "resharded": resharded,
+                "shards_before": len(sequences), "workers_before": len(meta["done"])}
 
     def kill(self, target: str, index: int) -> None:
         """Fault injection: the worker or PS shard ``index`` exits at once."""

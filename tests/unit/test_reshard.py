@@ -148,3 +148,22 @@ def test_a_resumed_run_may_change_where_it_runs_not_what_it_trains():
                                              "checkpointed run had") as e:
             check_resume_config(saved, changed.model_dump(mode="json"), "run/config.toml")
         assert "\n" not in str(e.value)
+
+
+def test_resume_point_names_what_changes_and_refuses_a_model_change(tmp_path):
+    from recsync.checkpoint import files, job
+    from recsync.run import resume_point
+    cfg = RunConfig(mode="gba", cluster={"ps_shards": 2}, recovery={"checkpoint_every_s": 1.0})
+    root = tmp_path / "checkpoints"
+    for shard in range(2):
+        files.write(job.shard_dir(root, shard), 1, {"x": np.zeros(1, np.float32)}, {})
+    files.write(job.job_dir(root), 1, {}, {"final": False, "shard_sequences": [1, 1],
+                                           "config": cfg.model_dump(mode="json")})
+    resumed = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
+        update={"ps_shards": 3})})
+    assert resume_point(resumed, tmp_path).changes == ["cluster.ps_shards: 2 -> 3"]
+    changed = cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"embedding_dim": 8})})
+    with pytest.raises(ValueError, match="config.toml: model.embedding_dim = 8 but the "
+                                         "checkpointed run had 16"):
+        resume_point(changed, tmp_path)

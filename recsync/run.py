@@ -25,6 +25,7 @@ from recsync.preflight import preflight
 from recsync.record import RunRecord
 from recsync.stopping import catch_signals, ending, keep_signals_from_ray, remove_temp_files
 from recsync.summary import build_summary
+from recsync.warm_start import load_warm_start
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
 
@@ -76,6 +77,9 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
         tmp = out / f".config.toml.tmp-{os.getpid()}"
         tmp.write_text(cfg.to_toml())
         os.replace(tmp, out / "config.toml")
+    # a warm start (train.init_from), checked before anything starts; a resumed run goes on
+    # from its checkpoint instead
+    warm = load_warm_start(cfg, ds) if cfg.train.init_from and not resume else None
     torch.set_num_threads(cfg.train.threads)
     status, cause, raised, result, record = "completed", None, None, {}, None
     with catch_signals() as signals:
@@ -84,7 +88,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
             log = MetricsLog(out / "metrics.jsonl")
             try:
                 if cfg.mode == "local":
-                    result = run_local(cfg, ds, log, started)
+                    result = run_local(cfg, ds, log, started, warm)
                 else:
                     from recsync.cluster import ray_session
                     from recsync.distributed.train import run_distributed
@@ -93,7 +97,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                         signals.install()  # again: ray.init installed handlers of its own
                         try:
                             result = run_distributed(cfg, ds, log, out, checkpoint,
-                                                     started=started)
+                                                     started=started, warm=warm)
                         finally:  # however it ended: Ray's shutdown is not interrupted
                             signals.stopping()
             finally:

@@ -149,7 +149,8 @@ class CheckpointRounds:
         if MODES[self.run.mode].dense_on_ps:
             return None  # no call to a worker that holds nothing
         if not started:
-            return {"params": self.run.initial_dense(), "optimizer": None}
+            return self.run.start_dense() or {"params": self.run.initial_dense(),
+                                              "optimizer": None}
         return self.run.dense_state(0)
 
     def log(self, ckpt: dict, elapsed_s: float, training: bool = True) -> None:

@@ -69,6 +69,9 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     started = time.perf_counter()
     checkpoint = resume_point(cfg, out) if resume else None
     ds = preflight(cfg, out)
+    # a warm start (train.init_from), checked before anything starts; a resumed run goes on
+    # from its checkpoint instead
+    warm = load_warm_start(cfg, ds) if cfg.train.init_from and not resume else None
     if not resume:
         prepare_run_dir(out, overwrite)
         (out / "config.toml").write_text(cfg.to_toml())
@@ -77,9 +80,6 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
         tmp = out / f".config.toml.tmp-{os.getpid()}"
         tmp.write_text(cfg.to_toml())
         os.replace(tmp, out / "config.toml")
-    # a warm start (train.init_from), checked before anything starts; a resumed run goes on
-    # from its checkpoint instead
-    warm = load_warm_start(cfg, ds) if cfg.train.init_from and not resume else None
     torch.set_num_threads(cfg.train.threads)
     status, cause, raised, result, record = "completed", None, None, {}, None
     with catch_signals() as signals:

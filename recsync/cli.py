@@ -42,7 +42,8 @@ def main():
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, exists=True),
               help="Go on with the crashed run in this directory (its --out) from its newest "
-                   "complete checkpoint, with its config.toml.")
+                   "complete checkpoint, with its config.toml; --set may change "
+                   "cluster.ps_shards and cluster.workers (the rows are resharded).")
 @click.option("--address", default=None, metavar="ADDR",
               help="Join this Ray cluster (as `ray start --head` printed it, or \"auto\") "
                    "instead of starting a local one; same as --set cluster.address=ADDR.")
@@ -51,9 +52,11 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
     from recsync.distributed.errors import RunFailed
     from recsync.run import run
     if resume_dir:
-        if config_path or overrides or overwrite or (out and Path(out) != Path(resume_dir)):
+        if config_path or overwrite or (out and Path(out) != Path(resume_dir)):
             raise click.UsageError("--resume DIR goes on with DIR's own config.toml and "
-                                   "outputs: leave out --config, --set, --out and --overwrite")
+                                   "outputs: leave out --config, --out and --overwrite (--set "
+                                   "may change cluster.ps_shards, cluster.workers and the "
+                                   "keys docs/recovery.md lists)")
         config_path, out = str(Path(resume_dir) / "config.toml"), resume_dir
     elif not out:
         raise click.UsageError("Missing option '--out' (or --resume DIR).")

@@ -97,6 +97,10 @@ class TrainConfig(Section):
     eval_sample_rows: int = Field(50_000, ge=1)
     """rows of the eval split used by the evaluations during training"""
     eval_batch_size: int = Field(65_536, ge=1)
+    init_from: str = ""
+    """a model directory (an earlier run's OUT/model) to start from: its dense parameters,
+    trained rows and, if it saved them, their optimizer state (daily incremental training:
+    yesterday's model, today's data; the model config must be the same, docs/recovery.md)"""
 
 
 class OutputConfig(Section):

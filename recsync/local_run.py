@@ -80,12 +80,17 @@ class StepTimer:
 CHUNK_BATCHES = 16  # default chunk: this many batches
 
 
-def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float) -> dict:
+def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
+              warm=None) -> dict:
     """Train as ``cfg`` says in this process; returns the final evaluation and the run's record
-    (``started``: when the run began). An exception (Ctrl-C, a failure) carries ``record`` and
-    ``model`` (the work done so far, to evaluate)."""
+    (``started``: when the run began; ``warm``: the model directory to start from,
+    warm_start.py). An exception (Ctrl-C, a failure) carries ``record`` and ``model`` (the
+    work done so far, to evaluate)."""
     record = RunRecord(start=started)
     model = build_local_model(cfg.model, cfg.train, ds)
+    if warm is not None:
+        from recsync.warm_start import apply_local
+        apply_local(model, warm, cfg)
     record.train_start = time.perf_counter()
     try:
         try:

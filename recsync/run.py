@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -27,6 +28,7 @@ from recsync.preflight import preflight
 from recsync.record import RunRecord
 from recsync.stopping import catch_signals, ending, keep_signals_from_ray, remove_temp_files
 from recsync.summary import build_summary
+from recsync.warm_start import load_warm_start
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS, "tb")
 
@@ -70,9 +72,17 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     started = time.perf_counter()
     checkpoint = resume_point(cfg, out) if resume else None
     ds = preflight(cfg, out)
+    # a warm start (train.init_from), checked before anything starts; a resumed run goes on
+    # from its checkpoint instead
+    warm = load_warm_start(cfg, ds) if cfg.train.init_from and not resume else None
     if not resume:
         prepare_run_dir(out, overwrite)
         (out / "config.toml").write_text(cfg.to_toml())
+    elif checkpoint.changes:  # e.g. other cluster.ps_shards: config.toml is the run's config
+        print(f"resuming with {'; '.join(checkpoint.changes)}", flush=True)
+        tmp = out / f".config.toml.tmp-{os.getpid()}"
+        tmp.write_text(cfg.to_toml())
+        os.replace(tmp, out / "config.toml")
     torch.set_num_threads(cfg.train.threads)
     status, cause, raised, result, record = "completed", None, None, {}, None
     with catch_signals() as signals:
@@ -82,7 +92,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                              out / "tb" if cfg.output.tensorboard else None)
             try:
                 if cfg.mode == "local":
-                    result = run_local(cfg, ds, log, started)
+                    result = run_local(cfg, ds, log, started, warm)
                 else:
                     from recsync.cluster import ray_session
                     from recsync.distributed.train import run_distributed
@@ -91,7 +101,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                         signals.install()  # again: ray.init installed handlers of its own
                         try:
                             result = run_distributed(cfg, ds, log, out, checkpoint,
-                                                     started=started)
+                                                     started=started, warm=warm)
                         finally:  # however it ended: Ray's shutdown is not interrupted
                             signals.stopping()
                 log.final_eval(result.get("eval"), result["record"].samples)
@@ -141,8 +151,10 @@ def checkpoint_root(cfg: RunConfig, out: Path) -> Path:
 
 def resume_point(cfg: RunConfig, out: Path):
     """The job checkpoint to resume the run in ``out`` from; ValueError says why there is
-    none (or that the run completed)."""
+    none (or that the run completed, or ``cfg`` changes a key a resumed run must keep:
+    checkpoint/resume_config.py). Its ``changes`` lists the keys ``cfg`` changes."""
     from recsync.checkpoint import job
+    from recsync.checkpoint.resume_config import check_resume_config
     root = checkpoint_root(cfg, out)
     if cfg.mode == "local" or not (cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s):
         raise ValueError(f"{out}/config.toml: the run wrote no checkpoints to resume from "
@@ -155,4 +167,8 @@ def resume_point(cfg: RunConfig, out: Path):
         raise ValueError(f"{out}: the run completed (its final checkpoint is "
                          f"{ckpt.manifest_path}); nothing to resume")
     ckpt.skipped = skipped
+    ckpt.changes = []
+    if "config" in ckpt.meta:  # (job checkpoints from before resharding do not have it)
+        ckpt.changes = check_resume_config(ckpt.meta["config"], cfg.model_dump(mode="json"),
+                                           f"{out / 'config.toml'}")
     return ckpt

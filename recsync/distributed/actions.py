@@ -165,7 +165,12 @@ def resume_from(run, ckpt: files.Checkpoint) -> None:
     loaded = run.rollback(ckpt)
     record.samples, record.steps = ckpt.meta["samples"], ckpt.meta["steps"]
     record.train_s_before = ckpt.meta["train_s"]
-    text = (f"resumed from job checkpoint {ckpt.sequence} of {run.checkpoint_dir}: "
+    moved = ""
+    if loaded["resharded"] or loaded["workers_before"] != len(run.workers):
+        moved = (f" (written by {loaded['shards_before']} shard(s) and "
+                 f"{loaded['workers_before']} worker(s); now {len(run.shards)} and "
+                 f"{len(run.workers)})")
+    text = (f"resumed from job checkpoint {ckpt.sequence} of {run.checkpoint_dir}{moved}: "
             f"{record.samples:,} samples done, shards at versions {loaded['versions']}"
             + (f"; skipped newer: {ckpt.skipped}" if ckpt.skipped else ""))
     record.event(time.time() - run.start_unix, text)

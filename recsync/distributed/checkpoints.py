@@ -56,7 +56,7 @@ class CheckpointRounds:
             self.choosing = False
         self.next_s = elapsed_s + self.every
 
-    def take(self, final: bool = False) -> dict | None:
+    def take(self, final: bool = False, resumed: dict | None = None) -> dict | None:
         """A checkpoint round: every shard's own checkpoint and, if every shard took one, a job
         checkpoint naming them. A mode that pauses for it pauses the workers after a step
         first (None if it cannot: a worker finished); other modes do not pause, and a chunk
@@ -66,7 +66,9 @@ class CheckpointRounds:
         Returns each shard's sequence number and version (None for a shard that is restarting
         with recovery on: it is skipped this time), the job checkpoint's sequence, and how
         long training was blocked: the pause, else the slowest shard's snapshot (calls to it
-        wait)."""
+        wait). ``resumed``: a rollback onto other shards, before the workers start: the job
+        checkpoint's data position, counts and dense state ({"queue", "done", "dense"}) with
+        the new shards' checkpoints."""
         run = self.run
         begin = time.perf_counter()
         started = run.workers[0] is not None
@@ -75,15 +77,19 @@ class CheckpointRounds:
             return None
         try:
             positions = {}
-            if paused:
+            if resumed is not None:
+                queue_state, counts = resumed["queue"], resumed["done"]
+            elif paused:
                 for p in ray.get([w.positions.remote() for w in run.workers]):
                     positions.update(p)
-            counts = ([{"samples": s.samples, "steps": s.steps} for s in run.poll()] if started
-                      else [{"samples": 0, "steps": 0} for _ in run.workers])
-            # the data position before the shards' state: what completes in between is
-            # trained again after a rollback, never skipped
-            queue_state = ray.get(run.queue.state.remote(positions))
-            if not paused:  # leased chunks start again: only completed ones are done
+            if resumed is None:
+                counts = ([{"samples": s.samples, "steps": s.steps} for s in run.poll()]
+                          if started else [{"samples": 0, "steps": 0} for _ in run.workers])
+                # the data position before the shards' state: what completes in between is
+                # trained again after a rollback, never skipped
+                queue_state = ray.get(run.queue.state.remote(positions))
+            if not paused and resumed is None:  # leased chunks start again: only completed
+                # ones are done
                 completed = queue_state["by_worker"]
                 batch = run.cfg.train.batch_size
                 counts = [{"samples": completed.get(str(r), {}).get("samples", 0),
@@ -104,7 +110,7 @@ class CheckpointRounds:
                     if run.cfg.recovery.kind == "none":
                         raise
                     done.append(None)
-            dense = self._dense_for_job(started)
+            dense = resumed["dense"] if resumed is not None else self._dense_for_job(started)
         finally:
             if paused:
                 run.resume_all()
@@ -127,7 +133,8 @@ class CheckpointRounds:
                 "samples": sum(c["samples"] for c in counts),
                 "steps": max(c["steps"] for c in counts),
                 "train_s": time.time() - run.start_unix,
-                "dense_param_groups": job.dense_meta(dense)})
+                "dense_param_groups": job.dense_meta(dense),
+                "config": run.cfg.model_dump(mode="json")})
         blocked = (time.perf_counter() - begin if paused
                    else max((d["blocked_s"] for d in taken), default=0.0))
         return {"sequences": sequences, "versions": [d and d["version"] for d in done],
@@ -142,7 +149,8 @@ class CheckpointRounds:
         if MODES[self.run.mode].dense_on_ps:
             return None  # no call to a worker that holds nothing
         if not started:
-            return {"params": self.run.initial_dense(), "optimizer": None}
+            return self.run.start_dense() or {"params": self.run.initial_dense(),
+                                              "optimizer": None}
         return self.run.dense_state(0)
 
     def log(self, ckpt: dict, elapsed_s: float, training: bool = True) -> None:

@@ -17,14 +17,16 @@ import ray
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from recsync.checkpoint import files, job
+from recsync.checkpoint import files, job, reshard
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset, chunk_order
 from recsync.distributed.checkpoints import CheckpointRounds
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import death_cause
 from recsync.distributed.policy import recovery_kind
+from recsync import warm_start
 from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
+from recsync.embedding.row_optim import make_row_optimizer
 from recsync.evaluate import evaluate
 from recsync.local_run import CHUNK_BATCHES, LocalModel
 from recsync.model.setup import model_for
@@ -47,15 +49,19 @@ class DistributedRun:
     """The actors of one run, what the driver knows of them, and the run's record."""
 
     def __init__(self, cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
-                 started: float | None = None):
+                 started: float | None = None, warm=None):
         """``checkpoint_root``: where the shards' checkpoints go if ``recovery`` asks for them
-        (``recovery.dir`` wins); ``started``: when the run began (perf_counter; default now)."""
+        (``recovery.dir`` wins); ``started``: when the run began (perf_counter; default now);
+        ``warm``: the model directory the run starts from (warm_start.py), if any."""
         self.cfg, self.ds = cfg, ds
         self.record = RunRecord() if started is None else RunRecord(start=started)
         c, t = cfg.cluster, cfg.train
         torch.manual_seed(t.seed)
         built = model_for(cfg.model, ds)
         self.dense_model, self.tables, self.plan = built.module, built.tables, built.plan
+        self.warm = warm
+        if warm is not None:  # shard 0 (and EASGD's center) start from its dense parameters
+            self.dense_model.load_state_dict(warm.dense_state)
         dense_init = self.initial_dense()
         net = cfg.network
         network = (net.latency_ms / 1e3, net.ms_per_mb / 1e3 / 2**20) if net.enabled else None
@@ -105,6 +111,30 @@ class DistributedRun:
 
     def initial_dense(self) -> np.ndarray:
         return parameters_to_vector(self.dense_model.parameters()).detach().numpy().copy()
+
+    def start_dense(self) -> dict | None:
+        """The dense state the first workers start from where they hold it: a warm start's
+        parameters and optimizer state (flat layout); None: the model's initial values."""
+        if self.warm is None or self.facts.dense_on_ps:
+            return None
+        return {"params": self.initial_dense(), "optimizer": warm_start.flat_optimizer_state(
+            self.warm, self.cfg, len(self.initial_dense()))}
+
+    def warm_start(self) -> None:
+        """train.init_from, before training starts: every shard takes its rows of the model
+        directory, shard 0 its dense optimizer state where it holds the dense parameters."""
+        if self.warm is None:
+            return
+        t = self.cfg.train
+        row_optimizer = make_row_optimizer(t.embedding_optimizer, t.embedding_lr)
+        n = len(self.shards)
+        ray.get([s.warm_start.remote(warm_start.rows_snapshot(self.warm, i, n, row_optimizer))
+                 for i, s in enumerate(self.shards)])
+        flat = warm_start.flat_optimizer_state(self.warm, self.cfg, len(self.initial_dense()))
+        if self.facts.dense_on_ps and flat is not None:
+            ray.get(self.shards[0].install_dense.remote(
+                self.initial_dense(), t.dense_optimizer, t.dense_lr, flat,
+                t.dense_weight_decay))
 
     # -- workers -------------------------------------------------------------------------
     def start_workers(self, ranks: list[int], dense_state: dict | None = None,
@@ -267,16 +297,30 @@ class DistributedRun:
             if w is not None:
                 ray.kill(w, no_restart=True)
         meta = ckpt.meta
-        loaded = ray.get([s.rollback.remote(seq) for s, seq in
-                          zip(self.shards, meta["shard_sequences"])], timeout=300)
-        ray.get(self.queue.restore.remote(meta["queue"]))
-        self.done_before = [dict(d) for d in meta["done"]]
+        sequences = meta["shard_sequences"]
+        resharded = len(sequences) != len(self.shards)
+        if resharded:  # resume onto another number of shards: each reads every old one's
+            sources = [(str(job.shard_dir(self.checkpoint_dir, k)), seq)
+                       for k, seq in enumerate(sequences)]
+            loaded = ray.get([s.reshard.remote(sources) for s in self.shards], timeout=900)
+        else:
+            loaded = ray.get([s.rollback.remote(seq) for s, seq in
+                              zip(self.shards, sequences)], timeout=300)
+        workers = len(self.workers)
+        queue = reshard.fold_queue(meta["queue"], workers)
+        ray.get(self.queue.restore.remote(queue))
+        self.done_before = reshard.fold_counts(meta["done"], workers)
         self.last = [{"samples": 0, "steps": 0} for _ in self.workers]
-        self.workers = [None] * len(self.workers)
-        self.start_workers(list(range(len(self.workers))), job.dense_state(ckpt),
-                           meta["step_index"])
+        self.workers = [None] * workers
+        dense = job.dense_state(ckpt)
+        if resharded:  # at once a job checkpoint of these shards: the newest is theirs
+            self.rounds.log(self.rounds.take(resumed={
+                "queue": queue, "done": self.done_before, "dense": dense}),
+                time.time() - self.start_unix, training=False)
+        self.start_workers(list(range(workers)), dense, meta["step_index"])
         return {"versions": [x["version"] for x in loaded],
-                "load_s": max(x["load_s"] for x in loaded)}
+                "load_s": max(x["load_s"] for x in loaded), "resharded": resharded,
+                "shards_before": len(sequences), "workers_before": len(meta["done"])}
 
     def kill(self, target: str, index: int) -> None:
         """Fault injection: the worker or PS shard ``index`` exits at once."""

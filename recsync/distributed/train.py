@@ -18,13 +18,14 @@ from recsync.metrics import MetricsLog
 
 def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path | None = None,
                     resume: files.Checkpoint | None = None, *,
-                    started: float | None = None) -> dict:
+                    started: float | None = None, warm=None) -> dict:
     """Train on Ray; returns what the summary needs beyond the local fields, with the run's
     record (on Ctrl-C or RunFailed the exception carries it). Checkpoints, if any, go to
     ``recovery.dir`` or ``out_dir``/checkpoints. ``resume``: a job checkpoint of an earlier
-    run of this config to go on from; ``started``: when the run began (perf_counter)."""
+    run of this config to go on from; ``started``: when the run began (perf_counter);
+    ``warm``: a model directory to start from (train.init_from, warm_start.py)."""
     run = DistributedRun(cfg, ds, None if out_dir is None else Path(out_dir) / "checkpoints",
-                         started)
+                         started, warm=None if resume else warm)
     record = run.record
     try:
         # provisional: the clock starts again when the first workers start training
@@ -37,9 +38,10 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
         if start.kind is Kind.ROLL_BACK:
             carry_out(run, start, [], 0.0, resume=resume)
         else:
+            run.warm_start()
             if run.checkpoint_dir is not None:  # round 0: a rollback or resume before the first
                 run.rounds.log(run.rounds.take(), 0.0, training=False)
-            run.start_workers(list(range(cfg.cluster.workers)))
+            run.start_workers(list(range(cfg.cluster.workers)), run.start_dense())
         statuses = watch(run, log)
         record.stop()
         return {**run.finish(), "statuses": [s.as_dict() for s in statuses], "record": record}

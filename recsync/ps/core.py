@@ -167,6 +167,7 @@ class ShardCore:
                 "samples_applied": self.samples_applied, "mode": self.mode,
                 "staleness": {str(k): n for k, n in self.staleness.items()},
                 "tables": len(self.store.tables),
+                "shard": self.store.shard, "num_shards": self.store.num_shards,
                 "dense_optimizer": None, "partial": self.priority.name if partial else None,
                 "rows": int(sum(len(a) for k, a in arrays.items() if k.endswith(".local")))}
         if self.dense is not None:
@@ -200,6 +201,12 @@ class ShardCore:
         if "rule" not in meta:
             raise ValueError("the snapshot was written by a recsync from before the modes' shard "
                              "rules (it holds no rule state); this version cannot restore it")
+        layout = (meta.get("shard", self.store.shard),
+                  meta.get("num_shards", self.store.num_shards))
+        if layout != (self.store.shard, self.store.num_shards):
+            raise ValueError(f"the snapshot is of shard {layout[0]} of {layout[1]}, this is shard "
+                             f"{self.store.shard} of {self.store.num_shards} (a job checkpoint "
+                             f"of other shards is resharded on --resume)")
         if meta["tables"] != len(self.store.tables):
             raise ValueError(f"the snapshot has {meta['tables']} tables, this shard "
                              f"{len(self.store.tables)}")

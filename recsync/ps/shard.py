@@ -14,7 +14,7 @@ import time
 import numpy as np
 import ray
 
-from recsync.checkpoint import files
+from recsync.checkpoint import files, reshard
 from recsync.checkpoint.writer import CheckpointWriter
 from recsync.stopping import ignore_interrupts
 from recsync.ps.core import ShardCore
@@ -73,6 +73,28 @@ class PSShard:
             self.writer.flush()
         self._restore_chain(files.chain(self.checkpoint_dir, sequence))
         return {"version": self.core.version, "load_s": time.perf_counter() - begin}
+
+    async def reshard(self, sources: list[tuple[str, int]]) -> dict:
+        """Resume onto other shards: become this shard's part of the checkpoints ``sources``
+        ((directory, sequence) of each old shard, in order) that a job checkpoint of a run
+        with ``len(sources)`` shards names, reading one old shard's chain at a time
+        (checkpoint/reshard.py). The next checkpoint is a full one."""
+        begin = time.perf_counter()
+        if self.writer is not None:
+            self.writer.flush()
+        store = self.core.store
+        arrays, meta = reshard.snapshot_for(reshard.load_resolved(sources), len(sources),
+                                            store.shard, store.num_shards,
+                                            self.core.rule.snapshot(), self.core.mode)
+        self.core.restore(arrays, meta)
+        self.base = None
+        return {"version": self.core.version, "load_s": time.perf_counter() - begin}
+
+    async def warm_start(self, arrays: dict[str, np.ndarray]) -> int:
+        """``train.init_from``: hold these rows (a snapshot's ``t{i}.local/weights/state``)
+        before training starts; returns how many."""
+        self.core.store.restore(arrays)
+        return self.core.store.num_initialized()
 
     async def incarnation(self) -> dict:
         """This process's pid, when it was ready, and, if Ray restarted it, the checkpoint it

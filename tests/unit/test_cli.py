@@ -160,7 +160,7 @@ def test_train_resume_refuses_other_options_and_a_run_without_checkpoints(synth,
                     "--set", "train.max_steps=1", "--set", "output.plot=false",
                     "--set", "output.progress=false")
     assert result.exit_code == 0, result.output
-    assert_user_error(invoke("train", "--resume", out, "--set", "train.seed=1"),
+    assert_user_error(invoke("train", "--resume", out, "--overwrite"),
                       "--resume DIR goes on with DIR's own config.toml")
     result = invoke("train", "--resume", out)  # a local run: nothing to resume from
     assert result.exit_code != 0 and "Traceback" not in result.output

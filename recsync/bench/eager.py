@@ -58,6 +58,7 @@ COMMON = [
     f"train.dense_lr={DENSE_LR}",
     "train.threads=1", f"data.chunk_rows={CHUNK_BATCHES * BATCH}", "output.progress=false",
     "output.plot=false", "output.log_every_steps=1",
+    "train.eval_every_samples=1000000000000",  # only the final evaluation: throughput arms
 ]
 ARMS = {
     "sequential": ['mode="eager"', "eager.overlap=false", 'eager.lr_modulation="none"'],

@@ -58,6 +58,7 @@ COMMON = [
     'mode="async"', f"cluster.workers={WORKERS}", f"cluster.ps_shards={SHARDS}",
     f"train.batch_size={BATCH}", "train.threads=1", f"data.chunk_rows={CHUNK_BATCHES * BATCH}",
     "output.progress=false", "output.plot=false", "output.log_every_steps=1",
+    "train.eval_every_samples=1000000000000",  # only the final evaluation: throughput arms
 ]
 ARMS = {
     "full": ['recovery.kind="full"'],

@@ -41,6 +41,7 @@ COMMON = [  # every arm adds its mode
     f"train.batch_size={BATCH}", "model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]",
     f"data.chunk_rows={CHUNK_BATCHES * BATCH}",
     "train.threads=1", "output.progress=false", "output.plot=false", "output.log_every_steps=1",
+    "train.eval_every_samples=1000000000000",  # only the final evaluation: throughput arms
 ]
 STRAGGLER = f"faults.stragglers=[{{ worker = 0, factor = {FACTOR} }}]"
 ARMS = {

@@ -104,6 +104,10 @@ class OutputConfig(Section):
     """show a progress bar on a terminal"""
     plot: bool = True
     """write training.png beside summary.json at the end"""
+    save_model: bool = True
+    """write the trained model to OUT/model/ at the end of a completed run (docs/serving.md)"""
+    save_optimizer_state: bool = False
+    """OUT/model/ also keeps the rows' and the dense optimizer's state (to train on from it)"""
 
 
 class ClusterConfig(Section):

@@ -25,7 +25,7 @@ from recsync.record import RunRecord
 from recsync.stopping import catch_signals, ending, keep_signals_from_ray, remove_temp_files
 from recsync.summary import build_summary
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png")
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", "model")
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
@@ -104,12 +104,28 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                 if getattr(e, "model", None) is not None:  # local: evaluate the work done
                     result = {"eval": final_eval(cfg, ds, e.model)}
         record = result.get("record") or record or RunRecord(start=started)
+        if status == "completed" and cfg.output.save_model:
+            result["model_dir"] = _save_model(cfg, ds, out, result, record)
         remove_temp_files(out, checkpoint_root(cfg, out) if cfg.mode != "local" else None)
         summary = build_summary(cfg, ds, record, result, status, cause)
         write_outputs(cfg, out, summary)
     if raised is not None:
         raise raised
     return summary
+
+
+def _save_model(cfg: RunConfig, ds, out: Path, result: dict, record: RunRecord) -> dict | None:
+    """OUT/model/ of a completed run (recsync/model_dir): the local run's model, or what a
+    distributed run's finish gathered from its shards."""
+    from recsync.model_dir.state import local_state, save_model
+    if cfg.mode == "local":
+        state = local_state(result["model"], cfg.output.save_optimizer_state)
+    else:
+        state = result.get("model_state")
+    if state is None:
+        return None
+    mode = record.modes[-1]["mode"] if record.modes else cfg.mode
+    return save_model(out, cfg, ds, state, record, result.get("eval"), mode)
 
 
 def write_outputs(cfg: RunConfig, out: Path, summary: dict) -> None:

@@ -77,7 +77,9 @@ def check_size(model: TrainedModel, max_bytes: int) -> int:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
 
 
 def example_inputs(model: TrainedModel, batch: int = 3) -> tuple[torch.Tensor, ...]:

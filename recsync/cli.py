@@ -314,8 +314,8 @@ def export_cmd(model_dir, fmt, out, max_bytes):
     from recsync.model_dir.export import export_model
     with _conversion(out):
         r = export_model(model_dir, out, fmt=fmt, max_bytes=max_bytes)
-    click.echo(f"wrote {out} ({r['bytes'] / 2**20:,.1f} MiB, tables {r['tables_bytes'] / 2**20:,.1f}"
-               f" MiB) in {r['seconds']:.1f} s")
+    click.echo(f"wrote {out} ({r['bytes'] / 2**20:,.1f} MiB, tables "
+               f"{r['tables_bytes'] / 2**20:,.1f} MiB) in {r['seconds']:.1f} s")
 
 
 @main.command(epilog="\b\nScenarios:\n" + "\n".join(

@@ -141,8 +141,11 @@ def _print_summary(summary: dict | None, out: Path) -> None:
         line = facts.console_line(section) if section else None
         if line:
             click.echo(line)
+    model = summary.get("model")
     click.echo(f"outputs: {out}/summary.json, metrics.jsonl, config.toml"
-               + (", training.png" if (out / 'training.png').exists() else ""))
+               + (", training.png" if (out / 'training.png').exists() else "")
+               + (f", model/ ({model['bytes'] / 2**20:,.1f} MiB, written in "
+                  f"{model['write_s']:.1f} s)" if model else ""))
 
 
 @contextlib.contextmanager

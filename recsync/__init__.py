@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["ConfigError", "RunConfig", "RunResult", "convert", "load_config", "override",
-           "save_config", "train"]
+__all__ = ["ConfigError", "RunConfig", "RunResult", "convert", "load_config", "load_model",
+           "override", "save_config", "train"]
 
 
 def __getattr__(name: str):

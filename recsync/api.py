@@ -1,10 +1,12 @@
-"""recsync from Python: configs (load, override, save), ``train`` and ``convert``.
+"""recsync from Python: configs (load, override, save), ``train``, ``convert`` and
+``load_model`` (a run's trained model, to score rows: docs/serving.md).
 
     import recsync
     cfg = recsync.load_config("run.toml", ["mode=\\"gba\\""])     # or recsync.load_config()
     cfg = recsync.override(cfg, **{"train.batch_size": 1024, "cluster.workers": 2})
     result = recsync.train(cfg, out="runs/first")
     result.summary["eval"]["auc"], result.out / "metrics.jsonl"
+    model = recsync.load_model(result.out / "model")              # a torch module
 
 The same calls the `recsync` command makes: the same checks, outputs and endings (a run stopped
 by Ctrl-C raises KeyboardInterrupt after writing its summary).
@@ -95,3 +97,12 @@ def convert(inputs, out: str | Path, *, schema: str | Path | None = None,
         inputs = [inputs]
     return run_convert([str(p) for p in inputs], loaded, out, strict=strict,
                        overwrite=overwrite, progress=progress)
+
+
+def load_model(path: str | Path):
+    """The trained model a run wrote (``OUT/model``) as a torch module
+    (recsync.model_dir.trained.TrainedModel): ``score(rows)`` on raw rows, ``score_batch`` on
+    a data set's batch, ``forward`` on preprocessed tensors. Nothing is unpickled; ValueError
+    (one line, naming the file) if the directory cannot be used."""
+    from recsync.model_dir.trained import load_model as load
+    return load(path)

@@ -147,8 +147,11 @@ def _print_summary(summary: dict | None, out: Path) -> None:
         line = facts.console_line(section) if section else None
         if line:
             click.echo(line)
+    model = summary.get("model")
     click.echo(f"outputs: {out}/summary.json, metrics.jsonl, config.toml"
-               + (", training.png" if (out / 'training.png').exists() else ""))
+               + (", training.png" if (out / 'training.png').exists() else "")
+               + (f", model/ ({model['bytes'] / 2**20:,.1f} MiB, written in "
+                  f"{model['write_s']:.1f} s)" if model else ""))
 
 
 @contextlib.contextmanager
@@ -280,6 +283,48 @@ def plot(runs, out):
         click.echo(f"wrote {plot_runs([Path(r) for r in runs], target)}")
     except USER_ERRORS as e:
         _fail(e)
+
+
+@main.command()
+@click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False),
+              help="A model directory (a run's OUT/model).")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Scores to write: .parquet or .csv (column score, in input order; label "
+                   "too where the input has labels).")
+@click.option("--split", type=click.Choice(["eval", "train"]), default="eval",
+              show_default=True, help="The split of a data set directory to score.")
+@click.option("--batch-size", type=int, default=8192, show_default=True)
+def predict(model_dir, inputs, out, split, batch_size):
+    """Score the rows of a converted data set directory (a split, in its order) with a trained
+    model."""
+    from recsync.model_dir.predict import predict as run_predict
+    with _conversion(out):
+        try:
+            r = run_predict(model_dir, list(inputs), out, split=split, batch_size=batch_size)
+        except NotImplementedError as e:
+            _fail(e)
+    click.echo(f"wrote {r['rows']:,} scores to {out} in {r['seconds']:.1f} s")
+
+
+@main.command("export")
+@click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False),
+              help="A model directory (a run's OUT/model).")
+@click.option("--format", "fmt", type=click.Choice(["torchscript", "torch-export"]),
+              default="torchscript", show_default=True,
+              help="torchscript: torch.jit.load(FILE); torch-export: torch.export.load(FILE) "
+                   "(name it .pt2).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="File to write.")
+@click.option("--max-bytes", type=int, default=2 * 2**30, show_default=True,
+              help="Refuse when the tables, materialised in full, would exceed this.")
+def export_cmd(model_dir, fmt, out, max_bytes):
+    """Write a trained model as one file that scores preprocessed rows with torch alone (no
+    recsync): every table materialised in full (docs/serving.md)."""
+    from recsync.model_dir.export import export_model
+    with _conversion(out):
+        r = export_model(model_dir, out, fmt=fmt, max_bytes=max_bytes)
+    click.echo(f"wrote {out} ({r['bytes'] / 2**20:,.1f} MiB, tables "
+               f"{r['tables_bytes'] / 2**20:,.1f} MiB) in {r['seconds']:.1f} s")
 
 
 @main.command(epilog="\b\nScenarios:\n" + "\n".join(

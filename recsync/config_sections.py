@@ -118,6 +118,10 @@ class OutputConfig(Section):
     """also write metrics.jsonl's records as TensorBoard event files in OUT/tb/ (loss, AUC,
     log loss, NE, calibration, samples/s, staleness, mode, checkpoints and recoveries): needs
     the optional extra, `pip install 'recsync[tensorboard]'`"""
+    save_model: bool = True
+    """write the trained model to OUT/model/ at the end of a completed run (docs/serving.md)"""
+    save_optimizer_state: bool = False
+    """OUT/model/ also keeps the rows' and the dense optimizer's state (to train on from it)"""
 
 
 class ClusterConfig(Section):

@@ -97,7 +97,7 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
             _train(cfg, ds, model, log, record)
         finally:
             record.stop()
-        return {"eval": final_eval(cfg, ds, model), "record": record}
+        return {"eval": final_eval(cfg, ds, model), "record": record, "model": model}
     except BaseException as e:  # Ctrl-C, a diverging loss, bad data: the summary needs them
         e.record, e.model = record, model
         raise

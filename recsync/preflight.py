@@ -101,6 +101,11 @@ def estimate_writes(cfg: RunConfig, ds: Dataset, out: Path) -> list[WriteEstimat
                                          f"{ckpt.what} and the run's outputs")
         else:
             estimates.append(ckpt)
+    if cfg.output.save_model:  # OUT/model: at most every row, with its id (model_dir/)
+        rows = sum(t.rows for t in model_for(cfg.model, ds).tables)
+        nbytes = model_bytes(cfg, ds) + 8 * rows
+        estimates[0] = WriteEstimate(out, estimates[0].nbytes + nbytes,
+                                     f"{estimates[0].what}; model/ up to {_size(nbytes)}")
     return estimates
 
 

@@ -30,7 +30,8 @@ from recsync.stopping import catch_signals, ending, keep_signals_from_ray, remov
 from recsync.summary import build_summary
 from recsync.warm_start import load_warm_start
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS, "tb")
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS, "tb",
+             "model")
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
@@ -119,6 +120,8 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                 if getattr(e, "model", None) is not None:  # local: evaluate the work done
                     result = {"eval": final_eval(cfg, ds, e.model)}
         record = result.get("record") or record or RunRecord(start=started)
+        if status == "completed" and cfg.output.save_model:
+            result["model_dir"] = _save_model(cfg, ds, out, result, record)
         remove_temp_files(out, checkpoint_root(cfg, out) if cfg.mode != "local" else None)
         result["predictions"] = save_predictions(out, result)  # the arrays leave the result
         summary = build_summary(cfg, ds, record, result, status, cause)
@@ -126,6 +129,20 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     if raised is not None:
         raise raised
     return summary
+
+
+def _save_model(cfg: RunConfig, ds, out: Path, result: dict, record: RunRecord) -> dict | None:
+    """OUT/model/ of a completed run (recsync/model_dir): the local run's model, or what a
+    distributed run's finish gathered from its shards."""
+    from recsync.model_dir.state import local_state, save_model
+    if cfg.mode == "local":
+        state = local_state(result["model"], cfg.output.save_optimizer_state)
+    else:
+        state = result.get("model_state")
+    if state is None:
+        return None
+    mode = record.modes[-1]["mode"] if record.modes else cfg.mode
+    return save_model(out, cfg, ds, state, record, result.get("eval"), mode)
 
 
 def write_outputs(cfg: RunConfig, out: Path, summary: dict) -> None:

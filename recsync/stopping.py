@@ -16,6 +16,7 @@ import contextlib
 import errno
 import math
 import os
+import shutil
 import signal
 import sys
 import traceback
@@ -181,9 +182,14 @@ def check_loss(loss: float | None, *, step: int, mode: str, who: str) -> None:
 
 def remove_temp_files(out: Path, checkpoints: Path | None) -> list[Path]:
     """Remove what unfinished atomic writes of this run left: ``NAME.json.tmp`` in ``out``,
-    and ``.NAME.tmp-PID`` under ``checkpoints`` whose writer (PID) is gone (a checkpoint
-    directory may be shared with a live run). Returns the files removed."""
+    a model directory being built there (``.model.tmp-PID``, model_dir/write.py) whose writer
+    is gone, and ``.NAME.tmp-PID`` under ``checkpoints`` whose writer (PID) is gone (a
+    checkpoint directory may be shared with a live run). Returns the files removed."""
     found = list(Path(out).glob("*.json.tmp")) if Path(out).is_dir() else []
+    if Path(out).is_dir():
+        for p in Path(out).glob(".model.tmp-*"):
+            if p.is_dir() and not _alive(p):
+                shutil.rmtree(p, ignore_errors=True)
     if checkpoints is not None and Path(checkpoints).is_dir():
         found += [p for p in Path(checkpoints).rglob(".*.tmp-*") if not _alive(p)]
     removed = []

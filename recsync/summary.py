@@ -55,6 +55,7 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
         "recovery": recovery_summary(cfg, record, result, train_s),
         "stragglers_emulated": bool(cfg.faults.stragglers),
         "data": str(cfg.data.path),
+        "model": result.get("model_dir"),  # {"path", "bytes", "write_s"} of OUT/model
     }
 
 

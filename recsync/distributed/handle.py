@@ -28,8 +28,11 @@ from recsync import warm_start
 from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.evaluate import evaluate
+from recsync.embedding.row_optim import make_row_optimizer
 from recsync.local_run import CHUNK_BATCHES, LocalModel
 from recsync.model.setup import model_for
+from recsync.model_dir.state import ModelState
+from recsync.model_dir.write import TrainedRows
 from recsync.modes import MODES
 from recsync.ps.build import make_core
 from recsync.ps.client import PSClient
@@ -350,11 +353,14 @@ class DistributedRun:
         written = ray.get([s.checkpoints_written.remote() for s in self.shards])
         mode_stats = ray.get([w.mode_stats.remote() for w in self.workers])
         final_dense = ray.get(self.shards[0].call.remote("model_dense"))
+        worker_state = None
         if final_dense is None:  # the workers hold it (all replicas alike now, or worker 0's)
-            final_dense = self.dense_state(0, timeout=None)["params"]
+            worker_state = self.dense_state(0, timeout=None)
+            final_dense = worker_state["params"]
         with torch.no_grad():
             vector_to_parameters(torch.tensor(final_dense),
                                  list(self.dense_model.parameters()))
+        model_state = self.model_state(worker_state) if self.cfg.output.save_model else None
         model = LocalModel(self.dense_model,
                            PSClient(self.shards, self.plan), None)
         final_eval = evaluate(model.dense, model.lookup, self.ds, self.ds.rows("eval"),
@@ -364,4 +370,23 @@ class DistributedRun:
                 "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
                 "final_checkpoint": final_checkpoint,
                 "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
+                "model_state": model_state,
                 "model": model}  # its lookup serves the trained rows while the session lasts
+
+    def model_state(self, worker_state: dict | None) -> ModelState:
+        """The trained model as the model directory keeps it: the dense parameters (already
+        in ``dense_model``), each table's rows gathered from every shard by global id, and
+        with ``output.save_optimizer_state`` the rows' and the dense optimizer's state (shard
+        0's where it holds the dense parameters, else worker 0's: ``worker_state``)."""
+        with_state = self.cfg.output.save_optimizer_state
+        parts = ray.get([s.trained_rows.remote(with_state) for s in self.shards])
+        trained = [TrainedRows.merged([p[t] for p in parts]) for t in range(len(self.tables))]
+        optimizer = None
+        if with_state:
+            optimizer = ray.get(self.shards[0].dense_optimizer_state.remote())
+            if optimizer is None and worker_state is not None:
+                optimizer = worker_state.get("optimizer")
+        row_optimizer = make_row_optimizer(self.cfg.train.embedding_optimizer,
+                                           self.cfg.train.embedding_lr)
+        return ModelState(self.tables, self.dense_model.state_dict(), trained, optimizer,
+                          row_optimizer.state_dim)

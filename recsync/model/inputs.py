@@ -103,7 +103,7 @@ class FeatureEmbeddings(tuple):
     def stacked(self) -> torch.Tensor | None:
         """[B, slots, dim] (a copy made on first use unless the slots came stacked), or None
         when the slots differ in dim."""
-        if self._stacked is None and len(self) and len({e.shape[1] for e in self}) == 1:
+        if self._stacked is None and len(self) and len({int(e.shape[1]) for e in self}) == 1:
             self._stacked = torch.stack(list(self), dim=1)
         return self._stacked
 
@@ -115,7 +115,7 @@ def stack(embeddings) -> torch.Tensor:
         return stacked
     if isinstance(embeddings, torch.Tensor):
         return embeddings
-    dims = {e.shape[1] for e in embeddings}
+    dims = {int(e.shape[1]) for e in embeddings}  # int: a traced shape is a tensor (export)
     if len(dims) > 1:
         raise ValueError(f"this model needs every embedding to have one dim, got {sorted(dims)}"
                          f" (set one dim for every table in the schema)")

@@ -236,6 +236,16 @@ class ShardCore:
         if self.priority is not None:
             self.priority.reset()
 
+    def trained_rows(self, with_state: bool = False) -> list:
+        """The rows this shard's training touched, per table, keyed by global id (model_dir
+        TrainedRows; ``with_state``: with their optimizer state). A copy."""
+        from recsync.model_dir.state import store_rows
+        return store_rows(self.store, with_state)
+
+    def dense_optimizer_state(self) -> dict | None:
+        """The dense optimizer's state_dict over the flat vector, if this shard holds it."""
+        return None if self.dense is None else self.dense.optimizer.state_dict()
+
     def stats(self) -> dict:
         return {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "rows_touched": self.store.num_initialized(),

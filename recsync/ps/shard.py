@@ -190,6 +190,13 @@ class PSShard:
         self.writer.flush()
         return list(self.writer.written)
 
+    async def trained_rows(self, with_state: bool = False) -> list:
+        """The trained model's rows held here, by global id (the run's model directory)."""
+        return self.core.trained_rows(with_state)
+
+    async def dense_optimizer_state(self) -> dict | None:
+        return self.core.dense_optimizer_state()
+
     async def stats(self) -> dict:
         return self.core.stats()
 

@@ -82,6 +82,7 @@ def test_train_prints_summary(synth, tmp_path):
     assert "eval AUC" in result.output and "on 200 rows" in result.output
     assert "Bayes-optimal" in result.output
     assert (out / "summary.json").is_file() and (out / "config.toml").is_file()
+    assert "config.toml, model/ (" in result.output and (out / "model" / "model.json").is_file()
 
 
 def test_train_with_config_file(synth, tmp_path):

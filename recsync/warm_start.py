@@ -7,85 +7,31 @@ The model must be the same (``model.*`` but dropout and embedding_init_scale, th
 and dims, the dense parameters' names and shapes); a table may have grown (ids keep their
 meaning). Anything else is refused in one line naming the key or table and both values.
 
-Files (the model directory's layout, docs/serving.md): model.json, dense.safetensors,
-table-NNN.safetensors (``ids`` ascending global ids, ``rows``, optionally ``state``),
-dense_optimizer.safetensors. Loaded with safetensors only: nothing is unpickled.
+The directory is read by recsync.model_dir.read (safetensors only: nothing is unpickled).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from recsync.model.optim import make_dense_optimizer
+from recsync.model_dir.read import ModelDirError, ModelFiles, read_model_dir
 
 # model keys that do not change the parameters' shapes or meaning
 MODEL_KEYS_MAY_DIFFER = ("dropout", "embedding_init_scale")
-
-
-@dataclass
-class ModelFiles:
-    """What a model directory holds (the fields of recsync.model_dir's ModelFiles):
-    ``tables``: per table (ids int64 [n], rows float32 [n, dim], state float32 [n, state_dim]
-    or None); ``dense_optimizer_state``: {"state": {0: flat tensors}, "param_groups"} or None."""
-
-    path: Path
-    meta: dict
-    dense_state: dict[str, torch.Tensor]
-    tables: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
-    dense_optimizer_state: dict | None
-
-
-def read_model_files(path: str | Path) -> ModelFiles:
-    """The model directory ``path``, read with safetensors; ValueError names the file.
-    (recsync.model_dir.read_model_dir reads the same files with every check of the format;
-    ``load_warm_start`` should use it.)"""
-    root = Path(path)
-    try:
-        meta = json.loads((root / "model.json").read_text())
-    except FileNotFoundError:
-        raise ValueError(f"train.init_from: {root / 'model.json'}: no such file (a model "
-                         f"directory is a run's OUT/model)") from None
-    except ValueError as e:
-        raise ValueError(f"train.init_from: {root / 'model.json'}: not valid JSON ({e})"
-                         ) from None
-    if not isinstance(meta, dict) or meta.get("format") != "recsync-model":
-        raise ValueError(f"train.init_from: {root / 'model.json'}: not a recsync model")
-    dense = _tensors(root / meta["dense"]["file"])
-    tables = []
-    for t in meta["tables"]:
-        arrays = _tensors(root / t["file"])
-        tables.append((arrays["ids"], arrays["rows"], arrays.get("state")))
-    optimizer = None
-    if meta.get("optimizer_state"):
-        opt = meta.get("dense_optimizer") or {}
-        state = _tensors(root / opt.get("file", "dense_optimizer.safetensors"))
-        state.update(opt.get("scalars") or {})
-        optimizer = {"state": {0: state} if state else {},
-                     "param_groups": opt.get("param_groups")}
-    return ModelFiles(root, meta, dense, tables, optimizer)
-
-
-def _tensors(file: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(file))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"train.init_from: {file}: cannot be read as safetensors "
-                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-                         ) from None
 
 
 def load_warm_start(cfg, ds) -> ModelFiles:
     """``cfg.train.init_from`` read and checked against the model ``cfg`` builds for ``ds``."""
     from recsync.embedding.row_optim import make_row_optimizer
     from recsync.model.setup import model_for
-    files = read_model_files(cfg.train.init_from)
+    try:
+        files = read_model_dir(cfg.train.init_from)
+    except ModelDirError as e:
+        raise ValueError(f"train.init_from: {e}") from None
     built = model_for(cfg.model, ds)
     t = cfg.train
     state_dim = make_row_optimizer(t.embedding_optimizer, t.embedding_lr).state_dim

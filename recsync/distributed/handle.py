@@ -28,7 +28,6 @@ from recsync import warm_start
 from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.evaluate import evaluate
-from recsync.embedding.row_optim import make_row_optimizer
 from recsync.local_run import CHUNK_BATCHES, LocalModel
 from recsync.model.setup import model_for
 from recsync.model_dir.state import ModelState

@@ -106,5 +106,5 @@ def test_a_model_that_does_not_fit_is_refused_in_one_line(data, saved, extra, me
 
 def test_a_missing_model_directory_is_refused(data, tmp_path):
     cfg = _cfg(data, f"train.init_from={json.dumps(str(tmp_path / 'none'))}")
-    with pytest.raises(ValueError, match="model.json: no such file"):
+    with pytest.raises(ValueError, match="none: no such model directory"):
         load_warm_start(cfg, Dataset(data))

@@ -295,15 +295,22 @@ def plot(runs, out):
 @click.option("--split", type=click.Choice(["eval", "train"]), default="eval",
               show_default=True, help="The split of a data set directory to score.")
 @click.option("--batch-size", type=int, default=8192, show_default=True)
-def predict(model_dir, inputs, out, split, batch_size):
-    """Score the rows of a converted data set directory (a split, in its order) with a trained
-    model."""
+@click.option("--strict", is_flag=True,
+              help="Raw files: stop at the first bad row (default: its score is null, and bad "
+                   "rows are counted and the first ones named, as in conversion).")
+def predict(model_dir, inputs, out, split, batch_size, strict):
+    """Score rows with a trained model: a converted data set directory (a split, in its order)
+    or raw CSV/TSV/Parquet files, preprocessed as the training data was (one score per row, in
+    input order)."""
     from recsync.model_dir.predict import predict as run_predict
     with _conversion(out):
-        try:
-            r = run_predict(model_dir, list(inputs), out, split=split, batch_size=batch_size)
-        except NotImplementedError as e:
-            _fail(e)
+        r = run_predict(model_dir, list(inputs), out, split=split, batch_size=batch_size,
+                        strict=strict)
+    if r["bad"]:
+        click.echo(f"{r['bad']:,} bad rows scored null; first:", err=True)
+        for e in r["examples"]:
+            click.echo(f"  {e.where}: " + (f"column {e.column}: " if e.column else "")
+                       + e.reason, err=True)
     click.echo(f"wrote {r['rows']:,} scores to {out} in {r['seconds']:.1f} s")
 
 

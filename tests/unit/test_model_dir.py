@@ -130,14 +130,14 @@ def test_predict_writes_csv_in_the_splits_order(trained, tmp_path):
     assert np.array_equal(table["label"].to_numpy(), batch.label.numpy())
 
 
-def test_predict_refuses_raw_files_for_now_and_odd_outputs(trained, tmp_path):
+def test_predict_refuses_raw_rows_of_synthetic_data_and_odd_outputs(trained, tmp_path):
     _, path, ds, _ = trained
     raw = tmp_path / "rows.csv"
     raw.write_text("a,b\n1,2\n")
     runner = CliRunner()
     result = runner.invoke(main, ["predict", "--model", str(path), str(raw), "--out",
                                   str(tmp_path / "p.parquet")])
-    assert result.exit_code == 2 and "not available in this recsync yet" in result.output
+    assert result.exit_code == 2 and "raw rows cannot be scored for synthetic" in result.output
     result = runner.invoke(main, ["predict", "--model", str(path), str(ds.root), "--out",
                                   str(tmp_path / "p.json")])
     assert result.exit_code == 2 and ".parquet or .csv" in result.output

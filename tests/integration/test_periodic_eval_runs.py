@@ -1,6 +1,6 @@
 """Distributed runs evaluate while they train: eval records in metrics.jsonl before the final
 evaluation, with AUC, NE and calibration, and summary.json says the workers never paused.
-Run: pytest -q tests/integration/test_periodic_eval.py"""
+Run: pytest -q tests/integration/test_periodic_eval_runs.py"""
 
 import importlib.util
 

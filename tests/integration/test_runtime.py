@@ -119,14 +119,14 @@ def test_a_dead_ps_shard_stops_the_run_with_a_clear_error(ray_cluster, data, tmp
 def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster, data, tmp_path,
                                                                       mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
-                 f"data.chunk_rows={2 * B}", "train.epochs=6",
-                 'faults.kills=[{target="worker", index=1, at_s=2.0}]')
+                 f"data.chunk_rows={2 * B}", "train.epochs=3",
+                 'faults.kills=[{target="worker", index=1, at_s=1.0}]')
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     assert [f["event"] for f in summary["failures"]] == ["killed worker 1"]
     queue = summary["queue"]
     chunks = len(Dataset(data).chunks("train", 2 * B))
-    assert queue["completed"] == 6 * chunks and queue["completed_more_than_once"] == 0
+    assert queue["completed"] == 3 * chunks and queue["completed_more_than_once"] == 0
     assert queue["pending"] == 0 and queue["leased"] == 0
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 

@@ -22,7 +22,6 @@ from torch.nn.utils import parameters_to_vector
 
 from recsync.checkpoint import files, job
 from recsync.data.reader import Batch, Dataset
-from recsync.data.synthetic import SynthSpec, generate
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.train import run_distributed
 from recsync.metrics import MetricsLog
@@ -354,10 +353,8 @@ def _final_parameters(out) -> dict[str, np.ndarray]:
     return params
 
 
-def test_resume_after_the_driver_is_killed_ends_with_the_uninterrupted_parameters(tmp_path):
-    data = tmp_path / "data"
-    generate(data, rows=4096, eval_rows=512, spec=SynthSpec(seed=3, max_table_rows=500),
-             processes=1, progress=False)
+def test_resume_after_the_driver_is_killed_ends_with_the_uninterrupted_parameters(data,
+                                                                                  tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text(RESUME_CONFIG.format(data=data))
     whole = _train_cli("--config", str(cfg), "--out", str(tmp_path / "whole"))

@@ -151,6 +151,8 @@ class DistributedRun:
             host, port = ray.get(self.workers[0].address.remote())
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
         if not self.clock_started:  # training starts now: start-up is not training time
+            # (nor the workers' construction, which modes without a group wait for only here)
+            ray.get([self.workers[r].status.remote() for r in ranks])
             self.clock_started = True
             self.start_unix = time.time() - self.record.train_s_before
             self.record.train_start = time.perf_counter()

@@ -12,24 +12,20 @@ import pytest
 from recsync.bench import chaos
 from recsync.config import load_config
 from recsync.data.reader import Dataset
-from recsync.data.synthetic import SynthSpec, generate
 from recsync.run import run
 
 pytestmark = pytest.mark.slow
 B = 64
 
 
-def test_a_run_under_kills_is_accounted_from_its_summary(ray_cluster, tmp_path):
-    data = tmp_path / "data"
-    generate(data, rows=4096, eval_rows=512, spec=SynthSpec(seed=3, max_table_rows=500),
-             processes=1, progress=False)
+def test_a_run_under_kills_is_accounted_from_its_summary(ray_cluster, data, tmp_path):
     kills = ('[{target="worker", index=1, at_s=1.0}, {target="worker", index=1, at_s=1.2}, '
              '{target="ps", index=1, at_s=1.4}, {target="ps", index=1, at_s=1.6}]')
     cfg = load_config(None, [
         f"data.path={json.dumps(str(data))}", "model.embedding_dim=4", "model.bottom_mlp=[8]",
         "model.top_mlp=[8]", f"train.batch_size={B}", "output.progress=false",
         "output.plot=false", 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
-        f"data.chunk_rows={4 * B}", "train.epochs=40", 'recovery.kind="partial"',
+        f"data.chunk_rows={4 * B}", "train.epochs=20", 'recovery.kind="partial"',
         "recovery.checkpoint_every_s=1.0", f"faults.kills={kills}"])
     summary = run(cfg, tmp_path / "run")
     assert summary["status"] == "completed"
@@ -43,7 +39,7 @@ def test_a_run_under_kills_is_accounted_from_its_summary(ray_cluster, tmp_path):
     assert len(summary["recovery"]["recoveries"]) == 2
     assert len(summary["recovery"]["worker_restarts"]) == 2
     assert a["chunks_not_exactly_once"] == 0
-    assert summary["queue"]["chunks"] == summary["queue"]["completed"] == 40 * len(
+    assert summary["queue"]["chunks"] == summary["queue"]["completed"] == 20 * len(
         Dataset(data).chunks("train", 4 * B))
     # two worker deaths gave back at most a lease each, of at most 4 batches
     assert summary["queue"]["released"] <= 2 and a["rows_requeued"] <= 2 * 4 * B

@@ -22,7 +22,6 @@ from torch.nn.utils import parameters_to_vector
 
 from recsync.checkpoint import files, job
 from recsync.data.reader import Batch, Dataset
-from recsync.data.synthetic import SynthSpec, generate
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.train import run_distributed
 from recsync.metrics import MetricsLog
@@ -119,14 +118,14 @@ def test_a_dead_ps_shard_stops_the_run_with_a_clear_error(ray_cluster, data, tmp
 def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster, data, tmp_path,
                                                                       mode):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
-                 f"data.chunk_rows={2 * B}", "train.epochs=6",
-                 'faults.kills=[{target="worker", index=1, at_s=2.0}]')
+                 f"data.chunk_rows={2 * B}", "train.epochs=3",
+                 'faults.kills=[{target="worker", index=1, at_s=1.0}]')
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     assert [f["event"] for f in summary["failures"]] == ["killed worker 1"]
     queue = summary["queue"]
     chunks = len(Dataset(data).chunks("train", 2 * B))
-    assert queue["completed"] == 6 * chunks and queue["completed_more_than_once"] == 0
+    assert queue["completed"] == 3 * chunks and queue["completed_more_than_once"] == 0
     assert queue["pending"] == 0 and queue["leased"] == 0
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 
@@ -201,7 +200,7 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
     from recsync.ps.build import make_core
     from recsync.model.setup import model_for
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
-                 "train.epochs=12", "recovery.checkpoint_every_s=1.0", "recovery.keep=2")
+                 "train.epochs=6", "recovery.checkpoint_every_s=1.0", "recovery.keep=2")
     summary = run(cfg, tmp_path)
     rec = summary["recovery"]
     assert summary["status"] == "completed" and rec["checkpoints"] >= 2
@@ -235,10 +234,10 @@ def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_o
     """(shadow: EASGD, whose center copy is on the shard killed)"""
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
                  'shadow.algorithm="easgd"',
-                 "train.epochs=30", 'recovery.kind="partial"',
+                 "train.epochs=10", 'recovery.kind="partial"',
                  "recovery.checkpoint_every_s=1.0",
-                 f'faults.kills=[{{target="ps", index={shard}, at_s=10.0}}]')  # (from before
-    # the workers start, ~6 s here)
+                 f'faults.kills=[{{target="ps", index={shard}, at_s=3.0}}]')  # (of training:
+    # after the checkpoint rounds at 0, 1 and 2 s)
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     rec = summary["recovery"]
@@ -249,14 +248,14 @@ def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_o
     assert [f["event"] for f in summary["failures"]] == [f"killed ps {shard}"]
     queue = summary["queue"]
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
-    assert summary["samples"] == 30 * Dataset(data).rows("train")
+    assert summary["samples"] == 10 * Dataset(data).rows("train")
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 
 
 def test_the_checkpoint_interval_is_chosen_from_the_measured_save_cost_and_mtbf(
         ray_cluster, data, tmp_path):
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
-                 "train.epochs=8", 'recovery.kind="partial"', "recovery.mtbf_s=100",
+                 "train.epochs=3", 'recovery.kind="partial"', "recovery.mtbf_s=100",
                  "recovery.pls_target=0.01")
     summary = run(cfg, tmp_path)
     decision = summary["recovery"]["interval_decision"]
@@ -276,8 +275,8 @@ def test_full_recovery_rolls_every_shard_and_the_data_back_and_completes(
     """async: shard 0 holds the dense parameters too, they roll back with the rest; sync: the
     dense replicas roll back to the job checkpoint's."""
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
-                 "train.epochs=30", 'recovery.kind="full"', "recovery.checkpoint_every_s=1.0",
-                 f'faults.kills=[{{target="ps", index={shard}, at_s=10.0}}]')
+                 "train.epochs=10", 'recovery.kind="full"', "recovery.checkpoint_every_s=1.0",
+                 f'faults.kills=[{{target="ps", index={shard}, at_s=3.0}}]')
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     rec = summary["recovery"]
@@ -289,18 +288,18 @@ def test_full_recovery_rolls_every_shard_and_the_data_back_and_completes(
     queue = summary["queue"]  # the data position rolled back: every chunk completed once
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
     chunks = len(Dataset(data).chunks("train", 16 * B))
-    assert queue["completed"] == 30 * chunks
-    assert summary["samples"] == 30 * Dataset(data).rows("train")  # the redone ones once
+    assert queue["completed"] == 10 * chunks
+    assert summary["samples"] == 10 * Dataset(data).rows("train")  # the redone ones once
     assert rec["final_job_checkpoint"] is not None
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 
 
 def test_partial_recovery_from_mfu_checkpoints_restores_a_chain(ray_cluster, data, tmp_path):
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
-                 "train.epochs=30", 'recovery.kind="partial"', 'recovery.rows="mfu"',
+                 "train.epochs=10", 'recovery.kind="partial"', 'recovery.rows="mfu"',
                  "recovery.mfu_fraction=0.2", "recovery.full_every=4",
-                 "recovery.checkpoint_every_s=1.0",
-                 'faults.kills=[{target="ps", index=1, at_s=12.0}]')
+                 "recovery.checkpoint_every_s=1.0",  # full at 0 s, partial at 1 and 2 s
+                 'faults.kills=[{target="ps", index=1, at_s=3.0}]')
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     rec = summary["recovery"]
@@ -323,7 +322,7 @@ bottom_mlp = [8]
 top_mlp = [8]
 [train]
 batch_size = 64
-epochs = 10
+epochs = 5
 [cluster]
 workers = 2
 ps_shards = 2
@@ -354,10 +353,8 @@ def _final_parameters(out) -> dict[str, np.ndarray]:
     return params
 
 
-def test_resume_after_the_driver_is_killed_ends_with_the_uninterrupted_parameters(tmp_path):
-    data = tmp_path / "data"
-    generate(data, rows=4096, eval_rows=512, spec=SynthSpec(seed=3, max_table_rows=500),
-             processes=1, progress=False)
+def test_resume_after_the_driver_is_killed_ends_with_the_uninterrupted_parameters(data,
+                                                                                  tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text(RESUME_CONFIG.format(data=data))
     whole = _train_cli("--config", str(cfg), "--out", str(tmp_path / "whole"))

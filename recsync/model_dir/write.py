@@ -125,7 +125,7 @@ def write_model_dir(out_dir: str | Path, cfg, ds, tables, dense_state: dict,
         meta = model_meta(cfg, ds, tables, trained, params, state_dim=state_dim,
                           optimizer=optimizer, run=run or {})
         _write_text(tmp / MODEL_JSON, json.dumps(meta, indent=2) + "\n")
-        _fsync_dir(tmp)
+        _fsync(tmp)
         _swap_in(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -160,15 +160,8 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _fsync(path: Path) -> None:
+    """A file's or a directory's (its entries') writes onto the disk."""
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
     finally:
@@ -190,6 +183,6 @@ def _swap_in(tmp: Path, final: Path) -> None:
         if old is not None:
             os.replace(old, final)
         raise
-    _fsync_dir(final.parent)
+    _fsync(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -50,8 +50,9 @@ class Checkpoint:
     skipped: list[str] = field(default_factory=list)  # newer checkpoints ``latest`` passed over
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """A file's, or a directory's (its entries'), writes onto the disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -69,7 +70,7 @@ def _write_atomically(path: Path, write) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def _sha256(path: Path) -> str:

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from recsync.checkpoint.files import fsync_path
+
 FORMAT_NAME = "recsync-model"
 FORMAT_VERSION = 1
 MODEL_JSON = "model.json"
@@ -125,7 +127,7 @@ def write_model_dir(out_dir: str | Path, cfg, ds, tables, dense_state: dict,
         meta = model_meta(cfg, ds, tables, trained, params, state_dim=state_dim,
                           optimizer=optimizer, run=run or {})
         _write_text(tmp / MODEL_JSON, json.dumps(meta, indent=2) + "\n")
-        _fsync(tmp)
+        fsync_path(tmp)
         _swap_in(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -139,7 +141,7 @@ def _save(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)  # as any file the run writes (safetensors makes it 0600)
-    _fsync(path)
+    fsync_path(path)
 
 
 def _save_optimizer(path: Path, flat: dict) -> dict:
@@ -159,15 +161,6 @@ def _write_text(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync(path: Path) -> None:
-    """A file's or a directory's (its entries') writes onto the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _swap_in(tmp: Path, final: Path) -> None:
     """Rename ``tmp`` to ``final``; an existing ``final`` is moved aside first and removed only
     after the new one is in place."""
@@ -183,6 +176,6 @@ def _swap_in(tmp: Path, final: Path) -> None:
         if old is not None:
             os.replace(old, final)
         raise
-    _fsync(final.parent)
+    fsync_path(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

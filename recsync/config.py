@@ -8,6 +8,7 @@ sections every run has, and faults and recovery, are in config_sections.py.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -15,12 +16,14 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import Field, ValidationError, model_validator
 
-from recsync.config_sections import (ClusterConfig, ConfigError, DataConfig, FaultsConfig,
+from recsync.config_sections import (ClusterConfig, ConfigError, DataConfig, EmulationConfig,
+                                     FaultsConfig,
                                      KillConfig, ModelConfig, NetworkConfig, OutputConfig,
                                      RecoveryConfig, Section, StragglerConfig, TrainConfig)
 
 __all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EagerConfig", "FaultsConfig",
-           "GBAConfig", "HybridConfig", "KillConfig", "ModelConfig", "NetworkConfig",
+           "EmulationConfig", "GBAConfig", "HybridConfig", "KillConfig", "ModelConfig",
+           "NetworkConfig",
            "OutputConfig", "RecoveryConfig", "RunConfig", "Section", "ShadowConfig",
            "StragglerConfig", "SwitchConfig", "SwitchingConfig", "TrainConfig", "apply_overrides",
            "load_config", "parse_override"]
@@ -139,6 +142,7 @@ class RunConfig(Section):
     eager: EagerConfig = EagerConfig()
     hybrid: HybridConfig = HybridConfig()
     network: NetworkConfig = NetworkConfig()
+    emulation: EmulationConfig = EmulationConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     faults: FaultsConfig = FaultsConfig()
 
@@ -188,7 +192,28 @@ class RunConfig(Section):
         if self.mode == "local" and self.network.enabled:
             raise ValueError("network: the emulated network delays calls to PS shards; mode "
                              "\"local\" has none (choose a distributed mode)")
+        if self.emulation.enabled:
+            self._check_emulation()
         return self
+
+    def _check_emulation(self) -> None:
+        e = self.emulation
+        if self.mode == "local":
+            raise ValueError("emulation: the emulated cluster paces workers and PS shards; mode "
+                             "\"local\" has none (choose a distributed mode)")
+        if not (e.cores_per_worker > 0 and e.cores_per_shard > 0):
+            raise ValueError(f"emulation: set both cores_per_worker and cores_per_shard (got "
+                             f"{e.cores_per_worker:g} and {e.cores_per_shard:g})")
+        machine = os.cpu_count() or 1
+        c = self.cluster
+        total = c.workers * e.cores_per_worker + c.ps_shards * e.cores_per_shard
+        if total > machine - e.reserve_cores + 1e-9:
+            raise ValueError(
+                f"emulation: {self.cluster.workers} workers x {e.cores_per_worker:g} cores + "
+                f"{self.cluster.ps_shards} shards x {e.cores_per_shard:g} cores = {total:g} cores, "
+                f"more than this machine's {machine} cores less emulation.reserve_cores "
+                f"({e.reserve_cores:g}) for Ray and the driver: the processes would slow each "
+                f"other down and the emulation would not hold (fewer cores per process)")
 
     def to_toml(self) -> str:
         tree = self.model_dump(exclude_none=True)

@@ -154,6 +154,26 @@ class NetworkConfig(Section):
         return self.latency_ms > 0 or self.ms_per_mb > 0
 
 
+class EmulationConfig(Section):
+    """An EMULATED cluster on one machine: each worker and PS shard paces itself so that its
+    wall time per step (per request, for a shard) is at least the CPU time it used divided by
+    its cores, as a separate machine with that many cores would take, whatever the other
+    processes on this machine do. An emulated straggler then slows only itself. Every report
+    of a run with it says so. 0 = off (processes share the machine's cores)."""
+
+    cores_per_worker: float = Field(0.0, ge=0)
+    """cores of each emulated worker machine (e.g. 0.25); its Hogwild threads share them"""
+    cores_per_shard: float = Field(0.0, ge=0)
+    """cores of each emulated PS shard machine"""
+    reserve_cores: float = Field(0.5, ge=0)
+    """cores left for Ray, the driver and the work queue: a run whose emulated cores exceed
+    the machine's cores minus this is refused"""
+
+    @property
+    def enabled(self) -> bool:
+        return self.cores_per_worker > 0 or self.cores_per_shard > 0
+
+
 class RecoveryConfig(Section):
     kind: Literal["none", "full", "partial", "auto"] = "none"
     """what a PS shard's death does: "none" stops the run with an error; "full" rolls every

@@ -340,11 +340,14 @@ def export_cmd(model_dir, fmt, out, max_bytes):
 @click.option("--out", required=True, type=click.Path(file_okay=False))
 @click.option("--scale", type=float, default=1.0, show_default=True,
               help="Multiply the scenario's default size (rows, steps).")
-def bench(scenario, out, scale):
+@click.option("--seeds", type=int, default=None,
+              help="Runs per arm, train.seed 0, 1, ... (stragglers, switching, shadow, eager; "
+                   "default 3): quality is the mean, differences are paired by seed.")
+def bench(scenario, out, scale, seeds):
     """Run every arm of a benchmark scenario side by side; write results.json and report.md."""
     from recsync.bench import run_scenario
     try:
-        results = run_scenario(scenario, Path(out), scale=scale)
+        results = run_scenario(scenario, Path(out), scale=scale, seeds=seeds)
     except USER_ERRORS as e:
         _fail(e)
     for name, value in results["ratios"].items():

@@ -1,6 +1,7 @@
 """`recsync bench SCENARIO`: every arm of a scenario measured side by side in one run.
 
-Each scenario module has ``run(out: Path, scale: float) -> dict`` returning
+Each scenario module has ``run(out: Path, scale: float) -> dict`` (the SEEDED ones also take
+``seeds``) returning
 ``{"scenario", "arms": {name: summary}, "ratios": {name: float}, ...}``; this package writes
 ``results.json``, ``report.md`` and the plots. Scenarios import the same model, data and trainer
 code as training: they never fork it.
@@ -28,13 +29,23 @@ SCENARIOS = {
 }
 
 
-def run_scenario(name: str, out: Path, scale: float = 1.0) -> dict:
+# Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
+SEEDED = ("stragglers", "switching", "shadow", "eager")
+
+
+def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:
+    """Run scenario ``name``; ``seeds``: runs per arm of a SEEDED scenario (None: its default)."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; valid: {sorted(SCENARIOS)}")
     if scale <= 0:
         raise ValueError(f"--scale must be > 0, got {scale}")
+    if seeds is not None and name not in SEEDED:
+        raise ValueError(f"--seeds applies to the scenarios {', '.join(SEEDED)}, not {name!r}")
+    if seeds is not None and seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
     out.mkdir(parents=True, exist_ok=True)
     from recsync.bench.report import write_results
-    results = importlib.import_module(f"recsync.bench.{name}").run(out, scale)
+    module = importlib.import_module(f"recsync.bench.{name}")
+    results = (module.run(out, scale) if seeds is None else module.run(out, scale, seeds))
     write_results(out, results)
     return results

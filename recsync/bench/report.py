@@ -65,15 +65,24 @@ def write_results(out: Path, results: dict) -> None:
           f"{env['date']}, {env['cpu']} ({env['cores']} cores), Python {env['python']}, "
           f"torch {env['torch']}, numpy {env['numpy']}.", "",
           f"Command: `{env['command']}`", ""]
+    if results.get("emulation_label"):
+        md += [f"**{results['emulation_label']}**", ""]
     if results.get("description"):
         md += [results["description"], ""]
+    runs = "seed" if results.get("seeds") else "round"
     md += ["## Arms", "", _table(
-        ["arm", "samples/s (median)", "samples/s per round", "eval AUC", "eval rows"],
+        ["arm", "samples/s (median)", f"samples/s per {runs}",
+         "eval AUC" + (" (mean of seeds)" if results.get("seeds") else ""), "eval rows"],
         [[n, a["samples_per_s"], ", ".join(f"{x:,.0f}" for x in a.get("rounds_samples_per_s", [])),
           (a.get("eval") or {}).get("auc"), (a.get("eval") or {}).get("rows")]
          for n, a in arms.items()]), ""]
     md += ["## Ratios (measured in this run)", "",
            _table(["ratio", "value"], [[k, v] for k, v in results["ratios"].items()]), ""]
+    if results.get("ideals"):
+        md += ["## Measured against ideal", "", _table(
+            ["ratio", "measured", "ideal", "measured / ideal"],
+            [[k, v["measured"], v["ideal"], v["of_ideal"]]
+             for k, v in results["ideals"].items()]), ""]
     for title, rows in results.get("tables", {}).items():
         md += [f"## {title}", "", _table(["measurement", "value", "note"], rows), ""]
     if results.get("configs"):

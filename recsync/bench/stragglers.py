@@ -1,136 +1,147 @@
-"""Scenario `stragglers`: sync, async and gba on the same data with one emulated 4x straggler.
+"""Scenario `stragglers`: sync and gba on an EMULATED cluster of 4 workers, one of them 4x slower.
 
-N = 4 workers, S = 2 PS shards, one pass over the same synthetic data in every arm, the same
-model and hyper-parameters in every arm: those of mode sync (row-wise Adagrad on rows, Adagrad
-on dense parameters, the project's defaults, which are tuned for a batch of 4096 samples =
-4 workers x 1024), never retuned for async or gba.
+N = 4 workers x ``CORES_PER_WORKER`` cores and S = 2 PS shards x ``CORES_PER_SHARD`` cores
+(``[emulation]``: each process paces itself as a machine of that size, so the straggler slows
+only itself, as on separate machines), one pass over the same synthetic data
+(emulated.BENCH_SPEC) in every arm, the same model and hyper-parameters in every arm: those of
+mode sync (row-wise Adagrad on rows, Adagrad on dense parameters, the project's defaults, tuned
+for a batch of 4096 samples = 4 workers x 1024), never retuned for gba.
 
-Arms:
-- ``sync``, ``async``, ``gba``: worker 0 runs 4x slower throughout (emulated: between computing
-  each step and sending it, it sleeps 3x that step's compute time);
+Arms, each run once per seed (``--seeds``, ``train.seed`` = 0, 1, ...; arms interleaved):
+- ``sync``, ``gba``: worker 0 is an EMULATED straggler, its pacing FACTOR x slower;
 - ``sync_nostraggler``, ``gba_nostraggler``: no straggler;
-- ``gba_threshold_1``: gba with the straggler and staleness threshold 1 instead of the default
-  4, so that the straggler's gradients are decayed: the evidence for the default.
+and with seed 0 only (references): ``async`` with the straggler, and ``gba_threshold_1`` (gba
+with the straggler and staleness threshold 1 instead of the default 4, so that the straggler's
+gradients are decayed: the evidence for the default).
 
 Ratios: ``gba_vs_sync_speed`` (training samples/s after a warm-up, from the metrics logs, as in
-scenario `overhead`), ``gba_minus_sync_auc``, ``gba_minus_sync_auc_nostraggler``,
-``async_minus_sync_auc`` (eval AUC on the whole eval split at the end of each run), and
-``ideal_speed_ratio``: the sum of the workers' speeds over N x the slowest, from the emulated
-slow-down factors (3.25 here: GBA's ceiling if every worker kept its own pace).
+scenario `overhead`, median of the seeds) beside ``ideal_speed_ratio`` (the sum of the workers'
+speeds over N x the slowest: 3.25, GBA's ceiling if every worker kept its own pace) and their
+quotient ``gba_speed_vs_ideal``; ``sync_vs_sync_nostraggler_speed`` beside its ideal 1 /
+FACTOR (what separate machines give); ``gba_minus_sync_auc`` and
+``gba_minus_sync_auc_nostraggler``: the mean over seeds of the paired eval AUC differences
+(their 95% t-intervals in ``differences``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
+from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
+from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
-from recsync.data.synthetic import SynthSpec
 from recsync.plot import plot_runs
 
 WORKERS, SHARDS, BATCH = 4, 2, 1024
+CORES_PER_WORKER, CORES_PER_SHARD = 0.25, 0.25
 FACTOR = 4.0
 CHUNK_BATCHES = 4  # small chunks: the run ends with the straggler's last chunk, 4x slow
-ROWS = 1_500_000  # training rows at --scale 1
-EVAL_ROWS = 200_000
+ROWS = 600_000  # training rows at --scale 1
+EVAL_ROWS = 100_000
 COMMON = [  # every arm adds its mode
     f"cluster.workers={WORKERS}", f"cluster.ps_shards={SHARDS}",
     f"train.batch_size={BATCH}", "model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]",
     f"data.chunk_rows={CHUNK_BATCHES * BATCH}",
     "train.threads=1", "output.progress=false", "output.plot=false", "output.log_every_steps=1",
     "train.eval_every_samples=1000000000000",  # only the final evaluation: throughput arms
+    *em.emulation_args(CORES_PER_WORKER, CORES_PER_SHARD),
 ]
 STRAGGLER = f"faults.stragglers=[{{ worker = 0, factor = {FACTOR} }}]"
 ARMS = {
     "sync": ['mode="sync"', STRAGGLER],
-    "async": ['mode="async"', STRAGGLER],
     "gba": ['mode="gba"', STRAGGLER],
     "sync_nostraggler": ['mode="sync"'],
     "gba_nostraggler": ['mode="gba"'],
+    "async": ['mode="async"', STRAGGLER],
     # evidence for the default threshold (4): decaying the straggler's gradients instead
     "gba_threshold_1": ['mode="gba"', STRAGGLER, "gba.staleness_threshold=1"],
 }
-
-
-def ideal_speed_ratio(factors: list[float]) -> float:
-    """Σ speeds / (N x slowest speed), a worker's speed being 1 / its slow-down factor."""
-    speeds = [1.0 / f for f in factors]
-    return sum(speeds) / (len(speeds) * min(speeds))
+ONCE = ("async", "gba_threshold_1")  # seed 0 only
+ideal_speed_ratio = em.ideal_speed_ratio  # scenario `switching` and the tests use it from here
 
 
 def make_data(path: Path, rows: int) -> Path:
-    """The default synthetic set (SynthSpec()), with EVAL_ROWS eval rows."""
-    return ov.make_data(path, rows, SynthSpec().max_table_rows, EVAL_ROWS)
+    return em.make_data(path, rows, EVAL_ROWS)
 
 
 def arm_config(data: Path, extra: list[str]) -> RunConfig:
     return load_config(None, [f"data.path={json.dumps(str(data))}", *COMMON, *extra])
 
 
-def run(out: Path, scale: float) -> dict:
+def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
     started = time.perf_counter()
-    data = make_data(out / "data", max(200_000, round(ROWS * scale)))
+    data = make_data(out / "data", max(100_000, round(ROWS * scale)))
     cfgs = {name: arm_config(data, extra) for name, extra in ARMS.items()}
-    arms = {}
-    for name, cfg in cfgs.items():
-        print(f"{name} ...", flush=True)
-        arms[name] = ov.run_arm(cfg, out / "arms" / name, name)
-        print(f"  eval AUC {arms[name]['eval']['auc']:.4f}", flush=True)
-    plot_runs([out / "arms" / n for n in arms], out / "quality.png", labels=list(arms))
+    runs = sd.seeded_runs(list(cfgs), cfgs.__getitem__, out, seeds, once=ONCE)
+    arms = {name: sd.seeded_entry(r) for name, r in runs.items()}
+    plot_runs([out / "arms" / n / "seed0" for n in arms], out / "quality.png", labels=list(arms))
 
-    def auc(name):
-        return arms[name]["eval"]["auc"]
+    def speed(name):
+        return arms[name]["samples_per_s"]
 
-    ratios = {
-        "gba_vs_sync_speed": arms["gba"]["samples_per_s"] / arms["sync"]["samples_per_s"],
-        "gba_minus_sync_auc": auc("gba") - auc("sync"),
-        "gba_minus_sync_auc_nostraggler": auc("gba_nostraggler") - auc("sync_nostraggler"),
-        "async_minus_sync_auc": auc("async") - auc("sync"),
-        "ideal_speed_ratio": ideal_speed_ratio([FACTOR] + [1.0] * (WORKERS - 1)),
-    }
+    diffs = {"gba_minus_sync_auc": sd.auc_difference(arms, "gba", "sync"),
+             "gba_minus_sync_auc_nostraggler": sd.auc_difference(arms, "gba_nostraggler",
+                                                                 "sync_nostraggler"),
+             "async_minus_sync_auc": sd.auc_difference(arms, "async", "sync"),
+             "gba_threshold_1_minus_gba_auc": sd.auc_difference(arms, "gba_threshold_1", "gba")}
+    ideals = {"gba_vs_sync_speed": (speed("gba") / speed("sync"),
+                                    em.ideal_speed_ratio([FACTOR] + [1.0] * (WORKERS - 1))),
+              "sync_vs_sync_nostraggler_speed": (speed("sync") / speed("sync_nostraggler"),
+                                                 1.0 / FACTOR),
+              "gba_vs_gba_nostraggler_speed": (
+                  speed("gba") / speed("gba_nostraggler"),
+                  em.ideal_speed_ratio([FACTOR] + [1.0] * (WORKERS - 1)) / FACTOR)}
+    ratios = {name: measured for name, (measured, _) in ideals.items()}
+    ratios["ideal_speed_ratio"] = ideals["gba_vs_sync_speed"][1]
     ratios["gba_speed_vs_ideal"] = ratios["gba_vs_sync_speed"] / ratios["ideal_speed_ratio"]
-    ratios["gba_threshold_1_minus_gba_auc"] = auc("gba_threshold_1") - auc("gba")
-    summary_ratio = arms["gba"]["summary_samples_per_s"] / arms["sync"]["summary_samples_per_s"]
+    ratios.update({name: d["mean"] for name, d in diffs.items()})
+    worst = em.worst_worker_deviation(arms)
+    if worst is not None:
+        ratios["emulation_worst_worker_deviation"] = worst
     wall_s = time.perf_counter() - started
     return {
         "scenario": "stragglers",
+        "emulation_label": em.label(arms),
         "description": (
-            f"{WORKERS} workers x batch {BATCH}, {SHARDS} PS shards, one pass over "
-            f"{arms['sync']['samples']:,} synthetic rows in every arm; DLRM with MLPs [64, 32] "
-            f"and [64, 32], the default optimizers and learning rates (those of sync) in every "
-            f"arm; chunks of {CHUNK_BATCHES} batches. The straggler is EMULATED: worker 0 sleeps "
-            f"{FACTOR - 1:g}x its compute time between computing each step and sending it. "
-            f"All processes share the machine's {os.cpu_count()} cores. samples/s counts the "
-            f"steps after a warm-up of {ov.WARMUP_STEPS} steps per worker (from the metrics "
-            f"logs); gba/sync from samples / train_s of summary.json: {summary_ratio:.3f}. "
-            f"AUC on the whole eval split ({EVAL_ROWS:,} rows). One run per arm. Scenario wall "
+            f"{em.label(arms)} {WORKERS} workers x batch {BATCH}, {SHARDS} PS shards, one pass "
+            f"over {arms['sync']['samples']:,} synthetic rows ({em.BENCH_SPEC}) in every arm; "
+            f"DLRM with MLPs [64, 32] and [64, 32], the default optimizers and learning rates "
+            f"(those of sync) in every arm; chunks of {CHUNK_BATCHES} batches. The straggler is "
+            f"EMULATED: worker 0 paces its steps {FACTOR:g}x slower. {seeds} seeds per arm "
+            f"(async and gba_threshold_1: seed 0 only), arms interleaved within each seed. "
+            f"samples/s counts the steps after a warm-up of {ov.WARMUP_STEPS} steps per worker "
+            f"(from the metrics logs), median of seeds; AUC on the whole eval split "
+            f"({EVAL_ROWS:,} rows), mean of seeds; differences paired by seed. Scenario wall "
             f"time {wall_s / 60:.1f} min."),
         "arms": arms,
         "ratios": ratios,
+        "ideals": {k: {"measured": m, "ideal": i, "of_ideal": m / i}
+                   for k, (m, i) in ideals.items()},
+        "differences": diffs,
+        "seeds": seeds,
         "stragglers_emulated": True,
         "wall_s": wall_s,
         "tables": {
-            "Quality and speed per arm": [
-                [f"{n}: eval AUC / logloss", a["eval"]["auc"],
-                 f"logloss {a['eval']['logloss']:.4f}, Bayes-optimal AUC "
-                 f"{a['eval']['bayes_auc']:.4f}; staleness mean "
-                 + (f"{a['staleness']['mean']:.2f}, max {a['staleness']['max']}"
-                    if a["staleness"]["mean"] is not None else "n/a")
+            "AUC differences, paired by seed (mean, 95% t-interval)": [
+                sd.difference_row(n, d) for n, d in diffs.items()],
+            "Quality per arm": sd.auc_rows(arms) + [
+                [f"{n}: staleness mean (max)", a["staleness"]["mean"],
+                 f"max {a['staleness']['max']}"
                  + (f"; gba gradients applied {a['gba']['applied']}, decayed "
-                    f"{a['gba']['decayed']}, dropped {a['gba']['dropped']} (per shard, summed)"
-                    if a.get("gba") else "")]
-                for n, a in arms.items()] + [
-                [f"{n}: steps per worker", ", ".join(str(w["steps"]) for w in a["per_worker"]),
+                    f"{a['gba']['decayed']}, dropped {a['gba']['dropped']} (per shard, summed; "
+                    f"last seed)" if a.get("gba") else "")]
+                for n, a in arms.items() if a["staleness"]["mean"] is not None],
+            "Steps per worker (last seed)": [
+                [n, ", ".join(str(w["steps"]) for w in a["per_worker"]),
                  "fast workers take more chunks from the queue" if a["mode"] != "sync" else
                  "lock-step"] for n, a in arms.items()],
-            "Throughput as summary.json reports it (train_s from the first step)": [
-                [f"{n}: samples / train_s", a["summary_samples_per_s"], ""]
-                for n, a in arms.items()],
-            "CPU used while measured (cores; 0.5 s polls of /proc)": ov.cpu_rows(
-                {n: {**a, "cpu_rounds": [a["cpu"]]} for n, a in arms.items()}),
+            "Throughput as summary.json reports it (train_s from the first step)":
+                ov.summary_rows(arms, {}),
+            "EMULATED cluster: wall time over CPU time of each process": em.emulation_rows(arms),
+            "CPU used while measured (cores; 0.5 s polls of /proc)": ov.cpu_rows(arms),
         },
         "configs": {f"{name} (recsync config)": cfg.to_toml() for name, cfg in cfgs.items()},
     }

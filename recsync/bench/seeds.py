@@ -23,14 +23,17 @@ DEFAULT_SEEDS = 3
 
 
 def seeded_runs(names: list[str], config: Callable[[str], RunConfig], out: Path, seeds: int,
-                once: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+                once: tuple[str, ...] = (),
+                results: dict[str, list[dict]] | None = None) -> dict[str, list[dict]]:
     """Every arm once per seed 0 .. seeds-1 (``train.seed``), the arms interleaved within each
     seed, so that a drift of the machine over the scenario hits every arm alike; the arms in
     ``once`` (reference or speed-only arms) with seed 0 only. ``config(name)`` is called just
-    before each run, so it may depend on the runs before. Outputs in ``out/arms/<arm>/seed<s>``."""
+    before each run, so it may depend on the runs before (filled into ``results`` as they end,
+    when given). Outputs in ``out/arms/<arm>/seed<s>``."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    runs: dict[str, list[dict]] = {name: [] for name in names}
+    runs = {} if results is None else results
+    runs.update({name: [] for name in names})
     for s in range(seeds):
         for name in names:
             if s > 0 and name in once:

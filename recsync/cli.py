@@ -126,6 +126,13 @@ def _print_summary(summary: dict | None, out: Path) -> None:
                         f"{net['ms_per_mb']:g} ms per MB)")
     if summary.get("failures"):
         emulated.append(f"failures ({len(summary['failures'])} processes killed)")
+    if summary.get("emulation"):
+        em = summary["emulation"]
+        paced = [w["compute_wall_per_cpu"] / w["expected"] for w in em["workers"]
+                 if w["compute_wall_per_cpu"] and w["expected"]]
+        emulated.append(em["label"].removeprefix("EMULATED ")
+                        + (f" (workers' compute ran at {min(paced):.2f}-{max(paced):.2f} of "
+                           f"their emulated time)" if paced else ""))
     if emulated:
         click.echo("EMULATED: " + ", ".join(emulated) + "; the figures above ran under them")
     rec = summary.get("recovery") or {}

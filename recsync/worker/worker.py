@@ -259,11 +259,11 @@ class Worker:
 
     def _one_step(self, thread: int, feed) -> bool:
         """One step of training thread ``thread``; False once it has stopped."""
-        batch, ahead, finished = next(feed)
-        begin = time.perf_counter()
         pacer = self._local.pacer = self._pacer(f"train-{thread}")
         if pacer is not None:
-            pacer.begin()
+            pacer.begin()  # reading the batch is part of the step's work
+        batch, ahead, finished = next(feed)
+        begin = time.perf_counter()
         loss = self.mode.step(batch, ahead, thread)
         if loss == STOP:
             self.mode.finish(thread)

@@ -49,13 +49,21 @@ class EmulatedMachine:
             raise ValueError(f"cores must be > 0, got {cores}")
         self.cores, self.clock, self.cpu_clock = cores, clock, cpu_clock
         self.free_at = float("-inf")
+        self.process_cpu0: float | None = None  # the process's CPU clock at the first section
         self.sections = 0
         self.cpu_s = self.service_s = self.late_s = 0.0
         self._lock = threading.Lock()
 
     def open(self) -> tuple[float, float]:
         """A section starting now: (wall clock, this thread's CPU clock)."""
+        if self.process_cpu0 is None:
+            self.process_cpu0 = time.process_time()
         return self.clock(), self.cpu_clock()
+
+    def process_cpu_s(self) -> float | None:
+        """CPU time of the whole process (every thread) since the first section: what the
+        paced threads used plus what no pacing covers (Ray's I/O, gloo, send threads)."""
+        return None if self.process_cpu0 is None else time.process_time() - self.process_cpu0
 
     def close(self, section: tuple[float, float], factor: float = 1.0) -> float:
         """End ``section``; returns the seconds to wait until it is due (0 if its work took
@@ -74,7 +82,7 @@ class EmulatedMachine:
 
     def totals(self) -> dict:
         return {"sections": self.sections, "cpu_s": self.cpu_s, "service_s": self.service_s,
-                "late_s": self.late_s}
+                "late_s": self.late_s, "process_cpu_s": self.process_cpu_s()}
 
 
 class StepPacer:
@@ -160,6 +168,7 @@ def worker_entry(rank: int, totals: dict) -> dict:
     others, or for a pull, run longer)."""
     cpu, comp = totals["cpu_s"], totals["compute_cpu_s"]
     return {"rank": rank, "steps": totals["steps"], "cpu_s": cpu,
+            "unpaced_cpu_s": _unpaced(totals),
             "paced_wall_s": totals["paced_wall_s"], "slept_s": totals["slept_s"],
             "wall_per_cpu": totals["paced_wall_s"] / cpu if cpu > 0 else None,
             "compute_wall_per_cpu": totals["compute_wall_s"] / comp if comp > 0 else None,
@@ -172,5 +181,12 @@ def shard_entry(shard: int, totals: dict, cores: float) -> dict:
     cpu = totals["cpu_s"]
     service = totals["service_s"] + totals["late_s"]
     return {"shard": shard, "requests": totals["sections"], "cpu_s": cpu,
+            "unpaced_cpu_s": _unpaced(totals),
             "paced_wall_s": service, "late_s": totals["late_s"],
             "wall_per_cpu": service / cpu if cpu > 0 else None, "expected": 1.0 / cores}
+
+
+def _unpaced(totals: dict) -> float | None:
+    """The process's CPU time that no pacing covered (other threads' work), or None."""
+    process = totals.get("process_cpu_s")
+    return None if process is None else max(0.0, process - totals["cpu_s"])

@@ -145,7 +145,10 @@ class Worker:
 
     def pacing(self) -> dict | None:
         """The emulated cluster's figures of this worker (summed over its threads), or None."""
-        return StepPacer.summed(list(self.pacers.values())) if self.pacers else None
+        if not self.pacers:
+            return None
+        return {**StepPacer.summed(list(self.pacers.values())),
+                "process_cpu_s": self.machine.process_cpu_s()}
 
     def mode_stats(self) -> dict | None:
         """This worker's figures for its mode's summary section."""

@@ -9,8 +9,10 @@ each taking at least its CPU time / r. As long as the emulated cores add up to l
 machine has (the config refuses more), every process gets the CPU it needs when it needs it, and
 its speed is set by its own emulated cores alone, as on a machine of its own.
 
-CPU time is the calling thread's (``time.thread_time``): the step's or the request's own work,
-not other threads' (Ray's I/O, gloo).
+CPU time is the whole process's (``time.process_time``), charged to the section that ends next:
+a step's or a request's own work and what Ray's threads did for it (serializing its arguments
+and answers, gloo). Pacing on the calling thread's CPU time alone left out about 20% of a
+worker's CPU time and half of a shard's (measured: docs/design.md §6b).
 """
 
 from __future__ import annotations
@@ -38,51 +40,53 @@ def label_of(cfg) -> str | None:
 
 class EmulatedMachine:
     """A machine with ``cores`` cores that runs sections of work one after another, on a virtual
-    clock: a section that started at t0 and used c seconds of CPU (its thread's) ends at
-    max(t0, the end of the previous section) + factor x c / cores. The caller waits until then
-    (``close`` returns the wait). Thread-safe: a worker's training threads and its shadow
-    thread share their machine's cores this way."""
+    clock: a section that started at t0 ends at max(t0, the end of the previous section) +
+    factor x c / cores, c being the CPU time the process used since the previous section ended
+    (every thread's: the section's own work, and what Ray's threads did for it). The caller
+    waits until then (``close`` returns the wait). Thread-safe: a worker's training threads and
+    its shadow thread share their machine's cores this way."""
 
     def __init__(self, cores: float, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] = time.thread_time):
+                 cpu_clock: Callable[[], float] = time.process_time):
         if cores <= 0:
             raise ValueError(f"cores must be > 0, got {cores}")
         self.cores, self.clock, self.cpu_clock = cores, clock, cpu_clock
         self.free_at = float("-inf")
-        self.process_cpu0: float | None = None  # the process's CPU clock at the first section
+        self.charged: float | None = None  # the CPU clock up to which sections have paid
         self.sections = 0
         self.cpu_s = self.service_s = self.late_s = 0.0
         self._lock = threading.Lock()
 
-    def open(self) -> tuple[float, float]:
-        """A section starting now: (wall clock, this thread's CPU clock)."""
-        if self.process_cpu0 is None:
-            self.process_cpu0 = time.process_time()
-        return self.clock(), self.cpu_clock()
-
-    def process_cpu_s(self) -> float | None:
-        """CPU time of the whole process (every thread) since the first section: what the
-        paced threads used plus what no pacing covers (Ray's I/O, gloo, send threads)."""
-        return None if self.process_cpu0 is None else time.process_time() - self.process_cpu0
-
-    def close(self, section: tuple[float, float], factor: float = 1.0) -> float:
-        """End ``section``; returns the seconds to wait until it is due (0 if its work took
-        longer than the emulated cores would: counted in ``late_s``)."""
-        t0, c0 = section
-        cpu = self.cpu_clock() - c0
-        now = self.clock()
+    def open(self) -> float:
+        """A section starting now (its wall clock)."""
         with self._lock:
+            if self.charged is None:
+                self.charged = self.cpu_clock()
+        return self.clock()
+
+    def close(self, t0: float, factor: float = 1.0) -> tuple[float, float]:
+        """End the section opened at ``t0``: (seconds to wait until it is due, CPU seconds it
+        was charged). The wait is 0 if the work took longer than the emulated cores would
+        (counted in ``late_s``)."""
+        with self._lock:
+            now, cpu_now = self.clock(), self.cpu_clock()
+            cpu = max(0.0, cpu_now - self.charged)
+            self.charged = cpu_now
             due = max(t0, self.free_at) + factor * cpu / self.cores
             self.free_at = max(due, now)
             self.sections += 1
             self.cpu_s += cpu
             self.service_s += factor * cpu / self.cores
             self.late_s += max(0.0, now - due)
-        return max(0.0, due - now)
+        return max(0.0, due - now), cpu
+
+    def unpaced_cpu_s(self) -> float | None:
+        """CPU time the process used since the last section ended (not paced yet)."""
+        return None if self.charged is None else max(0.0, self.cpu_clock() - self.charged)
 
     def totals(self) -> dict:
         return {"sections": self.sections, "cpu_s": self.cpu_s, "service_s": self.service_s,
-                "late_s": self.late_s, "process_cpu_s": self.process_cpu_s()}
+                "late_s": self.late_s, "unpaced_cpu_s": self.unpaced_cpu_s()}
 
 
 class StepPacer:
@@ -98,21 +102,23 @@ class StepPacer:
         self.compute_cpu_s = self.compute_wall_s = 0.0  # compute sections
         self.expected_s = 0.0  # Σ factor x cpu / cores over compute sections
         self._section = self._step = None
+        self._step_cpu = 0.0
 
     def begin(self) -> None:
         self._section = self._step = self.machine.open()
+        self._step_cpu = 0.0
 
     def point(self, factor: float = 1.0, compute: bool = False) -> float:
         """End the current section (sleeping until it is due) and start the next; ``compute``:
         the section was the step's compute. Returns the seconds slept."""
         if self._section is None:
             return 0.0
-        t0, c0 = self._section
-        cpu = self.machine.cpu_clock() - c0
-        wait = self.machine.close(self._section, factor)
+        t0 = self._section
+        wait, cpu = self.machine.close(t0, factor)
         if wait > 0:
             self.sleep(wait)
             self.slept_s += wait
+        self._step_cpu += cpu
         if compute:
             self.compute_cpu_s += cpu
             self.compute_wall_s += self.machine.clock() - t0
@@ -125,10 +131,9 @@ class StepPacer:
         if self._step is None:
             return 0.0
         slept = self.point(factor)
-        t0, c0 = self._step
         self.steps += 1
-        self.cpu_s += self.machine.cpu_clock() - c0
-        self.wall_s += self.machine.clock() - t0
+        self.cpu_s += self._step_cpu
+        self.wall_s += self.machine.clock() - self._step
         self._section = self._step = None
         return slept
 
@@ -151,11 +156,11 @@ class RequestPacer:
     def __init__(self, machine: EmulatedMachine, sleep: Callable[[float], object] = asyncio.sleep):
         self.machine, self.sleep = machine, sleep
 
-    def start(self) -> tuple[float, float]:
+    def start(self) -> float:
         return self.machine.open()
 
-    async def finish(self, token: tuple[float, float]) -> float:
-        wait = self.machine.close(token)
+    async def finish(self, token: float) -> float:
+        wait, _ = self.machine.close(token)
         if wait > 0:
             await self.sleep(wait)
         return wait
@@ -187,6 +192,5 @@ def shard_entry(shard: int, totals: dict, cores: float) -> dict:
 
 
 def _unpaced(totals: dict) -> float | None:
-    """The process's CPU time that no pacing covered (other threads' work), or None."""
-    process = totals.get("process_cpu_s")
-    return None if process is None else max(0.0, process - totals["cpu_s"])
+    """The process's CPU time after its last paced section (not paced), or None."""
+    return totals.get("unpaced_cpu_s")

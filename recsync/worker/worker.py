@@ -148,7 +148,7 @@ class Worker:
         if not self.pacers:
             return None
         return {**StepPacer.summed(list(self.pacers.values())),
-                "process_cpu_s": self.machine.process_cpu_s()}
+                "unpaced_cpu_s": self.machine.unpaced_cpu_s()}
 
     def mode_stats(self) -> dict | None:
         """This worker's figures for its mode's summary section."""

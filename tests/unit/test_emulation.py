@@ -39,21 +39,24 @@ def test_a_section_lasts_its_cpu_time_over_the_cores():
     m = clock.machine(0.25)
     section = m.open()
     clock.work(0.1)
-    assert m.close(section) == pytest.approx(0.3)  # 0.1 / 0.25 = 0.4 s, 0.1 s already passed
+    wait, charged = m.close(section)
+    assert wait == pytest.approx(0.3)  # 0.1 / 0.25 = 0.4 s, 0.1 s already passed
+    assert charged == pytest.approx(0.1)
     assert m.totals()["service_s"] == pytest.approx(0.4)
 
 
 def test_sections_of_one_machine_run_one_after_another():
     """Two threads' sections started together on a 0.5-core machine: the second is due after
-    the first one's emulated time plus its own, as the machine's cores are shared."""
+    the first one's emulated time plus its own, as the machine's cores are shared; each is
+    charged the process's CPU time since the previous section ended."""
     clock = FakeClock()
     m = clock.machine(0.5)
-    a, b_start = m.open(), clock.now
+    a, b = m.open(), m.open()
     clock.work(0.1)
-    wait_a = m.close(a)  # due at 0.2
-    b = (b_start, clock.cpu)  # b's thread CPU clock (its own thread's in reality)
-    clock.cpu += 0.1
-    wait_b = m.close(b)  # due at 0.2 + 0.2
+    wait_a, _ = m.close(a)  # due at 0.2
+    clock.cpu += 0.1  # b's work (on another core: no wall time passes)
+    wait_b, charged_b = m.close(b)  # due at 0.2 + 0.2
+    assert charged_b == pytest.approx(0.1)
     assert wait_a == pytest.approx(0.1)
     assert wait_b == pytest.approx(0.3)
 
@@ -64,8 +67,10 @@ def test_waiting_inside_a_section_counts_as_time_passed_and_slow_work_is_late():
     s = m.open()
     clock.wait(0.5)  # e.g. a pull waiting for the previous step
     clock.work(0.1)
-    assert m.close(s) == 0.0  # 0.6 s passed, 0.1 s of work on one core: nothing to add
+    assert m.close(s) == (0.0, pytest.approx(0.1))  # 0.6 s passed, 0.1 s of work: no wait
     assert m.totals()["late_s"] == pytest.approx(0.5)
+    clock.cpu += 0.02  # work after the last section (another thread's): not paced yet
+    assert m.totals()["unpaced_cpu_s"] == pytest.approx(0.02)
 
 
 def test_a_straggler_step_is_paced_at_its_factor_and_its_gradients_leave_late():
@@ -112,11 +117,10 @@ def test_a_shard_answers_requests_at_its_emulated_pace():
     pacer = RequestPacer(clock.machine(0.25), sleep=sleep)
 
     async def serve():
-        first, arrived = pacer.start(), clock.now  # both arrived now
+        first, second = pacer.start(), pacer.start()  # both arrived now
         clock.work(0.01)
         await pacer.finish(first)  # answered at 0.04
-        second = (arrived, clock.cpu)  # its own thread CPU clock in reality
-        clock.cpu += 0.01  # the second one's work
+        clock.cpu += 0.01  # the second one's work, done while the first one waited
         await pacer.finish(second)  # answered at 0.08
 
     asyncio.run(serve())

@@ -126,6 +126,13 @@ def _print_summary(summary: dict | None, out: Path) -> None:
                         f"{net['ms_per_mb']:g} ms per MB)")
     if summary.get("failures"):
         emulated.append(f"failures ({len(summary['failures'])} processes killed)")
+    if summary.get("emulation"):
+        em = summary["emulation"]
+        paced = [w["compute_wall_per_cpu"] / w["expected"] for w in em["workers"]
+                 if w["compute_wall_per_cpu"] and w["expected"]]
+        emulated.append(em["label"].removeprefix("EMULATED ")
+                        + (f" (workers' compute ran at {min(paced):.2f}-{max(paced):.2f} of "
+                           f"their emulated time)" if paced else ""))
     if emulated:
         click.echo("EMULATED: " + ", ".join(emulated) + "; the figures above ran under them")
     rec = summary.get("recovery") or {}
@@ -359,8 +366,9 @@ def bench(scenario, out, scale, seeds):
 @click.option("--out", default="runs/quickstart", show_default=True,
               type=click.Path(file_okay=False))
 def quickstart(out):
-    """The main job: synthetic data; 4 workers with an emulated straggler in the middle third,
-    trained in sync only and with the mode controller switching to gba and back."""
+    """The main job: synthetic data; an emulated cluster of 4 workers and 2 PS shards with a
+    straggler in the middle third, trained in sync only and with the mode controller switching
+    to gba and back."""
     from recsync.recipes import quickstart as run_quickstart
     try:
         runs = run_quickstart(Path(out))
@@ -375,7 +383,8 @@ def quickstart(out):
     sync = runs["sync_only"]
     click.echo(f"auto vs sync_only: {auto['samples_per_s'] / sync['samples_per_s']:.2f}x the "
                f"samples/s, AUC {auto['eval']['auc'] - sync['eval']['auc']:+.4f} (Bayes-optimal "
-               f"AUC {bayes:.4f}); samples/s are measured, the straggler is emulated")
+               f"AUC {bayes:.4f}); samples/s are measured on the {auto['emulation']['label']} "
+               f"(each paced as a machine of its own), the straggler is emulated")
     click.echo(f"outputs: {Path(out)}/sync_only/ and {Path(out)}/auto/ (summary.json, "
                f"metrics.jsonl, config.toml, training.png)")
 

@@ -4,6 +4,7 @@ the shards' and workers' figures, the queue's counts)."""
 
 from __future__ import annotations
 
+from recsync.emulation import label_of, shard_entry, worker_entry
 from recsync.modes import MODES
 from recsync.stats import distribution, merged_counts
 
@@ -54,6 +55,7 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
         "failures": [e for e in record.events if "killed" in e["event"]],
         "recovery": recovery_summary(cfg, record, result, train_s),
         "stragglers_emulated": bool(cfg.faults.stragglers),
+        "emulation": emulation_section(cfg, result, shards),
         "data": str(cfg.data.path),
         "model": result.get("model_dir"),  # {"path", "bytes", "write_s"} of OUT/model
     }
@@ -127,6 +129,21 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
 def staleness(shard_stats: list[dict]) -> dict:
     """Mean, p99 and max staleness of every applied gradient, over all shards."""
     return distribution(merged_counts(st["staleness"] for st in shard_stats))
+
+
+def emulation_section(cfg, result: dict, shards: list[dict]) -> dict | None:
+    """The EMULATED cluster's label and how closely each process kept its emulated cores'
+    pace (recsync/emulation.py), or None without emulation."""
+    label = label_of(cfg)
+    if label is None:
+        return None
+    e = cfg.emulation
+    workers = [worker_entry(rank, t) for rank, t in enumerate(result.get("worker_pacing") or [])
+               if t is not None]
+    return {"label": label, "cores_per_worker": e.cores_per_worker,
+            "cores_per_shard": e.cores_per_shard, "workers": workers,
+            "shards": [shard_entry(i, st["pacing"], e.cores_per_shard)
+                       for i, st in enumerate(shards) if st.get("pacing")]}
 
 
 def per_worker(result: dict) -> list[dict]:

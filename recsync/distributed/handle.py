@@ -83,7 +83,7 @@ class DistributedRun:
         self.shards = [PSShard.options(max_restarts=restarts).remote(
             self._builders[s], network,
             None if self.checkpoint_dir is None else str(job.shard_dir(self.checkpoint_dir, s)),
-            cfg.recovery.keep)
+            cfg.recovery.keep, cfg.emulation.cores_per_shard)
             for s in range(c.ps_shards)]
         chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
         seed = t.seed if cfg.data.shuffle else None
@@ -353,6 +353,7 @@ class DistributedRun:
         shard_stats = ray.get([s.stats.remote() for s in self.shards])
         written = ray.get([s.checkpoints_written.remote() for s in self.shards])
         mode_stats = ray.get([w.mode_stats.remote() for w in self.workers])
+        pacing = ray.get([w.pacing.remote() for w in self.workers])
         final_dense = ray.get(self.shards[0].call.remote("model_dense"))
         worker_state = None
         if final_dense is None:  # the workers hold it (all replicas alike now, or worker 0's)
@@ -368,6 +369,7 @@ class DistributedRun:
                               self.cfg.train.eval_batch_size,
                               keep_scores=self.cfg.output.save_predictions)
         return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,
+                "worker_pacing": pacing,
                 "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
                 "final_checkpoint": final_checkpoint,
                 "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,

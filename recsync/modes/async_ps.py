@@ -36,6 +36,7 @@ class AsyncWorker(WorkerMode):
             vector_to_parameters(torch.tensor(pulled.dense), self.params)  # a copy
         for p in self.params:
             p.grad = None
+        self.ctx.before_compute()
         begin = time.perf_counter()
         loss = model_loss.loss(self.ctx.model, batch, pulled.embeddings())
         loss.backward()

@@ -19,6 +19,7 @@ tests a mode's name.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -50,7 +51,10 @@ class WorkerContext:
     shards: list  # PS shard handles (for a mode's own calls, e.g. EASGD's center)
     dense_state: dict | None = None  # {"params": flat, "optimizer": flat layout or None}
     step_index: int = 0  # sync-like modes: the global step to start at
+    before_compute: Callable[[], None] = lambda: None  # the emulated cluster's pacing
     after_compute: Callable[[float], None] = lambda compute_s: None
+    paced: Callable[[], Any] = contextlib.nullcontext  # a section of work outside the steps
+    # (a shadow round), paced on the worker's emulated cores
     pause_requested: Callable[[], bool] = lambda: False
     add_waits: Callable[[float, float], None] = lambda pull_s, push_s: None
 

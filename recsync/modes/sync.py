@@ -66,6 +66,7 @@ class SyncWorker(WorkerMode):
             p.grad = None
         if n:
             pulled = self.ctx.client.pull(batch, min_version=self.min_version())
+            self.ctx.before_compute()
             begin = time.perf_counter()
             loss = model_loss.loss(self.model, batch, pulled.embeddings())
             loss.backward()

@@ -16,6 +16,7 @@ import ray
 
 from recsync.checkpoint import files, reshard
 from recsync.checkpoint.writer import CheckpointWriter
+from recsync.emulation import EmulatedMachine, RequestPacer
 from recsync.stopping import ignore_interrupts
 from recsync.ps.core import ShardCore
 
@@ -32,16 +33,19 @@ def nbytes(x) -> int:
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class PSShard:
     def __init__(self, build_core, network: tuple[float, float] | None = None,
-                 checkpoint_dir: str | None = None, keep: int = 2):
+                 checkpoint_dir: str | None = None, keep: int = 2, cores: float = 0.0):
         """``build_core()`` returns this shard's ShardCore (built here, in the actor).
         ``network``: (latency s, s per byte) of an EMULATED network: every pull and push waits
         half the latency plus its request's bytes before it is served, and half the latency
         (plus the answer's bytes) before it answers. Other calls are served meanwhile.
-        ``checkpoint_dir``: where ``checkpoint`` writes this shard's checkpoints."""
+        ``checkpoint_dir``: where ``checkpoint`` writes this shard's checkpoints. ``cores``
+        (> 0): the EMULATED cluster's cores of this shard, on which pulls and pushes are paced
+        (recsync/emulation.py)."""
         ignore_interrupts()
         self.core: ShardCore = build_core()
         self._changed = asyncio.Condition()
         self.network = network
+        self.pacer = RequestPacer(EmulatedMachine(cores)) if cores > 0 else None
         self.restored: dict | None = None
         self.checkpoint_dir = checkpoint_dir
         self.base: int | None = None  # the full checkpoint partial ones now apply to
@@ -117,7 +121,10 @@ class PSShard:
         if self.core.version < min_version:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.core.version >= min_version)
+        paced = self.pacer and self.pacer.start()
         answer = self.core.pull(ids)
+        if paced:
+            await self.pacer.finish(paced)
         await self._travel(answer)
         return answer
 
@@ -126,7 +133,10 @@ class PSShard:
         the dense parameters, and what the mode sends with it), handed to the mode's rule."""
         await self._travel((ids, grads, dense_grad))
         version = self.core.version
+        paced = self.pacer and self.pacer.start()
         result = self.core.push(ids, grads, dense_grad, meta)
+        if paced:
+            await self.pacer.finish(paced)
         if self.core.version != version:
             await self._notify()
         await self._travel(None)
@@ -198,7 +208,8 @@ class PSShard:
         return self.core.dense_optimizer_state()
 
     async def stats(self) -> dict:
-        return self.core.stats()
+        return {**self.core.stats(),
+                "pacing": self.pacer.machine.totals() if self.pacer is not None else None}
 
     async def staleness(self) -> dict[int, int]:
         """{staleness: gradients} applied so far (cheap: the watch loop asks every poll)."""

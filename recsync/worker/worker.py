@@ -15,6 +15,7 @@ pause after the same step. ``resume`` goes on, in another mode if the driver swi
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import os
@@ -27,6 +28,7 @@ import torch
 
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
+from recsync.emulation import EmulatedMachine, StepPacer
 from recsync.model.setup import model_for
 from recsync.modes import MODES
 from recsync.modes.base import STOP, WorkerContext
@@ -74,6 +76,11 @@ class Worker:
         self._store_socket = None  # rank 0's, from address() until join_group
         self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
         self.position: dict[int, int] = {}  # slot -> batches of its leased chunk handed out
+        e = cfg.emulation  # the EMULATED cluster: this worker's machine and its threads' pacers
+        self.machine = EmulatedMachine(e.cores_per_worker) if e.cores_per_worker > 0 else None
+        self.pacers: dict[str, StepPacer] = {}
+        self._local = threading.local()
+        self.start_time = time.time()
         self.mode_name = mode or cfg.mode
         self.mode = self._make_mode(self.mode_name, dense_state, step_index)
 
@@ -136,6 +143,13 @@ class Worker:
         actor thread even while training is blocked."""
         return self.mode.recovery_states()
 
+    def pacing(self) -> dict | None:
+        """The emulated cluster's figures of this worker (summed over its threads), or None."""
+        if not self.pacers:
+            return None
+        return {**StepPacer.summed(list(self.pacers.values())),
+                "unpaced_cpu_s": self.machine.unpaced_cpu_s()}
+
     def mode_stats(self) -> dict | None:
         """This worker's figures for its mode's summary section."""
         return self.mode.stats()
@@ -172,21 +186,60 @@ class Worker:
         ctx = WorkerContext(rank=self.rank, cfg=self.cfg, model=self.model, client=client,
                             new_client=self._new_client, shards=self.shards,
                             dense_state=dense_state, step_index=step_index,
-                            after_compute=self._after_compute,
+                            before_compute=self._before_compute,
+                            after_compute=self._after_compute, paced=self._paced,
                             pause_requested=self._pause_requested.is_set,
                             add_waits=self._add_waits)
         return mode.worker(ctx)
 
+    def _factor(self) -> float:
+        return straggle_factor(self.cfg, self.rank, time.time() - self.start_time)
+
+    def _pacer(self, name: str) -> StepPacer | None:
+        """This thread's pacer on the worker's emulated machine (None without emulation)."""
+        if self.machine is None:
+            return None
+        if name not in self.pacers:
+            self.pacers[name] = StepPacer(self.machine)
+        return self.pacers[name]
+
+    def _before_compute(self) -> None:
+        pacer = getattr(self._local, "pacer", None)
+        if pacer is not None:
+            pacer.point(self._factor())  # the pull's own work, paced
+
     def _after_compute(self, compute_s: float) -> None:
         """Called by the mode between computing a step and sending it: counts compute time
-        (what the mode controller compares) and emulates a straggler, which sleeps
-        (factor - 1) x the compute time, as a machine ``factor`` times slower would take."""
-        factor = straggle_factor(self.cfg, self.rank, time.time() - self.start_time)
-        if factor > 1.0:
-            time.sleep((factor - 1.0) * compute_s)
+        (what the mode controller compares) and emulates a straggler, as a machine ``factor``
+        times slower would take: on the emulated cluster by pacing its compute on factor x its
+        cores' time, else by sleeping (factor - 1) x the compute time."""
+        factor = self._factor()
+        pacer = getattr(self._local, "pacer", None)
+        if pacer is not None:
+            compute_s += pacer.point(factor, compute=True)
+            straggle_s = compute_s * (1.0 - 1.0 / factor)
+        else:
+            straggle_s = (factor - 1.0) * compute_s
+            if factor > 1.0:
+                time.sleep(straggle_s)
+            compute_s += straggle_s
         with self._lock:
-            self._interval["straggle_s"] += (factor - 1.0) * compute_s
-            self._interval["compute_s"] += factor * compute_s
+            self._interval["straggle_s"] += straggle_s
+            self._interval["compute_s"] += compute_s
+
+    @contextlib.contextmanager
+    def _paced(self):
+        """A section of work outside the training steps (a shadow round), paced on this
+        worker's emulated cores."""
+        pacer = self._pacer(f"{threading.current_thread().name}:rounds")
+        if pacer is None:
+            yield
+            return
+        pacer.begin()
+        try:
+            yield
+        finally:
+            pacer.end(self._factor())
 
     def _add_waits(self, pull_s: float, push_s: float) -> None:
         with self._lock:
@@ -209,12 +262,17 @@ class Worker:
 
     def _one_step(self, thread: int, feed) -> bool:
         """One step of training thread ``thread``; False once it has stopped."""
+        pacer = self._local.pacer = self._pacer(f"train-{thread}")
+        if pacer is not None:
+            pacer.begin()  # reading the batch is part of the step's work
         batch, ahead, finished = next(feed)
         begin = time.perf_counter()
         loss = self.mode.step(batch, ahead, thread)
         if loss == STOP:
             self.mode.finish(thread)
             return False
+        if pacer is not None:
+            pacer.end(self._factor())
         self._record(batch, loss, time.perf_counter() - begin)
         check_loss(loss, step=self.steps, mode=self.mode_name, who=f"worker {self.rank}")
         if finished is not None:

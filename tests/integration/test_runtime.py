@@ -79,6 +79,7 @@ def test_ps_modes_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path,
     assert sum(w["chunks"] for w in summary["per_worker"]) == 2 * chunks
     assert summary["staleness"]["max"] is not None and summary["staleness"]["mean"] >= 0
     assert 0.5 < summary["eval"]["auc"] <= 1.0
+    assert summary["emulation"] is None  # no pacing unless [emulation] asks for it
     if mode == "gba":  # every gradient reached both shards and went into an update
         steps = sum(w["steps"] for w in summary["per_worker"])
         gba = summary["gba"]

@@ -40,7 +40,8 @@ class ShadowWorker(WorkerMode):
             self.replica.load(torch.tensor(ctx.dense_state["params"]))  # a copy
         self.threads = sh.hogwild_threads
         self.steps = [HogwildStep(self.replica, ctx.client if i == 0 else ctx.new_client(),
-                                  ctx.after_compute) for i in range(self.threads)]
+                                  ctx.after_compute, ctx.before_compute)
+                      for i in range(self.threads)]
         self.trainer: HogwildTrainer | None = None
 
     def step(self, batch, ahead=None, thread: int = 0):
@@ -53,7 +54,7 @@ class ShadowWorker(WorkerMode):
         sh = self.ctx.cfg.shadow
         self.trainer = HogwildTrainer(steps, self._synchronizer(), background=self.background,
                                       every=sh.foreground_every,
-                                      min_interval_s=sh.min_interval_s)
+                                      min_interval_s=sh.min_interval_s, paced=self.ctx.paced)
         self.trainer.run()
 
     def _synchronizer(self):

@@ -16,6 +16,7 @@ thread fails, the others stop at their next step and the shadow thread before it
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -45,11 +46,12 @@ class SyncStats:
 
 class HogwildTrainer:
     def __init__(self, steps: list[Callable[[], bool]], sync=None, *, background: bool,
-                 every: int = 1, min_interval_s: float = 0.0):
+                 every: int = 1, min_interval_s: float = 0.0, paced=contextlib.nullcontext):
         """``steps``: one callable per training thread, doing one step and returning False when
         that thread has no data left; ``sync``: a synchronizer (``round(done) -> all_done``),
-        or None for no synchronization at all."""
-        self.steps, self.sync = steps, sync
+        or None for no synchronization at all; ``paced()``: a context that paces a round on
+        the worker's emulated cores."""
+        self.steps, self.sync, self.paced = steps, sync, paced
         self.background, self.every, self.min_interval_s = background, every, min_interval_s
         self.iterations = 0
         self.stats = SyncStats()
@@ -144,6 +146,7 @@ class HogwildTrainer:
             begin = time.perf_counter()
             with self._cond:
                 iteration = self.iterations  # the iterations this round's replica holds
-            all_done = self.sync.round(done)
+            with self.paced():
+                all_done = self.sync.round(done)
             self.stats.add(iteration, time.perf_counter() - begin, training=not done)
             return all_done

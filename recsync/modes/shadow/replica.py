@@ -61,15 +61,18 @@ class DenseReplica:
 
 class HogwildStep:
     """One Hogwild thread's step function (each thread has its own, with its own PS client).
-    ``after_compute(compute_s)``: the worker's timer and straggler hook."""
+    ``after_compute(compute_s)``: the worker's timer and straggler hook; ``before_compute``:
+    the emulated cluster's pacing of the pull."""
 
-    def __init__(self, replica: DenseReplica, client, after_compute):
+    def __init__(self, replica: DenseReplica, client, after_compute, before_compute=None):
         self.replica, self.client, self.after_compute = replica, client, after_compute
+        self.before_compute = before_compute or (lambda: None)
 
     def step(self, batch):
         if batch is None:
             return STOP
         pulled = self.client.pull(batch)
+        self.before_compute()
         begin = time.perf_counter()
         loss = model_loss.loss(self.replica.model, batch, pulled.embeddings())
         n = len(self.replica.params)

@@ -1,0 +1,196 @@
+"""The EMULATED cluster (``[emulation]``): workers and PS shards on one machine that behave like
+separate machines with a given number of cores each.
+
+Every process here shares the machine's cores, so a process that sleeps (an emulated straggler)
+gives its CPU to the others, and a busy one takes theirs. Pacing removes that coupling: a worker
+given q cores makes each training step last at least its thread's CPU time / q (times an
+emulated straggler's factor), and a shard given r cores serves its requests one after another,
+each taking at least its CPU time / r. As long as the emulated cores add up to less than the
+machine has (the config refuses more), every process gets the CPU it needs when it needs it, and
+its speed is set by its own emulated cores alone, as on a machine of its own.
+
+CPU time is the whole process's (``time.process_time``), charged to the section that ends next:
+a step's or a request's own work and what Ray's threads did for it (serializing its arguments
+and answers, gloo). Pacing on the calling thread's CPU time alone left out about 20% of a
+worker's CPU time and half of a shard's (measured: docs/design.md §6b).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Callable
+
+
+def cluster_label(workers: int, cores_per_worker: float, shards: int,
+                  cores_per_shard: float) -> str:
+    return (f"EMULATED cluster: {workers} workers x {cores_per_worker:g} cores, "
+            f"{shards} shards x {cores_per_shard:g} cores")
+
+
+def label_of(cfg) -> str | None:
+    """The run's EMULATED label, or None without emulation."""
+    e = cfg.emulation
+    if not e.enabled or cfg.mode == "local":
+        return None
+    return cluster_label(cfg.cluster.workers, e.cores_per_worker, cfg.cluster.ps_shards,
+                         e.cores_per_shard)
+
+
+class EmulatedMachine:
+    """A machine with ``cores`` cores that runs sections of work one after another, on a virtual
+    clock: a section that started at t0 ends at max(t0, the end of the previous section) +
+    factor x c / cores, c being the CPU time the process used since the previous section ended
+    (every thread's: the section's own work, and what Ray's threads did for it). The caller
+    waits until then (``close`` returns the wait). Thread-safe: a worker's training threads and
+    its shadow thread share their machine's cores this way."""
+
+    def __init__(self, cores: float, clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.process_time):
+        if cores <= 0:
+            raise ValueError(f"cores must be > 0, got {cores}")
+        self.cores, self.clock, self.cpu_clock = cores, clock, cpu_clock
+        self.free_at = float("-inf")
+        self.charged: float | None = None  # the CPU clock up to which sections have paid
+        self.sections = 0
+        self.cpu_s = self.service_s = self.late_s = 0.0
+        self._lock = threading.Lock()
+
+    def open(self) -> float:
+        """A section starting now (its wall clock)."""
+        with self._lock:
+            if self.charged is None:
+                self.charged = self.cpu_clock()
+        return self.clock()
+
+    def close(self, t0: float, factor: float = 1.0) -> tuple[float, float]:
+        """End the section opened at ``t0``: (seconds to wait until it is due, CPU seconds it
+        was charged). The wait is 0 if the work took longer than the emulated cores would
+        (counted in ``late_s``)."""
+        with self._lock:
+            now, cpu_now = self.clock(), self.cpu_clock()
+            cpu = max(0.0, cpu_now - self.charged)
+            self.charged = cpu_now
+            due = max(t0, self.free_at) + factor * cpu / self.cores
+            self.free_at = max(due, now)
+            self.sections += 1
+            self.cpu_s += cpu
+            self.service_s += factor * cpu / self.cores
+            self.late_s += max(0.0, now - due)
+        return max(0.0, due - now), cpu
+
+    def unpaced_cpu_s(self) -> float | None:
+        """CPU time the process used since the last section ended (not paced yet)."""
+        return None if self.charged is None else max(0.0, self.cpu_clock() - self.charged)
+
+    def totals(self) -> dict:
+        return {"sections": self.sections, "cpu_s": self.cpu_s, "service_s": self.service_s,
+                "late_s": self.late_s, "unpaced_cpu_s": self.unpaced_cpu_s()}
+
+
+class StepPacer:
+    """One training thread's steps on its worker's EmulatedMachine. A step is cut into sections
+    at ``point``: before the compute (the pull), after it (so a slow machine's gradients leave
+    late, as they would) and at the end (``end``: the send, the optimizer). Waiting inside a
+    section (for a pull, an all-reduce) counts as time passed, as on a real machine."""
+
+    def __init__(self, machine: EmulatedMachine, sleep: Callable[[float], None] = time.sleep):
+        self.machine, self.sleep = machine, sleep
+        self.steps = 0
+        self.cpu_s = self.wall_s = self.slept_s = 0.0  # whole steps
+        self.compute_cpu_s = self.compute_wall_s = 0.0  # compute sections
+        self.expected_s = 0.0  # Σ factor x cpu / cores over compute sections
+        self._section = self._step = None
+        self._step_cpu = 0.0
+
+    def begin(self) -> None:
+        self._section = self._step = self.machine.open()
+        self._step_cpu = 0.0
+
+    def point(self, factor: float = 1.0, compute: bool = False) -> float:
+        """End the current section (sleeping until it is due) and start the next; ``compute``:
+        the section was the step's compute. Returns the seconds slept."""
+        if self._section is None:
+            return 0.0
+        t0 = self._section
+        wait, cpu = self.machine.close(t0, factor)
+        if wait > 0:
+            self.sleep(wait)
+            self.slept_s += wait
+        self._step_cpu += cpu
+        if compute:
+            self.compute_cpu_s += cpu
+            self.compute_wall_s += self.machine.clock() - t0
+            self.expected_s += factor * cpu / self.machine.cores
+        self._section = self.machine.open()
+        return wait
+
+    def end(self, factor: float = 1.0) -> float:
+        """The step is done: its last section paced, the step counted."""
+        if self._step is None:
+            return 0.0
+        slept = self.point(factor)
+        self.steps += 1
+        self.cpu_s += self._step_cpu
+        self.wall_s += self.machine.clock() - self._step
+        self._section = self._step = None
+        return slept
+
+    def totals(self) -> dict:
+        return {"steps": self.steps, "cpu_s": self.cpu_s, "paced_wall_s": self.wall_s,
+                "slept_s": self.slept_s, "compute_cpu_s": self.compute_cpu_s,
+                "compute_wall_s": self.compute_wall_s, "expected_wall_s": self.expected_s}
+
+    @staticmethod
+    def summed(pacers: list["StepPacer"]) -> dict:
+        keys = ("steps", "cpu_s", "paced_wall_s", "slept_s", "compute_cpu_s", "compute_wall_s",
+                "expected_wall_s")
+        return {k: sum(p.totals()[k] for p in pacers) for k in keys}
+
+
+class RequestPacer:
+    """A PS shard's requests on its EmulatedMachine (an asyncio actor): ``start()`` before a
+    request's work, ``await finish(token)`` after it, before answering."""
+
+    def __init__(self, machine: EmulatedMachine, sleep: Callable[[float], object] = asyncio.sleep):
+        self.machine, self.sleep = machine, sleep
+
+    def start(self) -> float:
+        return self.machine.open()
+
+    async def finish(self, token: float) -> float:
+        wait, _ = self.machine.close(token)
+        if wait > 0:
+            await self.sleep(wait)
+        return wait
+
+
+def worker_entry(rank: int, totals: dict) -> dict:
+    """A worker's line of summary.json's ``emulation.workers``: ``compute_wall_per_cpu`` (wall
+    time of its compute sections over their CPU time), against ``expected`` = the straggler
+    factor / cores (CPU-weighted), and ``wall_per_cpu`` (whole steps: those that wait for
+    others, or for a pull, run longer)."""
+    cpu, comp = totals["cpu_s"], totals["compute_cpu_s"]
+    return {"rank": rank, "steps": totals["steps"], "cpu_s": cpu,
+            "unpaced_cpu_s": _unpaced(totals),
+            "paced_wall_s": totals["paced_wall_s"], "slept_s": totals["slept_s"],
+            "wall_per_cpu": totals["paced_wall_s"] / cpu if cpu > 0 else None,
+            "compute_wall_per_cpu": totals["compute_wall_s"] / comp if comp > 0 else None,
+            "expected": totals["expected_wall_s"] / comp if comp > 0 else None}
+
+
+def shard_entry(shard: int, totals: dict, cores: float) -> dict:
+    """A shard's line: ``wall_per_cpu`` is its service time per CPU second (1 / cores, unless
+    the work itself ran slower than the emulated cores: ``late_s``)."""
+    cpu = totals["cpu_s"]
+    service = totals["service_s"] + totals["late_s"]
+    return {"shard": shard, "requests": totals["sections"], "cpu_s": cpu,
+            "unpaced_cpu_s": _unpaced(totals),
+            "paced_wall_s": service, "late_s": totals["late_s"],
+            "wall_per_cpu": service / cpu if cpu > 0 else None, "expected": 1.0 / cores}
+
+
+def _unpaced(totals: dict) -> float | None:
+    """The process's CPU time after its last paced section (not paced), or None."""
+    return totals.get("unpaced_cpu_s")

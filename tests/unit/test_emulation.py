@@ -1,0 +1,149 @@
+"""The EMULATED cluster's pacing arithmetic (recsync/emulation.py) on a fake clock, and the
+config's refusal of an emulated cluster larger than the machine."""
+
+import asyncio
+
+import pytest
+
+from recsync.config import ConfigError, load_config
+from recsync.emulation import (EmulatedMachine, RequestPacer, StepPacer, cluster_label,
+                               shard_entry, worker_entry)
+
+
+class FakeClock:
+    """Wall and CPU clocks that move only when told: ``work(s)`` burns s seconds of CPU (and
+    as much wall time, as an uncontended core would), ``wait(s)`` passes wall time only."""
+
+    def __init__(self):
+        self.now = 100.0
+        self.cpu = 0.0
+        self.slept: list[float] = []
+
+    def work(self, s: float) -> None:
+        self.now += s
+        self.cpu += s
+
+    def wait(self, s: float) -> None:
+        self.now += s
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+    def machine(self, cores: float) -> EmulatedMachine:
+        return EmulatedMachine(cores, clock=lambda: self.now, cpu_clock=lambda: self.cpu)
+
+
+def test_a_section_lasts_its_cpu_time_over_the_cores():
+    clock = FakeClock()
+    m = clock.machine(0.25)
+    section = m.open()
+    clock.work(0.1)
+    wait, charged = m.close(section)
+    assert wait == pytest.approx(0.3)  # 0.1 / 0.25 = 0.4 s, 0.1 s already passed
+    assert charged == pytest.approx(0.1)
+    assert m.totals()["service_s"] == pytest.approx(0.4)
+
+
+def test_sections_of_one_machine_run_one_after_another():
+    """Two threads' sections started together on a 0.5-core machine: the second is due after
+    the first one's emulated time plus its own, as the machine's cores are shared; each is
+    charged the process's CPU time since the previous section ended."""
+    clock = FakeClock()
+    m = clock.machine(0.5)
+    a, b = m.open(), m.open()
+    clock.work(0.1)
+    wait_a, _ = m.close(a)  # due at 0.2
+    clock.cpu += 0.1  # b's work (on another core: no wall time passes)
+    wait_b, charged_b = m.close(b)  # due at 0.2 + 0.2
+    assert charged_b == pytest.approx(0.1)
+    assert wait_a == pytest.approx(0.1)
+    assert wait_b == pytest.approx(0.3)
+
+
+def test_waiting_inside_a_section_counts_as_time_passed_and_slow_work_is_late():
+    clock = FakeClock()
+    m = clock.machine(1.0)
+    s = m.open()
+    clock.wait(0.5)  # e.g. a pull waiting for the previous step
+    clock.work(0.1)
+    assert m.close(s) == (0.0, pytest.approx(0.1))  # 0.6 s passed, 0.1 s of work: no wait
+    assert m.totals()["late_s"] == pytest.approx(0.5)
+    clock.cpu += 0.02  # work after the last section (another thread's): not paced yet
+    assert m.totals()["unpaced_cpu_s"] == pytest.approx(0.02)
+
+
+def test_a_straggler_step_is_paced_at_its_factor_and_its_gradients_leave_late():
+    clock = FakeClock()
+    pacer = StepPacer(clock.machine(0.25), sleep=clock.sleep)
+    pacer.begin()
+    clock.work(0.01)  # the pull's own work
+    pacer.point(4.0)
+    clock.work(0.05)  # forward and backward
+    slept = pacer.point(4.0, compute=True)  # the gradients leave after this
+    assert slept == pytest.approx(4.0 * 0.05 / 0.25 - 0.05)
+    assert clock.now == pytest.approx(100.0 + 16 * 0.06)  # both sections paced 16x
+    clock.work(0.01)  # the push
+    pacer.end(4.0)
+    t = pacer.totals()
+    assert t["steps"] == 1
+    assert t["cpu_s"] == pytest.approx(0.07)
+    assert t["paced_wall_s"] == pytest.approx(16 * 0.07)
+    entry = worker_entry(0, t)
+    assert entry["compute_wall_per_cpu"] == pytest.approx(16.0)
+    assert entry["expected"] == pytest.approx(16.0)
+
+
+def test_steps_without_a_straggler_keep_one_over_the_cores():
+    clock = FakeClock()
+    pacer = StepPacer(clock.machine(0.5), sleep=clock.sleep)
+    for _ in range(3):
+        pacer.begin()
+        clock.work(0.02)
+        pacer.point(compute=True)
+        pacer.end()
+    entry = worker_entry(1, StepPacer.summed([pacer]))
+    assert entry["steps"] == 3
+    assert entry["compute_wall_per_cpu"] == pytest.approx(2.0)
+    assert entry["wall_per_cpu"] == pytest.approx(2.0)
+
+
+def test_a_shard_answers_requests_at_its_emulated_pace():
+    clock = FakeClock()
+
+    async def sleep(s):
+        clock.sleep(s)
+
+    pacer = RequestPacer(clock.machine(0.25), sleep=sleep)
+
+    async def serve():
+        first, second = pacer.start(), pacer.start()  # both arrived now
+        clock.work(0.01)
+        await pacer.finish(first)  # answered at 0.04
+        clock.cpu += 0.01  # the second one's work, done while the first one waited
+        await pacer.finish(second)  # answered at 0.08
+
+    asyncio.run(serve())
+    assert clock.now == pytest.approx(100.08)
+    entry = shard_entry(0, pacer.machine.totals(), 0.25)
+    assert entry["requests"] == 2
+    assert entry["wall_per_cpu"] == pytest.approx(4.0)
+
+
+def test_the_label_names_the_emulated_machines():
+    assert cluster_label(4, 0.25, 2, 0.25) == \
+        "EMULATED cluster: 4 workers x 0.25 cores, 2 shards x 0.25 cores"
+
+
+def test_an_emulated_cluster_larger_than_the_machine_is_refused_with_the_numbers(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    base = ['mode="sync"', "cluster.workers=4", "cluster.ps_shards=2"]
+    cfg = load_config(None, [*base, "emulation.cores_per_worker=0.25",
+                             "emulation.cores_per_shard=0.25"])  # 1.5 of 2 - 0.5
+    assert cfg.emulation.enabled
+    with pytest.raises(ConfigError, match=r"4 workers x 0.5 cores \+ 2 shards x 0.25 cores = "
+                                          r"2.5 cores, more than this machine's 2 cores"):
+        load_config(None, [*base, "emulation.cores_per_worker=0.5",
+                           "emulation.cores_per_shard=0.25"])
+    with pytest.raises(ConfigError, match="mode \"local\" has none"):
+        load_config(None, ["emulation.cores_per_worker=0.25", "emulation.cores_per_shard=0.25"])

@@ -61,31 +61,46 @@ def ideal_windowed_speed_ratio(factors: list[float], window_s: tuple[float, floa
     return sync_s / (work + (end - start) * (1.0 - fast))
 
 
+def _deviation(worker: dict) -> float | None:
+    """|compute wall / CPU over expected - 1| of a worker's line of summary.json's emulation."""
+    ratio, expected = worker.get("compute_wall_per_cpu"), worker.get("expected")
+    return abs(ratio / expected - 1.0) if ratio and expected else None
+
+
+def _series(values: list) -> str:
+    return ", ".join("n/a" if v is None else f"{v:.3g}" for v in values)
+
+
 def _worker_rows(name: str, entries: list[dict]) -> list[list]:
     rows = []
-    ranks = sorted({w["rank"] for e in entries for w in e["workers"]})
-    for rank in ranks:
+    for rank in sorted({w["rank"] for e in entries for w in e["workers"]}):
         per = [w for e in entries for w in e["workers"] if w["rank"] == rank]
-        ratio = [w["wall_per_cpu"] for w in per]
-        expected = per[0]["expected"]
-        dev = max(abs(x / expected - 1.0) for x in ratio)
-        rows.append([f"{name}: worker {rank} wall / CPU per step", statistics.median(ratio),
-                     f"expected {expected:g}; per seed " + ", ".join(f"{x:.3g}" for x in ratio)
-                     + f"; largest deviation {dev:.1%}"
-                     + ("" if dev <= TOLERANCE else f" (more than {TOLERANCE:.0%})")])
+        compute = [w.get("compute_wall_per_cpu") for w in per]
+        devs = [d for d in map(_deviation, per) if d is not None]
+        dev = max(devs) if devs else None
+        known = [x for x in compute if x is not None]
+        rows.append([f"{name}: worker {rank} wall / CPU of its compute",
+                     statistics.median(known) if known else None,
+                     f"expected {_series([w.get('expected') for w in per])} (straggler factor "
+                     f"/ cores); per seed {_series(compute)}"
+                     + ("" if dev is None else f"; largest deviation {dev:.1%}"
+                        + ("" if dev <= TOLERANCE else f" (more than {TOLERANCE:.0%})"))
+                     + "; whole steps (waits included) "
+                     + _series([w.get("wall_per_cpu") for w in per])])
     for shard in sorted({s["shard"] for e in entries for s in e["shards"]}):
         per = [s for e in entries for s in e["shards"] if s["shard"] == shard]
-        ratio = [s["wall_per_cpu"] for s in per]
-        rows.append([f"{name}: PS shard {shard} wall / CPU per request",
-                     statistics.median(ratio), f"expected {per[0]['expected']:g} (at least: "
-                     f"a shard waits for requests); per seed "
-                     + ", ".join(f"{x:.3g}" for x in ratio)])
+        ratio = [s.get("wall_per_cpu") for s in per]
+        known = [x for x in ratio if x is not None]
+        rows.append([f"{name}: PS shard {shard} service time / CPU",
+                     statistics.median(known) if known else None,
+                     f"expected {per[0]['expected']:g} (1 / cores); per seed {_series(ratio)}"])
     return rows
 
 
 def emulation_rows(arms: dict) -> list[list]:
-    """Per arm, each worker's and shard's paced wall time over its CPU time (median of the
-    seeds, every seed's, and the largest deviation from the expected factor / cores)."""
+    """Per arm, each worker's paced wall time over its CPU time in its compute sections (median
+    of the seeds, every seed's, and the largest deviation from the expected factor / cores;
+    whole steps beside, whose waits for others make them longer), and each shard's."""
     rows = []
     for name, a in arms.items():
         entries = [e for e in a.get("emulation_seeds") or [] if e]
@@ -95,10 +110,10 @@ def emulation_rows(arms: dict) -> list[list]:
 
 
 def worst_worker_deviation(arms: dict) -> float | None:
-    """The largest |wall / CPU over expected - 1| of any worker in any seed of any arm."""
-    devs = [abs(w["wall_per_cpu"] / w["expected"] - 1.0)
-            for a in arms.values() for e in a.get("emulation_seeds") or [] if e
-            for w in e["workers"] if w["expected"]]
+    """The largest |compute wall / CPU over expected - 1| of any worker in any seed of any arm."""
+    devs = [_deviation(w) for a in arms.values() for e in a.get("emulation_seeds") or [] if e
+            for w in e["workers"]]
+    devs = [d for d in devs if d is not None]
     return max(devs) if devs else None
 
 

@@ -110,28 +110,31 @@ def test_ideal_windowed_speed_ratio_limits():
         1 / (1 - 0.5625 / 3))
 
 
-def _emulation(walls, expected=(16.0, 4.0)):
+def _emulation(computes, expected=(16.0, 4.0)):
     return {"label": "EMULATED cluster: 2 workers x 0.25 cores, 1 shards x 0.25 cores",
-            "workers": [{"rank": r, "steps": 10, "cpu_s": 1.0, "paced_wall_s": w,
-                         "wall_per_cpu": w, "expected": e}
-                        for r, (w, e) in enumerate(zip(walls, expected))],
-            "shards": [{"shard": 0, "requests": 40, "cpu_s": 1.0, "paced_wall_s": 5.0,
-                        "wall_per_cpu": 5.0, "expected": 4.0}]}
+            "workers": [{"rank": r, "steps": 10, "cpu_s": 1.0, "paced_wall_s": 20.0,
+                         "wall_per_cpu": 20.0, "compute_wall_per_cpu": c, "expected": e}
+                        for r, (c, e) in enumerate(zip(computes, expected))],
+            "shards": [{"shard": 0, "requests": 40, "cpu_s": 1.0, "paced_wall_s": 4.0,
+                        "wall_per_cpu": 4.0, "expected": 4.0}]}
 
 
 def test_emulation_rows_flag_a_worker_off_its_cores():
     arms = {"gba": {"emulation_seeds": [_emulation([16.2, 4.1]), _emulation([16.0, 4.8])]},
             "plain": {"emulation_seeds": [None]}}
     rows = em.emulation_rows(arms)
-    assert [r[0] for r in rows] == ["gba: worker 0 wall / CPU per step",
-                                    "gba: worker 1 wall / CPU per step",
-                                    "gba: PS shard 0 wall / CPU per request"]
+    assert [r[0] for r in rows] == ["gba: worker 0 wall / CPU of its compute",
+                                    "gba: worker 1 wall / CPU of its compute",
+                                    "gba: PS shard 0 service time / CPU"]
     assert rows[1][1] == pytest.approx(4.45) and "more than 10%" in rows[1][2]
-    assert "more than" not in rows[0][2]
+    assert "more than" not in rows[0][2] and "whole steps (waits included) 20, 20" in rows[0][2]
     assert em.worst_worker_deviation(arms) == pytest.approx(0.2)
     assert em.label(arms).startswith("EMULATED cluster: 2 workers x 0.25 cores")
     assert em.label({"plain": arms["plain"]}).startswith("Not emulated")
     assert em.worst_worker_deviation({"plain": arms["plain"]}) is None
+    # a worker that computed nothing has no ratio: shown as n/a, not counted
+    arms = {"x": {"emulation_seeds": [_emulation([None, 4.0])]}}
+    assert "n/a" in em.emulation_rows(arms)[0][2] and em.worst_worker_deviation(arms) == 0.0
 
 
 def test_seeds_only_for_the_seeded_scenarios(tmp_path):

@@ -49,7 +49,7 @@ from recsync.config import RunConfig, load_config
 from recsync.metrics import read_jsonl
 from recsync.plot import plot_runs
 
-ROWS = 600_000  # training rows at --scale 1
+ROWS = 400_000  # training rows at --scale 1
 EVAL_ROWS = 100_000
 WORKERS, SHARDS, BATCH = 2, 2, 4096
 CORES_PER_WORKER, CORES_PER_SHARD = 0.25, 0.25
@@ -156,8 +156,8 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
         "scenario": "eager",
         "emulation_label": em.label(arms),
         "description": (
-            f"{em.label(arms)} {WORKERS} workers x batch {BATCH}, {SHARDS} PS shards, one pass "
-            f"over {arms['eager']['samples']:,} synthetic rows ({em.BENCH_SPEC}) in every arm; "
+            f"{WORKERS} workers x batch {BATCH}, {SHARDS} PS shards, one pass "
+            f"over {arms['eager']['samples']:,} synthetic rows ({em.spec_text()}) in every arm; "
             f"default DLRM and optimizers with dense lr {DENSE_LR} (see the scenario's "
             f"docstring), 1 intra-op thread, chunks of {CHUNK_BATCHES} batches. NETWORK "
             f"EMULATED: {cal['latency_ms']:.1f} ms added to every PS call (half each way), "

@@ -6,6 +6,7 @@ emulation (each process's wall time over its CPU time against 1 / its cores).
 from __future__ import annotations
 
 import statistics
+from dataclasses import fields
 from pathlib import Path
 
 from recsync.data.synthetic import SynthSpec
@@ -19,9 +20,17 @@ BENCH_SPEC = SynthSpec(max_table_rows=10_000, interacting_tables=(0, 4, 5))
 TOLERANCE = 0.10  # how far wall / CPU may be from 1 / cores before the report flags it
 
 
+def spec_text(spec: SynthSpec = BENCH_SPEC) -> str:
+    """The fields of ``spec`` that differ from SynthSpec's defaults, for reports."""
+    default = SynthSpec()
+    changed = [f"{f.name}={getattr(spec, f.name)!r}" for f in fields(SynthSpec)
+               if getattr(spec, f.name) != getattr(default, f.name)]
+    return "SynthSpec(" + ", ".join(changed) + ")"
+
+
 def make_data(path: Path, rows: int, eval_rows: int) -> Path:
     """BENCH_SPEC's data set with ``rows`` training and ``eval_rows`` eval rows."""
-    print(f"generating {rows:,} + {eval_rows:,} synthetic rows ({BENCH_SPEC}) ...", flush=True)
+    print(f"generating {rows:,} + {eval_rows:,} synthetic rows ({spec_text()}) ...", flush=True)
     from recsync.data.synthetic import generate
     generate(path, rows=rows, eval_rows=eval_rows, overwrite=True, progress=False,
              spec=BENCH_SPEC)

@@ -4,9 +4,9 @@ against the same algorithms run in the foreground every k iterations, and its th
 
 T = 4 trainers x ``CORES_PER_TRAINER`` cores, S = 2 PS shards x ``CORES_PER_SHARD`` cores
 (``[emulation]``: each process paces itself as a machine of that size), one pass over the same
-synthetic data (emulated.BENCH_SPEC), DLRM with MLPs ``MLPS``, batch 4096 per trainer, chunks
-of 4 batches, the default optimizers and learning rates, one Hogwild thread per trainer, in
-every arm:
+synthetic data (emulated.BENCH_SPEC), DLRM with small MLPs (``MLPS``), batch 4096 per
+trainer, chunks of 4 batches, the default optimizers and learning rates, one Hogwild thread
+per trainer, in every arm:
 
 - ``none``: mode shadow with ``shadow.algorithm = "none"``: each trainer trains its own dense
   replica, never synchronized (the throughput ceiling);
@@ -48,9 +48,14 @@ from recsync.plot import plot_runs
 ROWS = 400_000  # training rows at --scale 1
 EVAL_ROWS = 100_000
 TRAINERS, SHARDS, BATCH = 4, 2, 4096
-CORES_PER_TRAINER, CORES_PER_SHARD = 0.2, 0.35
+# A shard's CPU per trainer step is about a third of a trainer's (the issue-5 run: 25 ms
+# against 80-150 ms); with 4 trainers on 2 shards, r = 4 q keeps the shards about a third busy,
+# so that they do not cap the 4-trainer arm's throughput
+CORES_PER_TRAINER, CORES_PER_SHARD = 0.125, 0.5
 CHUNK_BATCHES = 4  # small chunks: at the end, one trainer runs alone for little time
-MLPS = ["model.bottom_mlp=[512, 256, 64]", "model.top_mlp=[512, 256]"]  # the default DLRM's
+# small MLPs (those of scenario `stragglers`): a trainer's step at 0.125 cores with the default
+# [512, 256, 64] / [512, 256] would take over a second, too long for 5 seeds of 7 arms
+MLPS = ["model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]"]
 ALGORITHMS = ("ma", "easgd", "bmuf")
 SCALING = {"s_ma_trainers_1": 1, "s_ma_trainers_2": 2}  # speed only, seed 0
 COMMON = [
@@ -143,8 +148,8 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
         "scenario": "shadow",
         "emulation_label": em.label(arms),
         "description": (
-            f"{em.label(arms)} {TRAINERS} trainers x batch {BATCH}, {SHARDS} PS shards, one "
-            f"pass over {arms['none']['samples']:,} synthetic rows ({em.BENCH_SPEC}) in every "
+            f"{TRAINERS} trainers x batch {BATCH}, {SHARDS} PS shards, one "
+            f"pass over {arms['none']['samples']:,} synthetic rows ({em.spec_text()}) in every "
             f"arm (s_ma_trainers_1 and _2: {steps} steps per trainer, speed only, seed 0); DLRM "
             f"({', '.join(MLPS)}), default optimizers; 1 Hogwild thread per trainer; "
             f"shadow.min_interval_s {interval[0] if interval else 'n/a'} s (a trainer's median "

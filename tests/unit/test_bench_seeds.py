@@ -142,3 +142,10 @@ def test_seeds_only_for_the_seeded_scenarios(tmp_path):
         run_scenario("overhead", tmp_path, seeds=2)
     with pytest.raises(ValueError, match="--seeds must be >= 1"):
         run_scenario("stragglers", tmp_path, seeds=0)
+
+
+def test_spec_text_names_only_what_differs_from_the_default():
+    from recsync.data.synthetic import SynthSpec
+    assert em.spec_text(SynthSpec()) == "SynthSpec()"
+    assert em.spec_text(SynthSpec(head_rank=5.0, interacting_tables=(4, 5))) == \
+        "SynthSpec(interacting_tables=(4, 5), head_rank=5.0)"

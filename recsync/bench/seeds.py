@@ -104,7 +104,8 @@ def auc_rows(arms: dict) -> list[list]:
     rows = []
     for name, a in arms.items():
         st, bayes = a["auc_stats"], a["eval"]["bayes_auc"]
-        rows.append([f"{name}: eval AUC, mean of {st['n']} seeds", st["mean"],
+        seeds = f"{st['n']} seed" + ("s" if st["n"] > 1 else "")
+        rows.append([f"{name}: eval AUC, mean of {seeds}", st["mean"],
                      (f"sd {st['sd']:.4f}, " if st["sd"] is not None else "")
                      + f"range {st['min']:.4f} - {st['max']:.4f}"
                      + (f"; Bayes-optimal {bayes:.4f} (gap {bayes - st['mean']:.4f})"

@@ -149,3 +149,12 @@ def test_spec_text_names_only_what_differs_from_the_default():
     assert em.spec_text(SynthSpec()) == "SynthSpec()"
     assert em.spec_text(SynthSpec(head_rank=5.0, interacting_tables=(4, 5))) == \
         "SynthSpec(interacting_tables=(4, 5), head_rank=5.0)"
+
+
+def test_cli_bench_refuses_seeds_for_an_unseeded_scenario(tmp_path):
+    from click.testing import CliRunner
+
+    from recsync.cli import main
+    result = CliRunner().invoke(main, ["bench", "overhead", "--out", str(tmp_path / "o"),
+                                       "--seeds", "2"])
+    assert result.exit_code != 0 and "--seeds applies to" in result.output

@@ -16,7 +16,7 @@ from recsync.data.synthetic import SynthSpec
 # 2026-11-23-bench-data.md): pairwise interactions among two small tables instead of eight,
 # tables of at most 1,000 ids and a steeper Zipf law (ids seen more often). With the default
 # teacher, a one-pass model ended 0.045-0.067 short of the ceiling; with this one, 0.017 at
-# 300,000 rows (mode local, batch 4096); the gap shrinks with the rows (--scale).
+# 300,000 rows (mode local, batch 4096; 0.019 in mode sync, 4 x 1024) and 0.009 at 1,000,000.
 BENCH_SPEC = SynthSpec(max_table_rows=1_000, zipf_exponent=1.3, interacting_tables=(4, 5))
 TOLERANCE = 0.10  # how far wall / CPU may be from 1 / cores before the report flags it
 

@@ -49,7 +49,7 @@ from recsync.config import RunConfig, load_config
 from recsync.metrics import read_jsonl
 from recsync.plot import plot_runs
 
-ROWS = 400_000  # training rows at --scale 1
+ROWS = 300_000  # training rows at --scale 1
 EVAL_ROWS = 100_000
 WORKERS, SHARDS, BATCH = 2, 2, 4096
 CORES_PER_WORKER, CORES_PER_SHARD = 0.25, 0.25

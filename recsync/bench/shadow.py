@@ -45,7 +45,7 @@ from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.plot import plot_runs
 
-ROWS = 400_000  # training rows at --scale 1
+ROWS = 300_000  # training rows at --scale 1
 EVAL_ROWS = 100_000
 TRAINERS, SHARDS, BATCH = 4, 2, 4096
 # A shard's CPU per trainer step is about a third of a trainer's (the issue-5 run: 25 ms

@@ -147,7 +147,9 @@ class Worker:
         """The emulated cluster's figures of this worker (summed over its threads), or None."""
         if not self.pacers:
             return None
-        return {**StepPacer.summed(list(self.pacers.values())),
+        training = [p for name, p in self.pacers.items() if name.startswith("train-")]
+        return {**StepPacer.summed(list(self.pacers.values())),  # shadow rounds' work too
+                "steps": sum(p.steps for p in training),  # training steps only
                 "unpaced_cpu_s": self.machine.unpaced_cpu_s()}
 
     def mode_stats(self) -> dict | None:

@@ -126,12 +126,13 @@ class StepPacer:
         self._section = self.machine.open()
         return wait
 
-    def end(self, factor: float = 1.0) -> float:
-        """The step is done: its last section paced, the step counted."""
+    def end(self, factor: float = 1.0, count: bool = True) -> float:
+        """The step is done: its last section paced, the step counted (unless ``count`` is
+        false: a step without a batch of its own, e.g. sync's all-reduce of an idle worker)."""
         if self._step is None:
             return 0.0
         slept = self.point(factor)
-        self.steps += 1
+        self.steps += count
         self.cpu_s += self._step_cpu
         self.wall_s += self.machine.clock() - self._step
         self._section = self._step = None

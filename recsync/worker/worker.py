@@ -274,7 +274,7 @@ class Worker:
             self.mode.finish(thread)
             return False
         if pacer is not None:
-            pacer.end(self._factor())
+            pacer.end(self._factor(), count=loss is not None)
         self._record(batch, loss, time.perf_counter() - begin)
         check_loss(loss, step=self.steps, mode=self.mode_name, who=f"worker {self.rank}")
         if finished is not None:

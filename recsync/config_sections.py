@@ -80,6 +80,13 @@ class TrainConfig(Section):
     dense_optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
     """optimizer of the dense (MLP) parameters"""
     dense_lr: float = Field(0.01, gt=0)
+    dense_warmup_steps: int = Field(100, ge=0)
+    """linear warm-up of the dense learning rate: the k-th dense update (k = 0, 1, ...) uses
+    dense_lr x min(1, (k+1)/W); counted per dense optimizer (a sync/hybrid worker's: one a
+    step; PS shard 0's in async/gba/eager: one a push or a global batch; a shadow/foreground
+    trainer's: one a Hogwild iteration), carried by its state across switches and resumes;
+    0: none. 100: measured to remove the first steps' loss spike of Adagrad at 0.01 in local,
+    sync, async and eager runs, and eager's collapse, with no AUC lost (docs/sync_modes.md)"""
     dense_weight_decay: float = Field(0.0, ge=0)
     """L2 on the dense parameters (the dense optimizer's weight_decay: grad += wd * param)"""
     embedding_weight_decay: float = Field(1e-5, ge=0)

@@ -21,7 +21,7 @@ from recsync.embedding.store import EmbeddingStore
 from recsync.evaluate import evaluate
 from recsync.metrics import MetricsLog
 from recsync.model import loss as model_loss
-from recsync.model.optim import make_dense_optimizer
+from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.model.setup import model_for
 from recsync.progress import progress
 from recsync.record import RunRecord
@@ -35,6 +35,7 @@ class LocalModel:
     dense: torch.nn.Module
     lookup: LocalLookup
     dense_optimizer: torch.optim.Optimizer
+    warmup_steps: int = 0  # train.dense_warmup_steps
 
 
 def build_local_model(model_cfg: ModelConfig, train_cfg: TrainConfig, ds: Dataset) -> LocalModel:
@@ -46,7 +47,8 @@ def build_local_model(model_cfg: ModelConfig, train_cfg: TrainConfig, ds: Datase
                            init_scale=model_cfg.embedding_init_scale)
     optimizer = make_dense_optimizer(train_cfg.dense_optimizer, built.module.parameters(),
                                      train_cfg.dense_lr, train_cfg.dense_weight_decay)
-    return LocalModel(built.module, LocalLookup(store, built.plan), optimizer)
+    return LocalModel(built.module, LocalLookup(store, built.plan), optimizer,
+                      train_cfg.dense_warmup_steps)
 
 
 def train_step(m: LocalModel, batch: Batch) -> float:
@@ -55,7 +57,7 @@ def train_step(m: LocalModel, batch: Batch) -> float:
     loss = model_loss.loss(m.dense, batch, pulled.embeddings())
     m.dense_optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    m.dense_optimizer.step()
+    dense_step(m.dense_optimizer, m.warmup_steps)
     m.lookup.push(pulled)
     return loss.item()
 

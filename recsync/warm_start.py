@@ -17,7 +17,7 @@ import json
 import numpy as np
 import torch
 
-from recsync.model.optim import make_dense_optimizer
+from recsync.model.optim import UPDATES, make_dense_optimizer
 from recsync.model_dir.read import ModelDirError, ModelFiles, read_model_dir
 
 # model keys that do not change the parameters' shapes or meaning
@@ -107,8 +107,11 @@ def flat_optimizer_state(files: ModelFiles, cfg, numel: int) -> dict | None:
     t = cfg.train
     fresh = make_dense_optimizer(t.dense_optimizer, [torch.zeros(numel, requires_grad=True)],
                                  t.dense_lr, t.dense_weight_decay)
+    groups = fresh.state_dict()["param_groups"]
+    # the updates the saved state has seen: its warm-up (train.dense_warmup_steps) is not redone
+    groups[0][UPDATES] = files.dense_optimizer_state["param_groups"][0].get(UPDATES, 0)
     return {"state": {0: dict(files.dense_optimizer_state["state"][0])},
-            "param_groups": fresh.state_dict()["param_groups"]}
+            "param_groups": groups}
 
 
 def apply_local(model, files: ModelFiles, cfg) -> None:

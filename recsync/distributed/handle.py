@@ -136,7 +136,7 @@ class DistributedRun:
         if self.facts.dense_on_ps and flat is not None:
             ray.get(self.shards[0].install_dense.remote(
                 self.initial_dense(), t.dense_optimizer, t.dense_lr, flat,
-                t.dense_weight_decay))
+                t.dense_weight_decay, t.dense_warmup_steps))
 
     # -- workers -------------------------------------------------------------------------
     def start_workers(self, ranks: list[int], dense_state: dict | None = None,

@@ -49,7 +49,8 @@ def switch(run, to: str) -> bool:
         if dense is not None:
             t = run.cfg.train
             ray.get(shard0.install_dense.remote(dense["params"], t.dense_optimizer, t.dense_lr,
-                                                dense["optimizer"], t.dense_weight_decay))
+                                                dense["optimizer"], t.dense_weight_decay,
+                                                t.dense_warmup_steps))
         ray.get([s.use_mode.remote(to) for s in run.shards])
         run.resume_all(to)
     else:  # every gradient held is applied, and the replicas start from shard 0's state

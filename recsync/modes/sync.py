@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recsync.model import loss as model_loss
-from recsync.model.optim import make_dense_optimizer
+from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.modes.base import REBUILD_GROUP, STOP, Mode, ShardRule, WorkerMode
 from recsync.modes.handover import from_flat, to_flat
 from recsync.ps.aggregation import GradientBuffer
@@ -37,6 +37,7 @@ class SyncWorker(WorkerMode):
         t = ctx.cfg.train
         self.optimizer = make_dense_optimizer(t.dense_optimizer, self.params, t.dense_lr,
                                               t.dense_weight_decay)
+        self.warmup_steps = t.dense_warmup_steps
         if ctx.dense_state is not None:
             self._load(ctx.dense_state)
         self.step_index = ctx.step_index  # the global step this worker computes next
@@ -88,7 +89,7 @@ class SyncWorker(WorkerMode):
             offset += p.numel()
         with self.lock:
             self.before.append((self.step_index, self._raw_state()))
-            self.optimizer.step()
+            dense_step(self.optimizer, self.warmup_steps)
             self.send(pulled, n)
             self.step_index += 1
         return None if loss is None else loss.item()

@@ -30,7 +30,7 @@ def make_core(tables: list[TableSpec], cfg, shard: int, dense_init: np.ndarray |
     dense = None
     if dense_init is not None and MODES[mode].holds_dense(cfg, shard):
         dense = DenseState(as_tensor(dense_init), t.dense_optimizer, t.dense_lr,
-                           t.dense_weight_decay)
+                           t.dense_weight_decay, t.dense_warmup_steps)
     rules = functools.partial(make_rule, cfg, shard, dense_init)
     row_optimizer = make_row_optimizer(t.embedding_optimizer, t.embedding_lr,
                                        weight_decay=t.embedding_weight_decay)

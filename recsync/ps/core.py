@@ -18,28 +18,23 @@ import torch
 from recsync.embedding.sharding import local_index
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
-from recsync.model.optim import make_dense_optimizer
+from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.ps.aggregation import GradientBuffer, as_tensor
 
 
 class DenseState:
-    """Dense parameters as one flat float32 vector, updated by a torch optimizer."""
+    """Dense parameters as one flat float32 vector, updated by a torch optimizer (with
+    ``warmup_steps`` updates of linear learning-rate warm-up, model/optim.py)."""
 
     def __init__(self, initial: torch.Tensor, optimizer: str, lr: float,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, warmup_steps: int = 0):
         self.params = initial.detach().clone().requires_grad_(True)
         self.optimizer = make_dense_optimizer(optimizer, [self.params], lr, weight_decay)
+        self.warmup_steps = warmup_steps
 
     def apply(self, grad: torch.Tensor, lr_scale: float = 1.0) -> None:
         self.params.grad = grad
-        if lr_scale != 1.0:
-            for g in self.optimizer.param_groups:
-                g.setdefault("base_lr", g["lr"])
-                g["lr"] = g["base_lr"] * lr_scale
-        self.optimizer.step()
-        for g in self.optimizer.param_groups:
-            if "base_lr" in g:
-                g["lr"] = g["base_lr"]
+        dense_step(self.optimizer, self.warmup_steps, lr_scale)
 
 
 class ShardCore:
@@ -117,10 +112,12 @@ class ShardCore:
         self.version = version
 
     def install_dense(self, params: np.ndarray, optimizer: str, lr: float,
-                      optimizer_state: dict, weight_decay: float = 0.0) -> None:
+                      optimizer_state: dict, weight_decay: float = 0.0,
+                      warmup_steps: int = 0) -> None:
         """Hold the dense parameters (flat) and their optimizer's state_dict (over the flat
-        vector, see modes/handover.py) from now on."""
-        self.dense = DenseState(as_tensor(params), optimizer, lr, weight_decay)
+        vector, see modes/handover.py; its update count goes on with the warm-up) from now
+        on."""
+        self.dense = DenseState(as_tensor(params), optimizer, lr, weight_decay, warmup_steps)
         self.dense.optimizer.load_state_dict(optimizer_state)
 
     def take_dense(self) -> dict:

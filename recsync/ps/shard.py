@@ -162,8 +162,9 @@ class PSShard:
         await self._notify()
 
     async def install_dense(self, params, optimizer: str, lr: float, optimizer_state,
-                            weight_decay: float = 0.0) -> None:
-        self.core.install_dense(params, optimizer, lr, optimizer_state, weight_decay)
+                            weight_decay: float = 0.0, warmup_steps: int = 0) -> None:
+        self.core.install_dense(params, optimizer, lr, optimizer_state, weight_decay,
+                                warmup_steps)
 
     async def take_dense(self) -> dict:
         return self.core.take_dense()

@@ -207,7 +207,9 @@ def test_gba_with_m_equal_n_and_no_staleness_equals_one_step_on_the_global_batch
                                        weight_decay=train_cfg.embedding_weight_decay)
     cores = [test_core(tables, row_optimizer, shard=s, num_shards=2,
                        num_workers=2, seed=train_cfg.seed, init_scale=0.3,
-                       dense=DenseState(init, "adagrad", 0.05) if s == 0 else None,
+                       dense=DenseState(init, "adagrad", 0.05,
+                                        warmup_steps=train_cfg.dense_warmup_steps)
+                       if s == 0 else None,
                        decay=StalenessDecay(0, "drop"),  # any staleness would show as drops
                        mode="gba")
               for s in range(2)]

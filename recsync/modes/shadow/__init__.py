@@ -35,7 +35,7 @@ class ShadowWorker(WorkerMode):
         super().__init__(ctx)
         sh, t = ctx.cfg.shadow, ctx.cfg.train
         self.replica = DenseReplica(ctx.model, DENSE_OPTIMIZERS[t.dense_optimizer], t.dense_lr,
-                                    t.dense_weight_decay)
+                                    t.dense_weight_decay, t.dense_warmup_steps)
         if ctx.dense_state is not None:  # a restart from a live replica's parameters
             self.replica.load(torch.tensor(ctx.dense_state["params"]))  # a copy
         self.threads = sh.hogwild_threads

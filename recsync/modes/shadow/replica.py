@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from recsync.model import loss as model_loss
+from recsync.model.optim import dense_step
 from recsync.modes.base import STOP
 
 
@@ -28,12 +29,13 @@ class DenseReplica:
     """A trainer's dense parameters, written only through ``.data`` aliases (see above)."""
 
     def __init__(self, model: torch.nn.Module, optimizer_cls, lr: float,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, warmup_steps: int = 0):
         self.model = model
         self.params = list(model.parameters())
         self.data = [p.data for p in self.params]  # same storage, outside autograd
         self.numels = [p.numel() for p in self.params]
         self.optimizer = optimizer_cls(self.data, lr=lr, weight_decay=weight_decay)
+        self.warmup_steps = warmup_steps  # counted over all threads' steps
         self._update = threading.Lock()
 
     def apply(self, grads: list[torch.Tensor]) -> None:
@@ -41,7 +43,7 @@ class DenseReplica:
         with self._update:
             for d, g in zip(self.data, grads):
                 d.grad = g
-            self.optimizer.step()
+            dense_step(self.optimizer, self.warmup_steps)
             for d in self.data:
                 d.grad = None
 

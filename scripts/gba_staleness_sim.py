@@ -1,19 +1,25 @@
-"""Why gba trails sync at one global batch without a straggler: a replay without Ray.
+"""Does gba trail sync at one global batch without a straggler because of staleness? A replay
+without Ray (docs/sync_modes.md, "gba against sync without a straggler").
 
-N workers and S PS shards (real ShardCores with GBA's GlobalBatch rule, real PSClients and
-GBAWorker compute) train on the same batches in the same order; only *when each worker reads
-the parameters it computes on* differs:
+4 workers x 1024 and 2 PS shards: real ShardCores with GBA's GlobalBatch rule, real PSClients,
+GBAWorker's compute, the run's data order (a queue of seeded chunks of 4096 rows, a worker
+takes the next chunk when it has read its own). The arms differ only in *when each worker
+reads the parameters it computes on*:
 
-- ``sync``: every worker of a round reads the parameters after the previous round's update
-  (no staleness): exactly sync's computation on the global batch.
-- ``gba``: each worker pulls its next batch's parameters right after sending its push, as a
-  gba worker does; the update its push completes is not applied yet unless it is the last of
-  the round, so N-1 of N gradients are computed on the parameters of one update back.
-- ``stale_dense``: as gba for the dense vector, the rows read fresh (as sync).
-- ``stale_rows``: as gba for the rows, the dense vector read fresh.
+- ``sync``: the workers step in lock-step and every worker of a round reads the parameters
+  after the previous round's update: sync's computation on the global batch.
+- ``gba``: each worker's step takes 1 + jitter x N(0, 1) time units (seeded); at the end of a
+  step it computes on what it pulled, pushes, and pulls its next batch at once, as a gba worker
+  does, so most gradients are computed one update back (staleness as in real runs).
+- ``fresh``: gba's order of pushes and grouping into updates, every gradient computed on the
+  parameters as they are when it is pushed (no staleness).
+- ``stale_dense`` / ``stale_rows``: only the dense vector / only the rows read as gba reads
+  them, the other fresh.
 
-Run: PYTHONPATH=. .venv/bin/python scripts/gba_staleness_sim.py --rows 600000 --seeds 0 1 2
-Prints, per seed and arm, eval AUC and log loss, and each arm's mean staleness.
+Run (data generated on first use, SynthSpec() as scenario `stragglers`):
+  PYTHONPATH=. .venv/bin/python scripts/gba_staleness_sim.py --data /tmp/d --rows 1500000 \
+      --eval-rows 200000 --seeds 0 1 2 --arms sync gba --jitter 0.2
+Prints, per seed and arm, eval AUC and log loss, and the staleness of the applied gradients.
 """
 
 from __future__ import annotations

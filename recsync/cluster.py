@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 def ray_session(cfg: ClusterConfig):
     """Embedded default: a local Ray instance on loopback with the dashboard off and a bounded
     object store, shut down on exit (also on error and Ctrl-C) and its session folder removed
-    (kept with ``cfg.keep_ray_logs``). With ``cfg.address``: join that cluster, and only
-    disconnect from it on exit."""
+    (kept with ``cfg.keep_ray_logs``). Its actors run at the driver's priority (Ray's default
+    nice 15 lets any other process on the machine take their CPU, which an emulated cluster
+    cannot pace against). With ``cfg.address``: join that cluster, and only disconnect from it
+    on exit."""
     import ray
     if ray.is_initialized():  # e.g. a test's session-scoped cluster
         yield
@@ -45,7 +47,8 @@ def ray_session(cfg: ClusterConfig):
                 ctx = ray.init(address="local", include_dashboard=False,
                                object_store_memory=cfg.object_store_mb * 2**20,
                                num_cpus=os.cpu_count(), logging_level=logging.WARNING,
-                               configure_logging=True, log_to_driver=True)
+                               configure_logging=True, log_to_driver=True,
+                               _system_config={"worker_niceness": 0})
             session = Path(ctx.address_info["session_dir"])
             node_ip = ctx.address_info["node_ip_address"]
             if not is_loopback(node_ip):

@@ -3,9 +3,9 @@ separate machines with a given number of cores each.
 
 Every process here shares the machine's cores, so a process that sleeps (an emulated straggler)
 gives its CPU to the others, and a busy one takes theirs. Pacing removes that coupling: a worker
-given q cores makes each training step last at least its thread's CPU time / q (times an
-emulated straggler's factor), and a shard given r cores serves its requests one after another,
-each taking at least its CPU time / r. As long as the emulated cores add up to less than the
+given q cores makes each training step last at least its CPU time / q (times an emulated
+straggler's factor), and a shard given r cores serves its requests one after another, each
+taking at least its CPU time / r. As long as the emulated cores add up to less than the
 machine has (the config refuses more), every process gets the CPU it needs when it needs it, and
 its speed is set by its own emulated cores alone, as on a machine of its own.
 
@@ -174,7 +174,7 @@ def worker_entry(rank: int, totals: dict) -> dict:
     others, or for a pull, run longer)."""
     cpu, comp = totals["cpu_s"], totals["compute_cpu_s"]
     return {"rank": rank, "steps": totals["steps"], "cpu_s": cpu,
-            "unpaced_cpu_s": _unpaced(totals),
+            "unpaced_cpu_s": totals.get("unpaced_cpu_s"),
             "paced_wall_s": totals["paced_wall_s"], "slept_s": totals["slept_s"],
             "wall_per_cpu": totals["paced_wall_s"] / cpu if cpu > 0 else None,
             "compute_wall_per_cpu": totals["compute_wall_s"] / comp if comp > 0 else None,
@@ -187,11 +187,7 @@ def shard_entry(shard: int, totals: dict, cores: float) -> dict:
     cpu = totals["cpu_s"]
     service = totals["service_s"] + totals["late_s"]
     return {"shard": shard, "requests": totals["sections"], "cpu_s": cpu,
-            "unpaced_cpu_s": _unpaced(totals),
+            "unpaced_cpu_s": totals.get("unpaced_cpu_s"),
             "paced_wall_s": service, "late_s": totals["late_s"],
             "wall_per_cpu": service / cpu if cpu > 0 else None, "expected": 1.0 / cores}
 
-
-def _unpaced(totals: dict) -> float | None:
-    """The process's CPU time after its last paced section (not paced), or None."""
-    return totals.get("unpaced_cpu_s")

@@ -26,6 +26,7 @@ class WorkerStatus:
     interval_steps: int = 0
     straggle_s: float = 0.0
     compute_s: float = 0.0
+    compute_steps: int = 0  # steps with a batch of their own (compute_s is theirs)
     pull_wait_s: float = 0.0
     push_wait_s: float = 0.0
     lost_pushes: int = 0  # pushes to a shard that died before applying them (recovery on)
@@ -40,8 +41,10 @@ class WorkerStatus:
         return asdict(self)
 
     def per_step(self, key: str) -> float | None:
-        """``key``'s time (step_s, compute_s, ...) per step over the last interval."""
-        return getattr(self, key) / self.interval_steps if self.interval_steps else None
+        """``key``'s time (step_s, compute_s, ...) per step over the last interval (compute
+        and straggle time per step that computed)."""
+        steps = self.compute_steps if key in ("compute_s", "straggle_s") else self.interval_steps
+        return getattr(self, key) / steps if steps else None
 
 
 @dataclass

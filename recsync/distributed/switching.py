@@ -29,7 +29,7 @@ class Switcher:
         if self.controller is None:
             return None
         return self.controller.observe(elapsed_s, mode, [s.compute_s for s in statuses],
-                                       [s.interval_steps for s in statuses])
+                                       [s.compute_steps for s in statuses])
 
     def switched(self) -> None:
         """After a switch: the pause is no evidence either way."""

@@ -25,6 +25,14 @@ def make_dense_optimizer(name: str, params, lr: float,
     return DENSE_OPTIMIZERS[name](params, lr=lr, weight_decay=weight_decay)
 
 
+def import_optimizers(name: str) -> None:
+    """Build a throw-away ``name`` optimizer: torch imports about 800 modules when a process
+    builds its first one (1.7 s of CPU here). A process that may take over the dense
+    parameters in a mode switch does this at start, not in the switch, where every worker
+    would wait for it."""
+    make_dense_optimizer(name, [torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
 def warmup_factor(updates: int, warmup_steps: int) -> float:
     """The learning-rate multiplier of the update that follows ``updates`` earlier ones:
     min(1, (k+1)/W), 1 without a warm-up (W = 0)."""

@@ -31,17 +31,18 @@ class ModeController:
 
     def ratio(self) -> tuple[float, int] | None:
         """Slowest / median compute time per step over the last SMOOTH_S, and the slowest
-        worker; None while fewer than two workers have stepped."""
+        worker; None while fewer than two workers have computed a step."""
         workers = len(self._polls[0][1]) if self._polls else 0
         per_step = {}
         for w in range(workers):
             steps = sum(p[2][w] for p in self._polls)
             if steps:
                 per_step[w] = sum(p[1][w] for p in self._polls) / steps
-        if len(per_step) < 2:
+        median = statistics.median(per_step.values()) if len(per_step) >= 2 else 0.0
+        if median <= 0:
             return None
         slowest = max(per_step, key=per_step.get)
-        return per_step[slowest] / statistics.median(per_step.values()), slowest
+        return per_step[slowest] / median, slowest
 
     def observe(self, now_s: float, mode: str, compute_s: list[float],
                 steps: list[int]) -> tuple[str, str] | None:

@@ -10,6 +10,7 @@ import numpy as np
 from recsync.checkpoint.priority import MostUsed, SampledRows
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.embedding.spec import TableSpec
+from recsync.model.optim import import_optimizers
 from recsync.ps.aggregation import as_tensor
 from recsync.ps.core import DenseState, ShardCore
 
@@ -31,6 +32,8 @@ def make_core(tables: list[TableSpec], cfg, shard: int, dense_init: np.ndarray |
     if dense_init is not None and MODES[mode].holds_dense(cfg, shard):
         dense = DenseState(as_tensor(dense_init), t.dense_optimizer, t.dense_lr,
                            t.dense_weight_decay, t.dense_warmup_steps)
+    elif dense_init is not None and cfg.switching.enabled:
+        import_optimizers(t.dense_optimizer)  # shard 0 may take the dense state in a switch
     rules = functools.partial(make_rule, cfg, shard, dense_init)
     row_optimizer = make_row_optimizer(t.embedding_optimizer, t.embedding_lr,
                                        weight_decay=t.embedding_weight_decay)

@@ -29,6 +29,7 @@ import torch
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
 from recsync.emulation import EmulatedMachine, StepPacer
+from recsync.model.optim import import_optimizers
 from recsync.model.setup import model_for
 from recsync.modes import MODES
 from recsync.modes.base import STOP, WorkerContext
@@ -37,7 +38,7 @@ from recsync.ps.client import PSClient
 from recsync.stopping import check_loss, ignore_interrupts, known_cause
 
 INTERVAL_KEYS = ("loss_sum", "loss_samples", "step_s", "interval_steps", "straggle_s",
-                 "compute_s", "pull_wait_s", "push_wait_s")
+                 "compute_s", "compute_steps", "pull_wait_s", "push_wait_s")
 
 
 def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:
@@ -83,6 +84,8 @@ class Worker:
         self.start_time = time.time()
         self.mode_name = mode or cfg.mode
         self.mode = self._make_mode(self.mode_name, dense_state, step_index)
+        if cfg.switching.enabled:  # a switch into sync builds the replicas' optimizer
+            import_optimizers(cfg.train.dense_optimizer)
 
     # -- what the driver calls -------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -225,9 +228,11 @@ class Worker:
             if factor > 1.0:
                 time.sleep(straggle_s)
             compute_s += straggle_s
-        with self._lock:
-            self._interval["straggle_s"] += straggle_s
-            self._interval["compute_s"] += compute_s
+        # held until the step is recorded, so that a poll sees a step's compute time with the
+        # step (a step may straddle polls: the controller compares time per step)
+        local = self._local
+        local.compute_s = getattr(local, "compute_s", 0.0) + compute_s
+        local.straggle_s = getattr(local, "straggle_s", 0.0) + straggle_s
 
     @contextlib.contextmanager
     def _paced(self):
@@ -334,9 +339,15 @@ class Worker:
         ray.get(self.queue.done.remote(self.rank, item, slot))
 
     def _record(self, batch, loss: float | None, step_s: float) -> None:
+        local = self._local
+        compute_s, straggle_s = getattr(local, "compute_s", 0.0), getattr(local, "straggle_s", 0.0)
+        local.compute_s = local.straggle_s = 0.0
         with self._lock:
             self._interval["step_s"] += step_s
             self._interval["interval_steps"] += 1
+            self._interval["compute_s"] += compute_s
+            self._interval["straggle_s"] += straggle_s
+            self._interval["compute_steps"] += loss is not None
             if loss is not None:
                 n = len(batch)
                 self.steps += 1

@@ -7,6 +7,7 @@ ends before its emulated time (a loaded machine can only make it later)."""
 import pytest
 
 from recsync.data.reader import Dataset
+from recsync.metrics import read_jsonl
 from recsync.run import run
 from runs import config
 
@@ -34,4 +35,9 @@ def test_an_emulated_cluster_paces_each_process_and_its_straggler(ray_cluster, d
     (shard,) = em["shards"]
     assert shard["requests"] > 0 and shard["wall_per_cpu"] >= 0.99 * shard["expected"]
     assert summary["samples"] <= Dataset(data).rows("train")
+    # a poll sees each step's compute time with the step, however long the step (what the
+    # mode controller compares); a step's compute once fell in the poll before its end
+    polls = [r["worker_compute_s"] for r in read_jsonl(tmp_path / "metrics.jsonl")
+             if "worker_compute_s" in r]
+    assert polls and all(c is None or c > 0 for p in polls for c in p)
 

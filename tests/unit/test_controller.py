@@ -40,3 +40,12 @@ def test_workers_without_steps_are_left_out_and_one_worker_decides_nothing():
     for t in range(10):
         assert ctl.observe(float(t), "sync", [0.5, 0.0], [1, 0]) is None
     assert ctl.ratio() is None
+
+
+def test_workers_whose_steps_computed_nothing_decide_nothing_and_do_not_crash():
+    """Steps without a batch of their own (sync's all-reduce of a worker out of data) carry no
+    compute time: a median of 0 gives no ratio (it raised ZeroDivisionError)."""
+    ctl = ModeController(SwitchingConfig(auto=True, ratio=1.5, window_s=1.0))
+    for t in range(5):
+        assert ctl.observe(float(t), "sync", [0.5, 0.0, 0.0], [1, 1, 1]) is None
+    assert ctl.ratio() is None

@@ -366,8 +366,9 @@ def bench(scenario, out, scale, seeds):
 @click.option("--out", default="runs/quickstart", show_default=True,
               type=click.Path(file_okay=False))
 def quickstart(out):
-    """The main job: synthetic data; 4 workers with an emulated straggler in the middle third,
-    trained in sync only and with the mode controller switching to gba and back."""
+    """The main job: synthetic data; an emulated cluster of 4 workers and 2 PS shards with a
+    straggler in the middle third, trained in sync only and with the mode controller switching
+    to gba and back."""
     from recsync.recipes import quickstart as run_quickstart
     try:
         runs = run_quickstart(Path(out))
@@ -382,7 +383,8 @@ def quickstart(out):
     sync = runs["sync_only"]
     click.echo(f"auto vs sync_only: {auto['samples_per_s'] / sync['samples_per_s']:.2f}x the "
                f"samples/s, AUC {auto['eval']['auc'] - sync['eval']['auc']:+.4f} (Bayes-optimal "
-               f"AUC {bayes:.4f}); samples/s are measured, the straggler is emulated")
+               f"AUC {bayes:.4f}); samples/s are measured on the {auto['emulation']['label']} "
+               f"(each paced as a machine of its own), the straggler is emulated")
     click.echo(f"outputs: {Path(out)}/sync_only/ and {Path(out)}/auto/ (summary.json, "
                f"metrics.jsonl, config.toml, training.png)")
 

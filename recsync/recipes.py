@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
 from recsync.config import ClusterConfig, RunConfig, load_config
 from recsync.data.synthetic import SynthSpec, generate
 
-QUICKSTART_ROWS = 3_000_000  # long enough that the straggler outlasts the controller's 5 s window
+QUICKSTART_ROWS = 2_000_000  # the straggler's third outlasts the controller's 5 s window
 QUICKSTART_OVERRIDES = [  # 4 workers x batch 1024 = the global batch the defaults are tuned for
     'mode="sync"', "cluster.workers=4", "cluster.ps_shards=2", "train.batch_size=1024",
     "model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]", "train.threads=1",
     "data.chunk_rows=4096",
 ]
 STRAGGLER_FACTOR = 4.0
+RESERVE_CORES = 0.5  # for Ray, the driver and the work queue
+
+
+def emulated_cluster(workers: int, shards: int, cores: int | None = None) -> list[str]:
+    """Overrides that run ``workers`` and ``shards`` as an EMULATED cluster of equal machines
+    on this one: the cores it has (less RESERVE_CORES) shared evenly, at most one each, so
+    that a straggler slows only itself, as on separate machines (docs/design.md §6b)."""
+    cores = os.cpu_count() if cores is None else cores
+    each = min(1.0, (cores - RESERVE_CORES) / (workers + shards))
+    each = int(each * 100) / 100  # two decimals, rounded down: the total stays within
+    if each <= 0:
+        raise ValueError(f"an emulated cluster of {workers} workers and {shards} shards needs "
+                         f"more than {cores} cores")
+    return [f"emulation.cores_per_worker={each}", f"emulation.cores_per_shard={each}",
+            f"emulation.reserve_cores={RESERVE_CORES}"]
 CALIBRATION_STEPS = 60
 
 
@@ -56,13 +72,16 @@ def _train_rows(cfg: RunConfig) -> int:
 
 
 def quickstart(out: Path) -> dict:
-    """Synthetic data with a known Bayes AUC; then 4 workers, one of them emulated 4x slower
-    for the middle third of the run, trained in sync only and with the mode controller
-    switching to gba and back (both on the embedded Ray instance)."""
+    """Synthetic data with a known Bayes AUC; then an EMULATED cluster of 4 workers and 2 PS
+    shards (each paced as a machine of its own), one worker 4x slower for the middle third of
+    the run, trained in sync only and with the mode controller switching to gba and back (both
+    on the embedded Ray instance)."""
     from recsync.cluster import ray_session
     from recsync.run import run
     data = ensure_synthetic(out / "data", QUICKSTART_ROWS)
-    base = load_config(None, [f"data.path={json.dumps(str(data))}", *QUICKSTART_OVERRIDES])
+    emulation = emulated_cluster(4, 2)
+    base = load_config(None, [f"data.path={json.dumps(str(data))}", *QUICKSTART_OVERRIDES,
+                              *emulation])
     with ray_session(ClusterConfig()):  # one Ray instance for the three runs
         print("measuring this machine's speed (sync, 60 steps) ...", flush=True)
         start_s, end_s, rate = straggler_in_the_middle(base, out / "calibration")
@@ -74,6 +93,6 @@ def quickstart(out: Path) -> dict:
         for name, extra in (("sync_only", []), ("auto", ["switching.auto=true"])):
             print(f"run {name} ...", flush=True)
             cfg = load_config(None, [f"data.path={json.dumps(str(data))}",
-                                     *QUICKSTART_OVERRIDES, straggler, *extra])
+                                     *QUICKSTART_OVERRIDES, *emulation, straggler, *extra])
             results[name] = run(cfg, out / name, overwrite=True)
     return results

@@ -99,8 +99,9 @@ class DistributedRun:
         self.mode = cfg.mode  # the mode now (switching changes it)
         self.recovery = recovery_kind(cfg)  # the recovery in force ("auto": chosen later)
         self.shard_seen: dict[int, dict] = {}  # each shard's incarnation the driver last saw
-        self.killed_at: dict[int, float] = {}  # shard -> epoch seconds of an injected kill
-        # (until the shard is recovered)
+        self.killed_at: dict[int, float] = {}  # shard -> epoch seconds of its failure (until
+        # it is recovered): an injected kill's time, else the driver's last answer from it
+        self.shard_answered: dict[int, float] = {}  # shard -> epoch s of its last answer
         self.killed_workers: set[int] = set()  # ranks killed by injection, not yet restarted
         self.resumed_unix = 0.0  # when the last rollback had workers going again
         self.recent: deque = deque(maxlen=RATE_WINDOW_POLLS)  # (epoch s, samples) per poll
@@ -258,12 +259,23 @@ class DistributedRun:
     def _seen(self, i: int, inc: dict) -> ShardStatus:
         before = self.shard_seen.get(i)
         restarted = before is not None and before["pid"] != inc["pid"]
-        if not restarted:
+        if restarted:
+            self._failed(i)
+        else:
             self.shard_seen[i] = inc
+            self.shard_answered[i] = time.time()
         return ShardStatus(i, ALIVE, pid=inc["pid"], version=inc["version"],
                            ready_unix=inc["ready_unix"], restored=inc["restored"],
                            restarted=restarted,
                            version_before=None if before is None else before["version"])
+
+    def _failed(self, i: int) -> None:
+        """Shard ``i`` came back in a new process: unless a kill was injected, its old one
+        failed after its last answer (the driver asks every poll, 0.5 s, with recovery on);
+        its downtime counts from then."""
+        if i not in self.killed_at:
+            answered = self.shard_answered.get(i)
+            self.killed_at[i] = time.time() if answered is None else answered
 
     def acknowledge(self, s: ShardStatus) -> None:
         """The restart of shard ``s`` is dealt with: its new process is the one seen."""

@@ -153,3 +153,33 @@ def test_the_switch_schedule_and_no_controller():
     assert sw.due("gba", [], 9.0, 40) == ("sync", "schedule: switching.schedule says sync "
                                                   "at_s = 9")
     assert sw.controller is None  # (no controller without switching.auto)
+
+
+def test_a_shard_restarted_without_an_injected_kill_is_down_from_its_last_answer(monkeypatch):
+    """A shard killed from outside (kill -9, a lost machine): its downtime counts from the
+    driver's last answer from the old process (it read 0.0 before), an injected kill's from
+    the kill."""
+    from types import SimpleNamespace
+
+    from recsync.distributed import handle
+    seen = handle.DistributedRun._seen
+    run = SimpleNamespace(shard_seen={}, shard_answered={}, killed_at={})
+    run._failed = lambda i: handle.DistributedRun._failed(run, i)
+    clock = iter([100.0, 100.5])
+    monkeypatch.setattr(handle.time, "time", lambda: next(clock))
+    inc = {"pid": 1, "version": 34, "ready_unix": 10.0, "restored": None}
+    seen(run, 0, inc)
+    seen(run, 1, inc)  # shard 1's last answer, at 100.5
+    back = seen(run, 1, {**inc, "pid": 42, "version": 30, "ready_unix": 103.0,
+                         "restored": restarted_shard().restored})
+    assert back.restarted and run.killed_at == {1: 100.5}
+    run.killed_at[0] = 99.0  # an injected kill keeps its own time
+    seen(run, 0, {**inc, "pid": 7})
+    assert run.killed_at == {0: 99.0, 1: 100.5}
+
+    fake = FakeRun(cfg("train.batch_size=8", 'recovery.kind="partial"',
+                       "recovery.checkpoint_every_s=1"))
+    fake.killed_at = {1: 100.5}
+    actions.carry_out(fake, Decision(Kind.RELOAD_SHARD, shards=(1,)),
+                      [ShardStatus(0, "alive", pid=1, version=40), back], 12.0)
+    assert fake.record.recoveries[0]["downtime_s"] == 2.5

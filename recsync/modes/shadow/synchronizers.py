@@ -66,7 +66,8 @@ class CenterCopy(ApplyNow):
     copy c of the dense parameters, which each trainer's elastic move d pulls towards it."""
 
     def __init__(self, center: np.ndarray):
-        self.center = torch.as_tensor(center, dtype=torch.float32).detach().clone()
+        # a copy: ``center`` may be a read-only array from Ray's object store
+        self.center = torch.from_numpy(np.array(center, dtype=np.float32))
         self.pushes = 0
 
     def exchange(self, core, replica: np.ndarray, alpha: float) -> np.ndarray:

@@ -159,8 +159,11 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
             f"step time in seed 0 of arm none); foreground k = "
             + ", ".join(f"{a} {v}" for a, v in k.items())
             + f" (the mean sync gap of the background arm of the same algorithm in seed 0, "
-              f"rounded, at least 1). The shadow thread is not paced: it uses the machine's "
-              f"spare cores. {seeds} seeds per arm, arms interleaved; samples/s after a warm-up "
+              f"rounded, at least 1). The shadow thread's rounds are paced on their "
+              f"trainer's EMULATED cores, which they share with its training (a compute "
+              f"section may wait for a round: wall / CPU of the compute above 1 / cores in "
+              f"the s_* arms is that sharing). {seeds} seeds per arm, arms interleaved; "
+              f"samples/s after a warm-up "
               f"of {ov.WARMUP_STEPS} steps per trainer, median of seeds; AUC on the whole eval "
               f"split ({EVAL_ROWS:,} rows), mean of seeds, differences paired by seed. Chunks "
               f"of {CHUNK_BATCHES} batches. Scenario wall time {wall_s / 60:.1f} min."),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: set up, generate synthetic data, then train DLRM on 4 workers (embedded Ray) with an
-# emulated straggler in the middle third: sync only, and with sync <-> gba switching (~4 minutes).
+# emulated straggler in the middle third, on an EMULATED cluster: sync only, and with sync <-> gba
+# switching (~7 minutes after set-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

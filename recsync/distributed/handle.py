@@ -259,8 +259,9 @@ class DistributedRun:
     def _seen(self, i: int, inc: dict) -> ShardStatus:
         before = self.shard_seen.get(i)
         restarted = before is not None and before["pid"] != inc["pid"]
-        if restarted:
-            self._failed(i)
+        if restarted:  # unless a kill was injected, the old process failed after its last
+            # answer (at most a poll, 0.5 s, before it): its downtime counts from then
+            self.killed_at.setdefault(i, self.shard_answered.get(i, time.time()))
         else:
             self.shard_seen[i] = inc
             self.shard_answered[i] = time.time()
@@ -268,14 +269,6 @@ class DistributedRun:
                            ready_unix=inc["ready_unix"], restored=inc["restored"],
                            restarted=restarted,
                            version_before=None if before is None else before["version"])
-
-    def _failed(self, i: int) -> None:
-        """Shard ``i`` came back in a new process: unless a kill was injected, its old one
-        failed after its last answer (the driver asks every poll, 0.5 s, with recovery on);
-        its downtime counts from then."""
-        if i not in self.killed_at:
-            answered = self.shard_answered.get(i)
-            self.killed_at[i] = time.time() if answered is None else answered
 
     def acknowledge(self, s: ShardStatus) -> None:
         """The restart of shard ``s`` is dealt with: its new process is the one seen."""

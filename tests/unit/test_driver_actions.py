@@ -164,9 +164,8 @@ def test_a_shard_restarted_without_an_injected_kill_is_down_from_its_last_answer
     from recsync.distributed import handle
     seen = handle.DistributedRun._seen
     run = SimpleNamespace(shard_seen={}, shard_answered={}, killed_at={})
-    run._failed = lambda i: handle.DistributedRun._failed(run, i)
-    clock = iter([100.0, 100.5])
-    monkeypatch.setattr(handle.time, "time", lambda: next(clock))
+    times = [100.0, 100.5]  # the two answers; later reads of the clock: 999.0
+    monkeypatch.setattr(handle.time, "time", lambda: times.pop(0) if times else 999.0)
     inc = {"pid": 1, "version": 34, "ready_unix": 10.0, "restored": None}
     seen(run, 0, inc)
     seen(run, 1, inc)  # shard 1's last answer, at 100.5

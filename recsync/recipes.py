@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from recsync.config import ClusterConfig, RunConfig, load_config
+from recsync.config_sections import EmulationConfig
 from recsync.data.synthetic import SynthSpec, generate
 
 QUICKSTART_ROWS = 2_000_000  # the straggler's third outlasts the controller's 5 s window
@@ -17,7 +18,7 @@ QUICKSTART_OVERRIDES = [  # 4 workers x batch 1024 = the global batch the defaul
     "data.chunk_rows=4096",
 ]
 STRAGGLER_FACTOR = 4.0
-RESERVE_CORES = 0.5  # for Ray, the driver and the work queue
+RESERVE_CORES = EmulationConfig().reserve_cores  # for Ray, the driver and the work queue
 
 
 def emulated_cluster(workers: int, shards: int, cores: int | None = None) -> list[str]:
@@ -32,6 +33,8 @@ def emulated_cluster(workers: int, shards: int, cores: int | None = None) -> lis
                          f"more than {cores} cores")
     return [f"emulation.cores_per_worker={each}", f"emulation.cores_per_shard={each}",
             f"emulation.reserve_cores={RESERVE_CORES}"]
+
+
 CALIBRATION_STEPS = 60
 
 

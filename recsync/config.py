@@ -204,12 +204,16 @@ class RunConfig(Section):
         if not (e.cores_per_worker > 0 and e.cores_per_shard > 0):
             raise ValueError(f"emulation: set both cores_per_worker and cores_per_shard (got "
                              f"{e.cores_per_worker:g} and {e.cores_per_shard:g})")
+        if e.cores_per_shadow > 0 and self.mode != "shadow":
+            raise ValueError(f"emulation.cores_per_shadow: only mode \"shadow\" has a shadow "
+                             f"thread (mode is \"{self.mode}\"); set it to 0")
         machine = os.cpu_count() or 1
         c = self.cluster
-        total = c.workers * e.cores_per_worker + c.ps_shards * e.cores_per_shard
+        per_worker = e.cores_per_worker + e.cores_per_shadow
+        total = c.workers * per_worker + c.ps_shards * e.cores_per_shard
         if total > machine - e.reserve_cores + 1e-9:
             raise ValueError(
-                f"emulation: {self.cluster.workers} workers x {e.cores_per_worker:g} cores + "
+                f"emulation: {self.cluster.workers} workers x {per_worker:g} cores + "
                 f"{self.cluster.ps_shards} shards x {e.cores_per_shard:g} cores = {total:g} cores, "
                 f"more than this machine's {machine} cores less emulation.reserve_cores "
                 f"({e.reserve_cores:g}) for Ray and the driver: the processes would slow each "

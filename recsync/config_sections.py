@@ -172,6 +172,10 @@ class EmulationConfig(Section):
     """cores of each emulated worker machine (e.g. 0.25); its Hogwild threads share them"""
     cores_per_shard: float = Field(0.0, ge=0)
     """cores of each emulated PS shard machine"""
+    cores_per_shadow: float = Field(0.0, ge=0)
+    """mode shadow: cores of each trainer's shadow thread, paced on a machine of their own
+    (a trainer with a core to spare for its background rounds, as the ShadowSync paper's
+    have); 0 = the rounds share the trainer's cores_per_worker"""
     reserve_cores: float = Field(0.5, ge=0)
     """cores left for Ray, the driver and the work queue: a run whose emulated cores exceed
     the machine's cores minus this is refused"""

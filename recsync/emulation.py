@@ -24,8 +24,10 @@ from typing import Callable
 
 
 def cluster_label(workers: int, cores_per_worker: float, shards: int,
-                  cores_per_shard: float) -> str:
-    return (f"EMULATED cluster: {workers} workers x {cores_per_worker:g} cores, "
+                  cores_per_shard: float, cores_per_shadow: float = 0.0) -> str:
+    shadow = (f" (+ {cores_per_shadow:g} for the shadow thread)" if cores_per_shadow > 0
+              else "")
+    return (f"EMULATED cluster: {workers} workers x {cores_per_worker:g} cores{shadow}, "
             f"{shards} shards x {cores_per_shard:g} cores")
 
 
@@ -35,7 +37,13 @@ def label_of(cfg) -> str | None:
     if not e.enabled or cfg.mode == "local":
         return None
     return cluster_label(cfg.cluster.workers, e.cores_per_worker, cfg.cluster.ps_shards,
-                         e.cores_per_shard)
+                         e.cores_per_shard, shadow_cores(cfg))
+
+
+def shadow_cores(cfg) -> float:
+    """The cores of a trainer's shadow thread of its own (mode shadow only), else 0: its
+    rounds share the trainer's cores."""
+    return cfg.emulation.cores_per_shadow if cfg.mode == "shadow" else 0.0
 
 
 class EmulatedMachine:
@@ -71,7 +79,9 @@ class EmulatedMachine:
         with self._lock:
             now, cpu_now = self.clock(), self.cpu_clock()
             cpu = max(0.0, cpu_now - self.charged)
-            self.charged = cpu_now
+            # a clock that went back (CPU moved to another machine's account after it was
+            # charged here) pays it back from the next sections' CPU
+            self.charged = max(self.charged, cpu_now)
             due = max(t0, self.free_at) + factor * cpu / self.cores
             self.free_at = max(due, now)
             self.sections += 1
@@ -178,7 +188,17 @@ def worker_entry(rank: int, totals: dict) -> dict:
             "paced_wall_s": totals["paced_wall_s"], "slept_s": totals["slept_s"],
             "wall_per_cpu": totals["paced_wall_s"] / cpu if cpu > 0 else None,
             "compute_wall_per_cpu": totals["compute_wall_s"] / comp if comp > 0 else None,
-            "expected": totals["expected_wall_s"] / comp if comp > 0 else None}
+            "expected": totals["expected_wall_s"] / comp if comp > 0 else None,
+            "shadow_thread": _shadow_entry(totals.get("shadow_thread"))}
+
+
+def _shadow_entry(t: dict | None) -> dict | None:
+    """A shadow thread's rounds on cores of its own: their CPU and paced wall time."""
+    if t is None:
+        return None
+    return {"rounds": t["steps"], "cpu_s": t["cpu_s"], "paced_wall_s": t["paced_wall_s"],
+            "slept_s": t["slept_s"],
+            "wall_per_cpu": t["paced_wall_s"] / t["cpu_s"] if t["cpu_s"] > 0 else None}
 
 
 def shard_entry(shard: int, totals: dict, cores: float) -> dict:

@@ -4,7 +4,7 @@ the shards' and workers' figures, the queue's counts)."""
 
 from __future__ import annotations
 
-from recsync.emulation import label_of, shard_entry, worker_entry
+from recsync.emulation import label_of, shadow_cores, shard_entry, worker_entry
 from recsync.modes import MODES
 from recsync.stats import distribution, merged_counts
 
@@ -141,7 +141,8 @@ def emulation_section(cfg, result: dict, shards: list[dict]) -> dict | None:
     workers = [worker_entry(rank, t) for rank, t in enumerate(result.get("worker_pacing") or [])
                if t is not None]
     return {"label": label, "cores_per_worker": e.cores_per_worker,
-            "cores_per_shard": e.cores_per_shard, "workers": workers,
+            "cores_per_shard": e.cores_per_shard, "cores_per_shadow": shadow_cores(cfg),
+            "workers": workers,
             "shards": [shard_entry(i, st["pacing"], e.cores_per_shard)
                        for i, st in enumerate(shards) if st.get("pacing")]}
 

@@ -193,12 +193,13 @@ def run_arm(cfg: RunConfig, out_dir: Path, name: str) -> dict:
     """One ``run.run`` with the memory sampler around it; the summary plus what we measured."""
     ctx = embedded_ray() if cfg.mode != "local" else contextlib.nullcontext()
     with ctx, RssSampler() as sampler:
-        begin = time.perf_counter()  # the run's time_s 0, give or take a few ms
+        begin = time.perf_counter()  # the run's start, give or take a few ms
         summary = run_training(cfg, out_dir, overwrite=True)
     workers = cfg.cluster.workers if cfg.mode != "local" else 1
     rate = steady_rate(read_jsonl(Path(out_dir) / "metrics.jsonl"),
                        WARMUP_STEPS * workers * cfg.train.batch_size)
-    window = begin + rate["window_start_s"]
+    # metrics' time_s counts from the first step, after start-up
+    window = begin + (summary.get("startup_s") or 0.0) + rate["window_start_s"]
     cpu = sampler.cpu_between(window, window + rate["window_s"])
     result = {**summary, "summary_samples_per_s": summary["samples_per_s"], **rate,
               "out_dir": str(out_dir), "cpu": cpu,

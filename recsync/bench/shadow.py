@@ -2,8 +2,9 @@
 against the same algorithms run in the foreground every k iterations, and its throughput with
 1, 2 and 4 trainers at a fixed number of PS shards, on an EMULATED cluster.
 
-T = 4 trainers x ``CORES_PER_TRAINER`` cores, S = 2 PS shards x ``CORES_PER_SHARD`` cores
-(``[emulation]``: each process paces itself as a machine of that size), one pass over the same
+T = 4 trainers x ``CORES_PER_TRAINER`` cores (+ ``CORES_PER_SHADOW`` for the shadow thread in
+the mode shadow arms), S = 2 PS shards x ``CORES_PER_SHARD`` cores (``[emulation]``: each
+process paces itself as a machine of that size), one pass over the same
 synthetic data (emulated.BENCH_SPEC), DLRM with small MLPs (``MLPS``), batch 4096 per
 trainer, chunks of 4 batches, the default optimizers and learning rates, one Hogwild thread
 per trainer, in every arm:
@@ -48,10 +49,13 @@ from recsync.plot import plot_runs
 ROWS = 300_000  # training rows at --scale 1
 EVAL_ROWS = 100_000
 TRAINERS, SHARDS, BATCH = 4, 2, 4096
-# A shard's CPU per trainer step is about a third of a trainer's (the issue-5 run: 25 ms
-# against 80-150 ms); with 4 trainers on 2 shards, r = 4 q keeps the shards about a third busy,
-# so that they do not cap the 4-trainer arm's throughput
-CORES_PER_TRAINER, CORES_PER_SHARD = 0.125, 0.5
+# Each shard served requests 16% of the time at 0.5 cores in the 2026-11-23 run (summary.json
+# service_s over train_s); at 0.375 it is about a fifth busy and does not cap the 4-trainer
+# arm's throughput, which leaves 4 x 0.0625 cores for the shadow threads: the ShadowSync paper's
+# trainers have cores to spare for their background rounds, so in the mode shadow arms the
+# rounds run on cores of their own (``emulation.cores_per_shadow``); the foreground arms have
+# none (their rounds run in the training loop by design)
+CORES_PER_TRAINER, CORES_PER_SHARD, CORES_PER_SHADOW = 0.125, 0.375, 0.0625
 CHUNK_BATCHES = 4  # small chunks: at the end, one trainer runs alone for little time
 # small MLPs (those of scenario `stragglers`): a trainer's step at 0.125 cores with the default
 # [512, 256, 64] / [512, 256] would take over a second, too long for 5 seeds of 7 arms
@@ -75,15 +79,16 @@ def arm_args(name: str, k: dict[str, int], interval_s: float | None, steps: int)
     ``interval_s``: the background arms' least time between syncs; ``steps``: a trainer's
     steps in the 4-trainer arms, the limit of the speed-only arms)."""
     interval = [] if interval_s is None else [f"shadow.min_interval_s={interval_s}"]
+    shadow = ['mode="shadow"', f"emulation.cores_per_shadow={CORES_PER_SHADOW}"]
     if name in SCALING:
-        return ['mode="shadow"', 'shadow.algorithm="ma"', f"cluster.workers={SCALING[name]}",
+        return [*shadow, 'shadow.algorithm="ma"', f"cluster.workers={SCALING[name]}",
                 f"train.max_steps={steps}", *interval]
     base = [f"cluster.workers={TRAINERS}"]
     if name == "none":
-        return [*base, 'mode="shadow"', 'shadow.algorithm="none"']
+        return [*base, *shadow, 'shadow.algorithm="none"']
     kind, algorithm = name.split("_")
     if kind == "s":
-        return [*base, 'mode="shadow"', f'shadow.algorithm="{algorithm}"', *interval]
+        return [*base, *shadow, f'shadow.algorithm="{algorithm}"', *interval]
     return [*base, 'mode="foreground"', f'shadow.algorithm="{algorithm}"',
             f"shadow.foreground_every={k[algorithm]}"]
 
@@ -159,10 +164,13 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
             f"step time in seed 0 of arm none); foreground k = "
             + ", ".join(f"{a} {v}" for a, v in k.items())
             + f" (the mean sync gap of the background arm of the same algorithm in seed 0, "
-              f"rounded, at least 1). The shadow thread's rounds are paced on their "
-              f"trainer's EMULATED cores, which they share with its training (a compute "
-              f"section may wait for a round: wall / CPU of the compute above 1 / cores in "
-              f"the s_* arms is that sharing). {seeds} seeds per arm, arms interleaved; "
+              f"rounded, at least 1). In the mode shadow arms (none, s_*) each trainer's "
+              f"shadow thread has EMULATED cores of its own ({CORES_PER_SHADOW:g}: "
+              f"emulation.cores_per_shadow; its thread's CPU time is paced there and taken "
+              f"off the trainer's, while what Ray's and gloo's helper threads do for a round "
+              f"stays on the trainer's); the foreground arms run their rounds in the "
+              f"training loop on the trainer's {CORES_PER_TRAINER:g} cores. "
+              f"{seeds} seeds per arm, arms interleaved; "
               f"samples/s after a warm-up "
               f"of {ov.WARMUP_STEPS} steps per trainer, median of seeds; AUC on the whole eval "
               f"split ({EVAL_ROWS:,} rows), mean of seeds, differences paired by seed. Chunks "

@@ -28,7 +28,7 @@ import torch
 
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
-from recsync.emulation import EmulatedMachine, StepPacer
+from recsync.emulation import EmulatedMachine, StepPacer, shadow_cores
 from recsync.model.optim import import_optimizers
 from recsync.model.setup import model_for
 from recsync.modes import MODES
@@ -78,7 +78,13 @@ class Worker:
         self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
         self.position: dict[int, int] = {}  # slot -> batches of its leased chunk handed out
         e = cfg.emulation  # the EMULATED cluster: this worker's machine and its threads' pacers
-        self.machine = EmulatedMachine(e.cores_per_worker) if e.cores_per_worker > 0 else None
+        self.machine = self.shadow_machine = None
+        if shadow_cores(cfg) > 0:  # its rounds' CPU (its own thread's) is paid there, not here
+            self.shadow_machine = EmulatedMachine(shadow_cores(cfg), cpu_clock=time.thread_time)
+            self.machine = EmulatedMachine(e.cores_per_worker, cpu_clock=lambda: (
+                time.process_time() - self.shadow_machine.cpu_s))
+        elif e.cores_per_worker > 0:
+            self.machine = EmulatedMachine(e.cores_per_worker)
         self.pacers: dict[str, StepPacer] = {}
         self._local = threading.local()
         self.start_time = time.time()
@@ -151,9 +157,12 @@ class Worker:
         if not self.pacers:
             return None
         training = [p for name, p in self.pacers.items() if name.startswith("train-")]
-        return {**StepPacer.summed(list(self.pacers.values())),  # shadow rounds' work too
+        own = [p for p in self.pacers.values() if p.machine is self.machine]
+        shadow = [p for p in self.pacers.values() if p.machine is not self.machine]
+        return {**StepPacer.summed(own),  # the rounds' work too, unless on a machine of theirs
                 "steps": sum(p.steps for p in training),  # training steps only
-                "unpaced_cpu_s": self.machine.unpaced_cpu_s()}
+                "unpaced_cpu_s": self.machine.unpaced_cpu_s(),
+                "shadow_thread": StepPacer.summed(shadow) if shadow else None}
 
     def mode_stats(self) -> dict | None:
         """This worker's figures for its mode's summary section."""
@@ -200,12 +209,13 @@ class Worker:
     def _factor(self) -> float:
         return straggle_factor(self.cfg, self.rank, time.time() - self.start_time)
 
-    def _pacer(self, name: str) -> StepPacer | None:
+    def _pacer(self, name: str, machine=None) -> StepPacer | None:
         """This thread's pacer on the worker's emulated machine (None without emulation)."""
-        if self.machine is None:
+        machine = machine or self.machine
+        if machine is None:
             return None
         if name not in self.pacers:
-            self.pacers[name] = StepPacer(self.machine)
+            self.pacers[name] = StepPacer(machine)
         return self.pacers[name]
 
     def _before_compute(self) -> None:
@@ -235,10 +245,12 @@ class Worker:
         local.straggle_s = getattr(local, "straggle_s", 0.0) + straggle_s
 
     @contextlib.contextmanager
-    def _paced(self):
+    def _paced(self, background: bool = False):
         """A section of work outside the training steps (a shadow round), paced on this
-        worker's emulated cores."""
-        pacer = self._pacer(f"{threading.current_thread().name}:rounds")
+        worker's emulated cores, or those of its shadow thread (``background``) if it has
+        its own (``emulation.cores_per_shadow``)."""
+        machine = self.shadow_machine if background else None
+        pacer = self._pacer(f"{threading.current_thread().name}:rounds", machine)
         if pacer is None:
             yield
             return

@@ -147,3 +147,49 @@ def test_an_emulated_cluster_larger_than_the_machine_is_refused_with_the_numbers
                            "emulation.cores_per_shard=0.25"])
     with pytest.raises(ConfigError, match="mode \"local\" has none"):
         load_config(None, ["emulation.cores_per_worker=0.25", "emulation.cores_per_shard=0.25"])
+
+
+def test_a_shadow_thread_with_cores_of_its_own_does_not_slow_its_trainer():
+    """``emulation.cores_per_shadow``: the rounds' CPU is paid on the shadow thread's machine
+    and taken off the trainer's account, even when a trainer's section closed in the middle
+    of a round (it paid for part of the round; its next sections pay that back)."""
+    clock = FakeClock()
+    shadow_cpu = [0.0]  # the shadow thread's own CPU clock
+    shadow = EmulatedMachine(0.125, clock=lambda: clock.now, cpu_clock=lambda: shadow_cpu[0])
+    trainer = EmulatedMachine(0.25, clock=lambda: clock.now,
+                              cpu_clock=lambda: clock.cpu - shadow.cpu_s)
+    step, rnd = trainer.open(), shadow.open()
+    clock.work(0.1)  # the step's compute
+    clock.cpu += 0.02  # half of a round, on the other core
+    shadow_cpu[0] += 0.02
+    wait, charged = trainer.close(step)  # the round is not over: charged to the trainer
+    assert charged == pytest.approx(0.12)
+    clock.sleep(wait)
+    clock.cpu += 0.02  # the round's second half
+    shadow_cpu[0] += 0.02
+    _, round_cpu = shadow.close(rnd)
+    assert round_cpu == pytest.approx(0.04)
+    assert shadow.totals()["service_s"] == pytest.approx(0.04 / 0.125)
+    step = trainer.open()
+    clock.work(0.01)  # a small section: less CPU than the trainer paid of the round
+    _, charged = trainer.close(step)
+    assert charged == 0.0
+    step = trainer.open()
+    clock.work(0.1)
+    _, charged = trainer.close(step)  # pays back the rest of the round's 0.02
+    assert charged == pytest.approx(0.09)
+    assert trainer.totals()["cpu_s"] == pytest.approx(0.21)  # the trainer's own work alone
+
+
+def test_the_shadow_threads_cores_are_labelled_counted_and_only_for_mode_shadow(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert cluster_label(4, 0.125, 2, 0.375, 0.0625) == (
+        "EMULATED cluster: 4 workers x 0.125 cores (+ 0.0625 for the shadow thread), "
+        "2 shards x 0.375 cores")
+    base = ['mode="shadow"', "cluster.workers=4", "cluster.ps_shards=2",
+            "emulation.cores_per_worker=0.125", "emulation.cores_per_shard=0.375"]
+    load_config(None, [*base, "emulation.cores_per_shadow=0.0625"])  # 1.5 of 2 - 0.5
+    with pytest.raises(ConfigError, match=r"4 workers x 0.25 cores \+ 2 shards x 0.375 cores"):
+        load_config(None, [*base, "emulation.cores_per_shadow=0.125"])
+    with pytest.raises(ConfigError, match="only mode \"shadow\" has a shadow thread"):
+        load_config(None, [*base[1:], 'mode="foreground"', "emulation.cores_per_shadow=0.0625"])

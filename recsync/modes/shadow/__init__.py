@@ -13,6 +13,7 @@ step by ``shadow.algorithm``: in a background thread (shadow) or every
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 import torch
 
@@ -54,7 +55,9 @@ class ShadowWorker(WorkerMode):
         sh = self.ctx.cfg.shadow
         self.trainer = HogwildTrainer(steps, self._synchronizer(), background=self.background,
                                       every=sh.foreground_every,
-                                      min_interval_s=sh.min_interval_s, paced=self.ctx.paced)
+                                      min_interval_s=sh.min_interval_s,
+                                      paced=functools.partial(self.ctx.paced,
+                                                              background=self.background))
         self.trainer.run()
 
     def _synchronizer(self):

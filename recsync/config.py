@@ -154,11 +154,13 @@ class RunConfig(Section):
                                  f"from 0 to {self.cluster.workers - 1} (cluster.workers = "
                                  f"{self.cluster.workers})")
         for i, k in enumerate(self.faults.kills):
-            count, key = ((self.cluster.workers, "workers") if k.target == "worker"
-                          else (self.cluster.ps_shards, "ps_shards"))
+            count, key = {"worker": (self.cluster.workers, "cluster.workers"),
+                          "ps": (self.cluster.ps_shards, "cluster.ps_shards"),
+                          "standby": (self.recovery.standbys, "recovery.standby_shards")
+                          }[k.target]
             if k.index >= count:
                 raise ValueError(f"faults.kills[{i}].index = {k.index}: indexes of "
-                                 f"{k.target} run from 0 to {count - 1} (cluster.{key} = "
+                                 f"{k.target} run from 0 to {count - 1} ({key} = "
                                  f"{count})")
         if self.switching.enabled and self.mode not in ("sync", "gba"):
             raise ValueError(f"switching: mode {self.mode!r} cannot switch; switching is "
@@ -182,6 +184,10 @@ class RunConfig(Section):
             raise ValueError(f"recovery.kind = \"{r.kind}\": mode {self.mode!r} steps the PS "
                              "shards in lock-step, which a shard rolled back alone would stall; "
                              f"use {_not_lockstep()} (or kind = \"full\")")
+        if r.standby_shards > 0 and r.kind == "none":
+            raise ValueError(f"recovery.standby_shards = {r.standby_shards}: a standby takes "
+                             f"over a dead shard from its checkpoint, which recovery.kind = "
+                             f"\"none\" does not do (set kind, or standby_shards = 0)")
         if r.rows != "all" and r.kind != "partial":
             raise ValueError(f"recovery.rows = \"{r.rows}\" saves part of the rows, which only "
                              f"partial recovery can restart from: set recovery.kind = "

@@ -224,6 +224,19 @@ class RecoveryConfig(Section):
     """partial recovery: the expected portion of lost samples the interval may cost"""
     keep: int = Field(2, ge=1)
     """checkpoints kept per shard (older ones are deleted once a newer one is complete)"""
+    standby_shards: int = Field(-1, ge=-1)
+    """warm standby PS shards: processes started with the run (torch and recsync imported, no
+    state) of which one takes over a dead shard, its place for every client and its last
+    checkpoint, so that pulls wait only for the load; a new standby then starts in the
+    background. -1: 1 when kind is not "none", else 0; 0: Ray restarts the dead shard's
+    process instead (seconds: a new process imports torch and recsync)"""
+
+    @property
+    def standbys(self) -> int:
+        """standby_shards resolved (-1: 1 with recovery on)."""
+        if self.standby_shards >= 0:
+            return self.standby_shards
+        return 1 if self.kind != "none" else 0
     dir: str = ""
     """where checkpoints go (empty: the run's --out directory/checkpoints); on a cluster, a
     directory every node can write to"""
@@ -245,7 +258,8 @@ class StragglerConfig(Section):
 
 
 class KillConfig(Section):
-    target: Literal["worker", "ps"]
+    target: Literal["worker", "ps", "standby"]
+    """a worker, a PS shard, or a waiting standby shard (recovery.standby_shards)"""
     index: int = Field(ge=0)
     at_s: float = Field(ge=0)
     """seconds after training starts"""

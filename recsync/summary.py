@@ -4,6 +4,8 @@ the shards' and workers' figures, the queue's counts)."""
 
 from __future__ import annotations
 
+import statistics
+
 from recsync.emulation import label_of, shadow_cores, shard_entry, worker_entry
 from recsync.modes import MODES
 from recsync.stats import distribution, merged_counts
@@ -100,13 +102,19 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
     if r.kind != "none" and record.samples:
         pls = lost / record.samples / cfg.cluster.ps_shards
     partial_saves = sum(1 for c in record.checkpoints for x in c["partial"] if x)
+    downtimes = sorted(x["downtime_s"] for x in record.recoveries if "downtime_s" in x)
     final = result.get("final_checkpoint")
     return {"kind": None if r.kind == "none" else r.kind,
             "rows": r.rows if r.kind == "partial" else None,
             "pls": pls,
             "samples_redone": sum(x.get("samples_redone", 0) for x in record.recoveries),
             "lost_pushes": sum(s.get("lost_pushes", 0) for s in result.get("statuses", [])),
+            "standby_shards": r.standbys,
             "recoveries": record.recoveries,
+            # from each failure to the first pull served again (docs/recovery.md)
+            "downtime_per_failure": ({"p50_s": statistics.median(downtimes),
+                                      "max_s": downtimes[-1], "n": len(downtimes)}
+                                     if downtimes else None),
             "worker_restarts": [{k: e[k] for k in ("time_s", "dead", "restarted")}
                                 for e in record.events if "restarted" in e],
             "interval_decision": record.interval_decision,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from recsync.checkpoint import files, job
+from recsync.distributed.downtime import downtime_starts
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.policy import Decision, Kind
 from recsync.distributed.status import ShardStatus
@@ -101,12 +102,13 @@ def log_partial_recovery(run, s: ShardStatus, elapsed_s: float) -> None:
     lost_updates = max(0, s.version_before - restored["version"])
     lost = lost_updates * per_update
     killed = run.killed_at.pop(s.index, s.ready_unix)
-    record.recoveries.append({"kind": "partial", "time_s": elapsed_s, "shard": s.index,
-                              "ready_s": s.ready_unix - run.start_unix,
-                              "lost_updates": lost_updates, "lost_samples": lost,
-                              "version_before": s.version_before,
-                              "downtime_s": max(0.0, s.ready_unix - killed),
-                              "lost_work_s": 0.0, **restored})
+    rec = {"kind": "partial", "time_s": elapsed_s, "shard": s.index,
+           "ready_s": s.ready_unix - run.start_unix, "lost_updates": lost_updates,
+           "lost_samples": lost, "version_before": s.version_before, "lost_work_s": 0.0,
+           "standby": run.directory is not None, **restored}
+    record.recoveries.append(rec)
+    downtime_starts(run, s.index, rec, killed, s.ready_unix, s.first_pull_unix)
+    run.rounds.failed(elapsed_s)
     what = (f"checkpoint {restored['sequence']} (version {restored['version']})"
             if restored["sequence"] is not None else "nothing (no checkpoint yet: from scratch)")
     record.event(elapsed_s, (
@@ -137,16 +139,20 @@ def full_recovery(run, shard: int, elapsed_s: float) -> None:
             if len(before) >= 2 and before[-1][0] > before[0][0] else 0.0)
     lost_work_s = (redone / rate if rate > 0
                    else max(0.0, killed - max(ckpt.meta["unix"], run.resumed_unix)))
+    rolled_back = time.time()
     loaded = run.rollback(ckpt)
     run.resumed_unix = time.time()
     run.recent.clear()
     record.samples, record.steps = ckpt.meta["samples"], ckpt.meta["steps"]
-    record.recoveries.append({
-        "kind": "full", "time_s": elapsed_s, "shard": shard,
-        "ready_s": run.resumed_unix - run.start_unix, "job_sequence": ckpt.sequence,
-        "samples_redone": redone, "lost_samples": 0, "lost_work_s": lost_work_s,
-        "downtime_s": run.resumed_unix - killed, "load_s": loaded["load_s"],
-        "skipped": skipped})
+    rec = {"kind": "full", "time_s": elapsed_s, "shard": shard,
+           "ready_s": run.resumed_unix - run.start_unix, "job_sequence": ckpt.sequence,
+           "samples_redone": redone, "lost_samples": 0, "lost_work_s": lost_work_s,
+           "load_s": loaded["load_s"], "skipped": skipped,
+           "standby": run.directory is not None}
+    record.recoveries.append(rec)
+    # the workers train again when the shard serves its first pull after the rollback
+    downtime_starts(run, shard, rec, killed, run.resumed_unix, None, after_unix=rolled_back)
+    run.rounds.failed(elapsed_s)
     record.event(elapsed_s, (
         f"full recovery: shard {shard} restarted; every shard, the data position and the "
         f"workers rolled back to job checkpoint {ckpt.sequence} ({ckpt.meta['samples']:,} "

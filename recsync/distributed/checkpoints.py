@@ -42,6 +42,8 @@ class CheckpointRounds:
         self.every = r.checkpoint_every_s
         self.choosing = not self.every and r.mtbf_s > 0  # the first round measures the cost
         self.next_s = self.every if self.every else (0.0 if self.choosing else math.inf)
+        self.failures = 0
+        self.costs = (0.0, 0.0)  # measured: (blocked by the first round, its write), in s
 
     def if_due(self, elapsed_s: float, trained: bool) -> None:
         """A round if one is due (``trained``: the workers have trained some samples)."""
@@ -139,6 +141,7 @@ class CheckpointRounds:
                    else max((d["blocked_s"] for d in taken), default=0.0))
         return {"sequences": sequences, "versions": [d and d["version"] for d in done],
                 "job_sequence": job_sequence, "blocked_s": blocked,
+                "shard_blocked_s": [d and d["blocked_s"] for d in done],
                 "partial": [d and d["partial"] for d in done],
                 "rows": [d and d["rows"] for d in done]}
 
@@ -174,7 +177,6 @@ class CheckpointRounds:
         round's blocked time: the shards wait meanwhile) bounds the interval from below, as a
         writer slower than the interval would block every save."""
         run, record = self.run, self.run.record
-        r = run.cfg.recovery
         begin = time.perf_counter()
         write_s = 0.0
         for ref in [s.checkpoints_written.remote() for s in run.shards]:
@@ -184,23 +186,51 @@ class CheckpointRounds:
                 continue
             write_s = max([write_s] + [w["write_s"] for w in written[-1:]])
         record.checkpoints[-1]["blocked_s"] += time.perf_counter() - begin
-        decision = choose(ckpt["blocked_s"], r.mtbf_s, run.cfg.cluster.ps_shards, r.pls_target)
-        text = decision.text()
-        if r.kind == "auto":
+        self.costs = (ckpt["blocked_s"], write_s)
+        interval, decision, text = self._decide(run.cfg.recovery.mtbf_s)
+        if run.cfg.recovery.kind == "auto":
             run.recovery = decision.kind
-        used = run.recovery
-        interval = decision.full_interval_s if used == "full" else decision.partial_interval_s
-        if used != decision.kind:
-            text += (f"; recovery.kind = \"{r.kind}\" is configured, so {used} recovery goes on "
-                     f"at its own interval ({interval:.1f} s)")
-        if interval < write_s:
-            interval = write_s
-            text += f"; the interval is raised to the measured write time {write_s:.2f} s"
-        record.interval_decision = {**decision.as_dict(), "used_kind": used,
-                                    "used_interval_s": interval, "write_s": write_s}
+            interval, decision, text = self._decide(run.cfg.recovery.mtbf_s)
+        record.interval_decision = {**decision.as_dict(), "used_kind": run.recovery,
+                                    "used_interval_s": interval, "write_s": write_s,
+                                    "rechosen": []}
         record.event(elapsed_s, text)
         print(text, flush=True)
         return interval
+
+    def failed(self, elapsed_s: float) -> None:
+        """A failure was recovered: where the interval was chosen from recovery.mtbf_s, choose
+        it again from an MTBF that counts the failures seen as well as the configured one
+        (mtbf_s as one failure interval observed before the run: (mtbf_s + elapsed) /
+        (1 + failures))."""
+        self.failures += 1
+        decided = self.run.record.interval_decision
+        if decided is None:
+            return
+        mtbf = (self.run.cfg.recovery.mtbf_s + elapsed_s) / (1 + self.failures)
+        self.every, decision, text = self._decide(mtbf)
+        text = (f"{self.failures} failure(s) in {elapsed_s:.1f} s and recovery.mtbf_s "
+                f"{self.run.cfg.recovery.mtbf_s:g} s: MTBF taken as {mtbf:.1f} s; " + text)
+        decided["rechosen"].append({"time_s": elapsed_s, "failures": self.failures,
+                                    "mtbf_s": mtbf, "interval_s": self.every})
+        self.run.record.event(elapsed_s, text)
+        print(text, flush=True)
+
+    def _decide(self, mtbf_s: float):
+        """(interval, decision, text) for the recovery in force, from the measured costs."""
+        run, r = self.run, self.run.cfg.recovery
+        save_s, write_s = self.costs
+        decision = choose(save_s, mtbf_s, run.cfg.cluster.ps_shards, r.pls_target)
+        text = decision.text()
+        used = run.recovery
+        interval = decision.full_interval_s if used == "full" else decision.partial_interval_s
+        if used != decision.kind and r.kind != "auto":
+            text += (f"; recovery.kind = \"{r.kind}\" is configured, so {used} recovery goes "
+                     f"on at its own interval ({interval:.1f} s)")
+        if interval < write_s:
+            interval = write_s
+            text += f"; the interval is raised to the measured write time {write_s:.2f} s"
+        return interval, decision, text
 
     def flush(self) -> None:
         """Every job checkpoint taken is on disk."""

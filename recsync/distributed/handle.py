@@ -6,7 +6,6 @@ actions, checkpoints, switching)."""
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import deque
 from dataclasses import replace
@@ -23,25 +22,23 @@ from recsync.data.reader import Dataset, chunk_order
 from recsync.distributed.checkpoints import CheckpointRounds
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import death_cause
+from recsync.distributed.gather import gathered_model_state
 from recsync.distributed.policy import recovery_kind
+from recsync.distributed.downtime import downtime_ends
 from recsync import warm_start
 from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.evaluate import evaluate
 from recsync.local_run import CHUNK_BATCHES, LocalModel
 from recsync.model.setup import model_for
-from recsync.model_dir.state import ModelState
-from recsync.model_dir.write import TrainedRows
 from recsync.modes import MODES
-from recsync.ps.build import make_core
 from recsync.ps.client import PSClient
-from recsync.ps.shard import PSShard
+from recsync.ps.standby import start_shards
 from recsync.record import RunRecord
 from recsync.worker.queue import WorkQueue
 from recsync.worker.worker import Worker
 
 PAUSE_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
-MAX_SHARD_RESTARTS = 20  # per shard, with full or partial recovery
 SHARD_RESTART_WAIT_S = 60  # recovery: how long a restarting shard may take to answer
 RATE_WINDOW_POLLS = 20  # the training rate that prices work done again: over the last 10 s
 ACTOR_GONE = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
@@ -65,8 +62,6 @@ class DistributedRun:
         if warm is not None:  # shard 0 (and EASGD's center) start from its dense parameters
             self.dense_model.load_state_dict(warm.dense_state)
         dense_init = self.initial_dense()
-        net = cfg.network
-        network = (net.latency_ms / 1e3, net.ms_per_mb / 1e3 / 2**20) if net.enabled else None
         self.checkpoint_dir = None
         if cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s:
             root = Path(cfg.recovery.dir) if cfg.recovery.dir else checkpoint_root
@@ -74,17 +69,10 @@ class DistributedRun:
                 raise ValueError("recovery.checkpoint_every_s is set but there is no directory "
                                  "for checkpoints: set recovery.dir")
             self.checkpoint_dir = root.resolve()
-        restarts = MAX_SHARD_RESTARTS if cfg.recovery.kind != "none" else 0
-        # The shards' constructor arguments, held here: Ray needs them again to restart a
-        # shard, and drops a large one (shard 0's dense parameters) once nothing refers to it.
-        self._builders = [ray.put(functools.partial(make_core, self.tables, cfg, s,
-                                                    dense_init if s == 0 else None))
-                          for s in range(c.ps_shards)]
-        self.shards = [PSShard.options(max_restarts=restarts).remote(
-            self._builders[s], network,
-            None if self.checkpoint_dir is None else str(job.shard_dir(self.checkpoint_dir, s)),
-            cfg.recovery.keep, cfg.emulation.cores_per_shard)
-            for s in range(c.ps_shards)]
+        # a dead shard's place: a standby's (``directory``: which process serves which
+        # shard), or its own process, restarted by Ray
+        self.shards, self._builders, self.directory = start_shards(
+            cfg, self.tables, dense_init, self.checkpoint_dir)
         chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
         seed = t.seed if cfg.data.shuffle else None
         self.queue = WorkQueue.remote([(e, ch) for e in range(t.epochs)
@@ -102,6 +90,7 @@ class DistributedRun:
         self.killed_at: dict[int, float] = {}  # shard -> epoch seconds of its failure (until
         # it is recovered): an injected kill's time, else the driver's last answer from it
         self.shard_answered: dict[int, float] = {}  # shard -> epoch s of its last answer
+        self.downtime_open: dict[int, tuple] = {}  # shard -> its recovery, until a pull served
         self.killed_workers: set[int] = set()  # ranks killed by injection, not yet restarted
         self.resumed_unix = 0.0  # when the last rollback had workers going again
         self.recent: deque = deque(maxlen=RATE_WINDOW_POLLS)  # (epoch s, samples) per poll
@@ -146,7 +135,7 @@ class DistributedRun:
         gives it), on a new group where the mode has one; then they start training."""
         for r in ranks:
             self.workers[r] = Worker.remote(r, self.cfg, self.shards, self.queue, dense_state,
-                                            step_index, self.mode)
+                                            step_index, self.mode, self.directory)
         self.killed_workers -= set(ranks)
         if self.facts.needs_group(self.cfg):
             host, port = ray.get(self.workers[0].address.remote())
@@ -239,15 +228,16 @@ class DistributedRun:
         if patience_s is None:
             for i, ref in enumerate([s.incarnation.remote() for s in self.shards]):
                 try:
-                    out.append(self._seen(i, ray.get(ref, timeout=30)))
+                    out.append(self._seen(i, self._answer(i, ref, 30)))
                 except ACTOR_GONE as e:
                     out.append(ShardStatus(i, RESTARTING, cause=death_cause(e)))
             return out
-        for i, s in enumerate(self.shards):
+        for i in range(len(self.shards)):
             deadline = time.monotonic() + patience_s
             while True:
                 try:
-                    out.append(self._seen(i, ray.get(s.incarnation.remote(), timeout=5)))
+                    out.append(self._seen(i, self._answer(
+                        i, self.shards[i].incarnation.remote(), 5)))
                     break
                 except ACTOR_GONE as e:
                     if time.monotonic() >= deadline:
@@ -255,6 +245,17 @@ class DistributedRun:
                         break
                     time.sleep(0.5)
         return out
+
+    def _answer(self, i: int, ref, timeout: float) -> dict:
+        """Shard ``i``'s answer ``ref``; if it died and a standby takes its place, the
+        standby's (asked again: ``self.shards`` then holds the standby, for every caller)."""
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ACTOR_GONE:
+            if self.directory is None:
+                raise
+            self.shards[i] = ray.get(self.directory.current.remote(i), timeout=timeout + 60)
+            return ray.get(self.shards[i].incarnation.remote(), timeout=timeout)
 
     def _seen(self, i: int, inc: dict) -> ShardStatus:
         before = self.shard_seen.get(i)
@@ -265,9 +266,10 @@ class DistributedRun:
         else:
             self.shard_seen[i] = inc
             self.shard_answered[i] = time.time()
+            downtime_ends(self, i, inc["first_pull_unix"])
         return ShardStatus(i, ALIVE, pid=inc["pid"], version=inc["version"],
                            ready_unix=inc["ready_unix"], restored=inc["restored"],
-                           restarted=restarted,
+                           restarted=restarted, first_pull_unix=inc["first_pull_unix"],
                            version_before=None if before is None else before["version"])
 
     def acknowledge(self, s: ShardStatus) -> None:
@@ -332,7 +334,10 @@ class DistributedRun:
                 "shards_before": len(sequences), "workers_before": len(meta["done"])}
 
     def kill(self, target: str, index: int) -> None:
-        """Fault injection: the worker or PS shard ``index`` exits at once."""
+        """Fault injection: the worker, PS shard or waiting standby ``index`` exits at once."""
+        if target == "standby":
+            ray.get(self.directory.standby_handles.remote())[index].die.remote()
+            return
         if target == "worker":
             self.killed_workers.add(index)
         else:
@@ -341,7 +346,9 @@ class DistributedRun:
 
     def is_down(self, target: str, index: int) -> bool:
         """Whether the worker or PS shard ``index`` was killed and is not back yet (a shard:
-        not yet recovered; a worker: not yet restarted)."""
+        not yet recovered; a worker: not yet restarted; a standby's place is refilled)."""
+        if target == "standby":
+            return False
         return index in (self.killed_workers if target == "worker" else self.killed_at)
 
     # -- the end ---------------------------------------------------------------------------
@@ -367,7 +374,8 @@ class DistributedRun:
         with torch.no_grad():
             vector_to_parameters(torch.tensor(final_dense),
                                  list(self.dense_model.parameters()))
-        model_state = self.model_state(worker_state) if self.cfg.output.save_model else None
+        model_state = (gathered_model_state(self, worker_state) if self.cfg.output.save_model
+                       else None)
         model = LocalModel(self.dense_model,
                            PSClient(self.shards, self.plan), None)
         final_eval = evaluate(model.dense, model.lookup, self.ds, self.ds.rows("eval"),
@@ -380,21 +388,3 @@ class DistributedRun:
                 "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
                 "model_state": model_state,
                 "model": model}  # its lookup serves the trained rows while the session lasts
-
-    def model_state(self, worker_state: dict | None) -> ModelState:
-        """The trained model as the model directory keeps it: the dense parameters (already
-        in ``dense_model``), each table's rows gathered from every shard by global id, and
-        with ``output.save_optimizer_state`` the rows' and the dense optimizer's state (shard
-        0's where it holds the dense parameters, else worker 0's: ``worker_state``)."""
-        with_state = self.cfg.output.save_optimizer_state
-        parts = ray.get([s.trained_rows.remote(with_state) for s in self.shards])
-        trained = [TrainedRows.merged([p[t] for p in parts]) for t in range(len(self.tables))]
-        optimizer = None
-        if with_state:
-            optimizer = ray.get(self.shards[0].dense_optimizer_state.remote())
-            if optimizer is None and worker_state is not None:
-                optimizer = worker_state.get("optimizer")
-        row_optimizer = make_row_optimizer(self.cfg.train.embedding_optimizer,
-                                           self.cfg.train.embedding_lr)
-        return ModelState(self.tables, self.dense_model.state_dict(), trained, optimizer,
-                          row_optimizer.state_dim)

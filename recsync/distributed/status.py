@@ -53,8 +53,9 @@ class ShardStatus:
     Ray may be restarting it) or ``dead`` (gone for good: ``cause`` says why).
 
     ``restarted``: it answered from another process than the one the driver saw before (Ray
-    restarted it, and it reloaded ``restored``); ``version_before`` is the last version the
-    driver saw of the process before."""
+    restarted it, or a standby took it over, and it reloaded ``restored``); ``version_before``
+    is the last version the driver saw of the process before; ``first_pull_unix``: when the
+    process served its first pull (since it started, or since a rollback), if it has."""
 
     index: int
     state: str
@@ -65,3 +66,4 @@ class ShardStatus:
     restored: dict | None = None
     restarted: bool = False
     version_before: int | None = None
+    first_pull_unix: float | None = None

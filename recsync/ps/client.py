@@ -50,17 +50,20 @@ class PSClient:
 
     def __init__(self, shards: list, plan: LookupPlan | list[int], dense_shard: int | None = None,
                  push_window: int = 2, survive_shard_restarts: bool = False,
-                 ssu_rate: float = 0.0, seed: int = 0):
+                 ssu_rate: float = 0.0, seed: int = 0, directory=None):
         """``survive_shard_restarts`` (full or partial recovery): a pull from a shard that died
-        waits for Ray to restart it (it reloads its last checkpoint) and asks again; pushes that
-        were in flight to it are lost, and counted in ``lost_pushes`` (the worker reports them).
+        waits for its new process (a standby that took it over, from ``directory``, the run's
+        ShardDirectory; without one, Ray's restart of it), which reloaded its last checkpoint,
+        and asks again; ``shards`` (shared by a worker's clients) then holds the new process.
+        Pushes that were in flight to it are lost, and counted in ``lost_pushes`` (the worker
+        reports them).
         ``dense_shard``: the shard that holds the dense parameters, if any. ``ssu_rate`` (CPR-SSU):
         each push marks the rows touched by this share of its batch's samples (drawn with
         ``seed``), which the shards record for their partial checkpoints."""
         if not isinstance(plan, LookupPlan):  # a list of dims: single-hot, one table each
             plan = LookupPlan.single_hot([TableSpec(f"t{i}", 1, d) for i, d in enumerate(plan)])
         self.shards, self.plan, self.dims = shards, plan, plan.dims
-        self.survive_shard_restarts = survive_shard_restarts
+        self.survive_shard_restarts, self.directory = survive_shard_restarts, directory
         self.lost_pushes = 0
         self.dense_shard = dense_shard
         self.ssu_rate = ssu_rate
@@ -102,7 +105,11 @@ class PSClient:
                 except ray.exceptions.RayActorError:
                     if time.monotonic() > deadline:
                         raise
-                    time.sleep(0.2)  # Ray is restarting the shard: ask the new one
+                    if self.directory is not None:  # a standby takes over: ask it
+                        self.shards[i] = ray.get(self.directory.current.remote(i),
+                                                 timeout=SHARD_RESTART_TIMEOUT_S)
+                    else:
+                        time.sleep(0.2)  # Ray is restarting the shard: ask the new one
                     ref = self.shards[i].pull.remote(pending.placement.ids_for(ids, i),
                                                      pending.min_version)
         return answers

@@ -34,7 +34,8 @@ def nbytes(x) -> int:
 class PSShard:
     def __init__(self, build_core, network: tuple[float, float] | None = None,
                  checkpoint_dir: str | None = None, keep: int = 2, cores: float = 0.0):
-        """``build_core()`` returns this shard's ShardCore (built here, in the actor).
+        """``build_core()`` returns this shard's ShardCore (built here, in the actor); None: a
+        warm standby (ps/standby.py), which holds nothing until it ``take_over`` s a shard.
         ``network``: (latency s, s per byte) of an EMULATED network: every pull and push waits
         half the latency plus its request's bytes before it is served, and half the latency
         (plus the answer's bytes) before it answers. Other calls are served meanwhile.
@@ -42,7 +43,7 @@ class PSShard:
         (> 0): the EMULATED cluster's cores of this shard, on which pulls and pushes are paced
         (recsync/emulation.py)."""
         ignore_interrupts()
-        self.core: ShardCore = build_core()
+        self.core: ShardCore | None = build_core() if build_core is not None else None
         self._changed = asyncio.Condition()
         self.network = network
         self.pacer = RequestPacer(EmulatedMachine(cores)) if cores > 0 else None
@@ -51,9 +52,26 @@ class PSShard:
         self.base: int | None = None  # the full checkpoint partial ones now apply to
         if checkpoint_dir is not None and ray.get_runtime_context().was_current_actor_reconstructed:
             self.restored = self._restore()  # Ray restarted us: partial or full recovery
+        self.keep = keep
         self.writer = (CheckpointWriter(checkpoint_dir, keep=keep)
                        if checkpoint_dir is not None else None)
         self.ready_unix = time.time()
+        self.first_pull_unix: float | None = None  # since it started, or since a rollback
+
+    async def take_over(self, build_core, checkpoint_dir: str) -> dict:
+        """A warm standby becomes the shard whose core ``build_core`` builds, from that
+        shard's last checkpoint chain in ``checkpoint_dir`` (from scratch if there is none
+        yet). Returns what it reloaded, with the time the take-over took (``take_over_s``)."""
+        if self.core is not None:
+            raise RuntimeError(f"this process already serves shard {self.core.store.shard}")
+        begin = time.perf_counter()
+        self.core = build_core()
+        self.checkpoint_dir = checkpoint_dir
+        self.restored = self._restore()
+        self.writer = CheckpointWriter(checkpoint_dir, keep=self.keep)
+        self.ready_unix = time.time()
+        self.restored["take_over_s"] = time.perf_counter() - begin
+        return {**self.restored, "pid": os.getpid()}
 
     def _restore(self) -> dict:
         begin = time.perf_counter()
@@ -76,6 +94,7 @@ class PSShard:
         if self.writer is not None:
             self.writer.flush()
         self._restore_chain(files.chain(self.checkpoint_dir, sequence))
+        self.first_pull_unix = None  # the downtime of a full recovery ends at the next pull
         return {"version": self.core.version, "load_s": time.perf_counter() - begin}
 
     async def reshard(self, sources: list[tuple[str, int]]) -> dict:
@@ -104,7 +123,7 @@ class PSShard:
         """This process's pid, when it was ready, and, if Ray restarted it, the checkpoint it
         reloaded."""
         return {"pid": os.getpid(), "restored": self.restored, "version": self.core.version,
-                "ready_unix": self.ready_unix}
+                "ready_unix": self.ready_unix, "first_pull_unix": self.first_pull_unix}
 
     async def _travel(self, payload) -> None:
         if self.network is not None:
@@ -126,6 +145,8 @@ class PSShard:
         if paced:
             await self.pacer.finish(paced)
         await self._travel(answer)
+        if self.first_pull_unix is None:
+            self.first_pull_unix = time.time()
         return answer
 
     async def push(self, ids, grads, dense_grad, meta: dict):

@@ -54,13 +54,15 @@ def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:
 class Worker:
     def __init__(self, rank: int, cfg: RunConfig, shards: list, queue,
                  dense_state: dict | None = None, step_index: int = 0,
-                 mode: str | None = None):
+                 mode: str | None = None, directory=None):
         """``dense_state`` (another replica's or a checkpoint's, in the flat layout) and
         ``step_index`` let a rebuilt group go on where the old one stopped; ``mode``: the run's
-        mode now (default ``cfg.mode``; it differs after a switch)."""
+        mode now (default ``cfg.mode``; it differs after a switch); ``directory``: the run's
+        ShardDirectory if it keeps standby shards (ps/standby.py)."""
         ignore_interrupts()
         torch.set_num_threads(cfg.train.threads)
         self.rank, self.cfg, self.queue, self.shards = rank, cfg, queue, shards
+        self.directory = directory
         self.ds = Dataset(cfg.data.path)
         torch.manual_seed(cfg.train.seed)  # every replica starts from the driver's parameters
         built = model_for(cfg.model, self.ds)
@@ -187,7 +189,7 @@ class Worker:
     def _new_client(self) -> PSClient:
         r = self.cfg.recovery
         client = PSClient(self.shards, self.plan, push_window=self.cfg.cluster.push_window,
-                          survive_shard_restarts=r.kind != "none",
+                          survive_shard_restarts=r.kind != "none", directory=self.directory,
                           ssu_rate=r.ssu_rate if r.rows == "ssu" else 0.0,
                           seed=hash((self.cfg.train.seed, self.rank, len(self.clients))) % 2**32)
         self.clients.append(client)

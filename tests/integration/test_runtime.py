@@ -229,14 +229,15 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
     assert sum(e.startswith("checkpoint: ") for e in events) == rec["checkpoints"]
 
 
-@pytest.mark.parametrize("mode, shard", [("async", 1), ("shadow", 0)])
+@pytest.mark.parametrize("mode, shard, standbys", [("async", 1, 1), ("shadow", 0, 0)])
 def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_on(
-        ray_cluster, data, tmp_path, mode, shard):
-    """(shadow: EASGD, whose center copy is on the shard killed)"""
+        ray_cluster, data, tmp_path, mode, shard, standbys):
+    """(shadow: EASGD, whose center copy is on the shard killed; without a standby: Ray
+    restarts the shard's process)"""
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
                  'shadow.algorithm="easgd"',
                  "train.epochs=10", 'recovery.kind="partial"',
-                 "recovery.checkpoint_every_s=1.0",
+                 "recovery.checkpoint_every_s=1.0", f"recovery.standby_shards={standbys}",
                  f'faults.kills=[{{target="ps", index={shard}, at_s=3.0}}]')  # (of training:
     # after the checkpoint rounds at 0, 1 and 2 s)
     summary = run(cfg, tmp_path)
@@ -245,6 +246,9 @@ def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_o
     assert rec["kind"] == "partial" and len(rec["recoveries"]) == 1
     recovery = rec["recoveries"][0]
     assert recovery["shard"] == shard and recovery["sequence"] >= 1
+    assert recovery["standby"] == bool(standbys)
+    # from the kill to the first pull the new process served
+    assert recovery["downtime_to"] == "first pull served" and recovery["downtime_s"] > 0
     assert 0 < rec["pls"] < 0.5
     assert [f["event"] for f in summary["failures"]] == [f"killed ps {shard}"]
     queue = summary["queue"]
@@ -286,6 +290,7 @@ def test_full_recovery_rolls_every_shard_and_the_data_back_and_completes(
     assert recovery["shard"] == shard and recovery["job_sequence"] >= 1
     assert rec["samples_redone"] > 0 and rec["pls"] == 0  # done again, none lost
     assert recovery["downtime_s"] > 0 and rec["overhead"]["total_s"] >= recovery["downtime_s"]
+    assert recovery["downtime_to"] == "first pull served"  # after the rollback
     queue = summary["queue"]  # the data position rolled back: every chunk completed once
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
     chunks = len(Dataset(data).chunks("train", 16 * B))

@@ -124,7 +124,8 @@ def test_summary_has_every_key(run2, data):
                                         "written_per_shard", "write_s_mean", "recoveries",
                                         "interval_decision", "rows", "samples_redone",
                                         "partial_checkpoints", "overhead",
-                                        "final_job_checkpoint", "lost_pushes", "worker_restarts"}
+                                        "final_job_checkpoint", "lost_pushes", "worker_restarts",
+                                        "standby_shards", "downtime_per_failure"}
     assert summary["recovery"]["checkpoints"] == 0
     assert summary["recovery"]["overhead"]["total_s"] == 0
     assert summary["stragglers_emulated"] is False

@@ -4,10 +4,13 @@ logged."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from recsync.config import load_config
 from recsync.distributed import actions
+from recsync.distributed.downtime import downtime_ends
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.policy import Decision, Kind
 from recsync.distributed.status import ShardStatus, WorkerStatus
@@ -28,6 +31,8 @@ class FakeRun:
         self.seen: dict = {}
         self.recovery = "partial"
         self.facts = type("Replace", (Mode,), {"name": "m", "worker_death": REPLACE})
+        self.directory, self.downtime_open = None, {}
+        self.rounds = SimpleNamespace(failed=lambda t: self.calls.append(("failed", t)))
 
     def restart(self, ranks, dense_state=None, step_index=0):
         self.calls.append(("restart", ranks, dense_state, step_index))
@@ -124,8 +129,17 @@ def test_partial_recovery_counts_the_lost_updates_and_acknowledges_the_restart()
     actions.carry_out(run, Decision(Kind.RELOAD_SHARD, shards=(1,)), shards, 12.0)
     [rec] = run.record.recoveries
     assert rec["kind"] == "partial" and rec["shard"] == 1 and rec["lost_updates"] == 4
-    assert rec["lost_samples"] == 4 * 8 and rec["downtime_s"] == 2.5 and rec["sequence"] == 2
-    assert rec["ready_s"] == 100.0 - run.start_unix  # when the new process served
+    assert rec["lost_samples"] == 4 * 8 and rec["sequence"] == 2
+    assert rec["ready_s"] == 100.0 - run.start_unix  # when the new process was ready
+    # no pull served yet: down until ready for now; the first pull served ends it
+    assert rec["downtime_s"] == 2.5 and rec["downtime_to"] == "ready"
+    downtime_ends(run, 1, None)
+    downtime_ends(run, 1, 97.0)  # (a pull from before the failure: not the one)
+    assert rec["downtime_to"] == "ready"
+    downtime_ends(run, 1, 100.25)
+    assert rec["downtime_s"] == 2.75 and rec["downtime_to"] == "first pull served"
+    assert run.downtime_open == {}
+    assert ("failed", 12.0) in run.calls  # the checkpoint interval is chosen again
     assert run.seen == {1: 42} and run.killed_at == {}
     assert run.record.events[-1]["event"] == ("partial recovery: shard 1 restarted from "
                                               "checkpoint 2 (version 30); its 4 updates since "
@@ -137,7 +151,8 @@ def test_settle_logs_a_partial_recovery_then_replaces_the_dead_worker():
     workers = [WorkerStatus(0, "running"), WorkerStatus(1, "dead"), WorkerStatus(2, "running")]
     shards = [ShardStatus(0, "alive", pid=1, version=40), restarted_shard()]
     d = settle(run, workers, shards, 5.0)
-    assert d.kind is Kind.REPLACE_WORKERS and run.calls == [("restart", [1], None, 0)]
+    assert d.kind is Kind.REPLACE_WORKERS
+    assert run.calls == [("failed", 5.0), ("restart", [1], None, 0)]
     assert [r["kind"] for r in run.record.recoveries] == ["partial"]
 
 
@@ -159,14 +174,13 @@ def test_a_shard_restarted_without_an_injected_kill_is_down_from_its_last_answer
     """A shard killed from outside (kill -9, a lost machine): its downtime counts from the
     driver's last answer from the old process (it read 0.0 before), an injected kill's from
     the kill."""
-    from types import SimpleNamespace
-
     from recsync.distributed import handle
     seen = handle.DistributedRun._seen
-    run = SimpleNamespace(shard_seen={}, shard_answered={}, killed_at={})
+    run = SimpleNamespace(shard_seen={}, shard_answered={}, killed_at={}, downtime_open={})
     times = [100.0, 100.5]  # the two answers; later reads of the clock: 999.0
     monkeypatch.setattr(handle.time, "time", lambda: times.pop(0) if times else 999.0)
-    inc = {"pid": 1, "version": 34, "ready_unix": 10.0, "restored": None}
+    inc = {"pid": 1, "version": 34, "ready_unix": 10.0, "restored": None,
+           "first_pull_unix": None}
     seen(run, 0, inc)
     seen(run, 1, inc)  # shard 1's last answer, at 100.5
     back = seen(run, 1, {**inc, "pid": 42, "version": 30, "ready_unix": 103.0,
@@ -182,3 +196,26 @@ def test_a_shard_restarted_without_an_injected_kill_is_down_from_its_last_answer
     actions.carry_out(fake, Decision(Kind.RELOAD_SHARD, shards=(1,)),
                       [ShardStatus(0, "alive", pid=1, version=40), back], 12.0)
     assert fake.record.recoveries[0]["downtime_s"] == 2.5
+
+
+@pytest.mark.parametrize("kind, interval", [("partial", 2 * 75.0 * 2 * 0.01),  # 2 F S target
+                                            ("full", (2 * 0.02 * 75.0) ** 0.5)])  # Young's
+def test_the_interval_is_chosen_again_after_a_failure_from_the_failures_seen(kind, interval):
+    """mtbf_s = 100 s counts as one failure interval seen before the run: after a failure at
+    50 s, F = (100 + 50) / 2 = 75 s."""
+    from recsync.distributed.checkpoints import CheckpointRounds
+    c = cfg(f'recovery.kind="{kind}"', "recovery.mtbf_s=100")
+    run = FakeRun(c)
+    run.recovery, run.checkpoint_dir = kind, None
+    rounds = CheckpointRounds(run)
+    rounds.failed(10.0)  # before the interval was chosen: counted, nothing chosen
+    assert run.record.interval_decision is None and rounds.failures == 1
+    rounds.failures = 0
+    rounds.costs = (0.02, 0.0)
+    run.record.interval_decision = {"rechosen": []}
+    rounds.failed(50.0)
+    assert rounds.every == pytest.approx(interval)
+    (entry,) = run.record.interval_decision["rechosen"]
+    assert entry["mtbf_s"] == 75.0 and entry["failures"] == 1
+    assert run.record.events[-1]["event"].startswith(
+        "1 failure(s) in 50.0 s and recovery.mtbf_s 100 s: MTBF taken as 75.0 s; ")

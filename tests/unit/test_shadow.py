@@ -102,7 +102,7 @@ def test_easgd_round_moves_replica_and_the_shards_center_by_d(monkeypatch):
     center = torch.zeros_like(w)
     core = test_core([TableSpec("t", 4, 2)], RowSGD(0.1), shard=0, num_shards=1,
                      num_workers=2, center=center)
-    sync = ElasticSync(r, FakeShard(core), alpha=0.5)
+    sync = ElasticSync(r, [FakeShard(core)], alpha=0.5)
     assert sync.round(done=False) is False
     torch.testing.assert_close(r.vector(), w * 0.5)
     torch.testing.assert_close(torch.from_numpy(core.rule.model_dense(core)), w * 0.5)
@@ -121,11 +121,11 @@ def test_easgd_round_with_a_restarting_shard_is_skipped_under_partial_recovery()
 
     r = _replica()
     before = r.vector()
-    sync = ElasticSync(r, Restarting(), alpha=0.5, survive_shard_restarts=True)
+    sync = ElasticSync(r, [Restarting()], alpha=0.5, survive_shard_restarts=True)
     assert sync.round(done=False) is False and sync.skipped == 1
     torch.testing.assert_close(r.vector(), before)  # nothing moved
     with pytest.raises(ray.exceptions.RayActorError):
-        ElasticSync(r, Restarting(), alpha=0.5).round(done=False)
+        ElasticSync(r, [Restarting()], alpha=0.5).round(done=False)
 
 
 class ThreadGroup:

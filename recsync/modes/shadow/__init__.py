@@ -66,7 +66,7 @@ class ShadowWorker(WorkerMode):
         if sh.algorithm == "none":
             return None
         if sh.algorithm == "easgd":
-            return ElasticSync(self.replica, self.ctx.shards[0], sh.alpha(trainers),
+            return ElasticSync(self.replica, self.ctx.shards, sh.alpha(trainers),
                                survive_shard_restarts=cfg.recovery.kind != "none")
         import torch.distributed as dist
         group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=SHADOW_TIMEOUT_S))

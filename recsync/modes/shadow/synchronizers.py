@@ -23,18 +23,20 @@ class ElasticSync:
     One call a round (the shard computes d from the replica sent: pulling c and pushing d would
     move the vector three times). Needs no agreement between trainers: each stops when done."""
 
-    def __init__(self, replica: DenseReplica, shard, alpha: float,
+    def __init__(self, replica: DenseReplica, shards: list, alpha: float,
                  survive_shard_restarts: bool = False):
-        """``survive_shard_restarts`` (partial recovery): a round whose shard died is skipped
-        (the shard comes back with its center from its last checkpoint)."""
-        self.replica, self.shard, self.alpha = replica, shard, alpha
+        """``shards``: the worker's list of shard processes (read at every round: a standby
+        that took shard 0 over replaces it there); ``survive_shard_restarts`` (partial
+        recovery): a round whose shard died is skipped (the shard comes back with its center
+        from its last checkpoint)."""
+        self.replica, self.shards, self.alpha = replica, shards, alpha
         self.survive_shard_restarts = survive_shard_restarts
         self.skipped = 0
 
     def round(self, done: bool) -> bool:
         try:
-            d = ray.get(self.shard.call.remote("exchange", self.replica.vector().numpy(),
-                                                         self.alpha))
+            d = ray.get(self.shards[0].call.remote("exchange", self.replica.vector().numpy(),
+                                                   self.alpha))
         except ray.exceptions.RayActorError:
             if not self.survive_shard_restarts:
                 raise

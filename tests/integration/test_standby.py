@@ -1,0 +1,147 @@
+"""Warm standby PS shards (recovery.standby_shards, ps/standby.py): a standby takes a dead
+shard's place with the rows and version of its last complete checkpoint, a dead standby is
+passed over, a shard killed while its checkpoint is being written comes back from the one
+before, and runs where a standby is killed, or two shards fail within a second, complete every
+chunk exactly once."""
+
+import time
+
+import numpy as np
+import pytest
+import ray
+from torch.nn.utils import parameters_to_vector
+
+from recsync.checkpoint import files, job
+from recsync.data.reader import Dataset
+from recsync.model.setup import model_for
+from recsync.ps.standby import start_shards
+from recsync.run import run
+from runs import config
+
+RECOVERY = ['mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+            'recovery.kind="partial"', "recovery.checkpoint_every_s=1.0"]
+
+
+def started(data, tmp_path, dense_init=None):
+    """The shards and the directory of a partial-recovery config, outside a run."""
+    cfg = config(data, *RECOVERY)
+    built = model_for(cfg.model, Dataset(data))
+    if dense_init is None:
+        dense_init = parameters_to_vector(built.module.parameters()).detach().numpy()
+    shards, _, directory = start_shards(cfg, built.tables, dense_init, tmp_path)
+    return built.tables, shards, directory
+
+
+def push(shard, tables, ids, version_read=0):
+    """One push of gradient 1 to rows ``ids`` of table 0 (the other tables untouched)."""
+    ids_ = [np.array(ids if t == 0 else [], np.int64) for t in range(len(tables))]
+    grads = [np.ones((len(i), spec.dim), np.float32) for i, spec in zip(ids_, tables)]
+    meta = {"version_read": version_read, "lr_scale": 1.0, "sampled": None}
+    return ray.get(shard.push.remote(ids_, grads, None, meta))
+
+
+def killed(handle) -> None:
+    """Kill a shard's process (as fault injection does) and wait until Ray knows it is dead."""
+    handle.die.remote()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            ray.get(handle.incarnation.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the shard's process did not die")
+
+
+def stop(directory) -> None:
+    """The shards, standbys and directory a test started, gone from the session's Ray."""
+    for h in [*ray.get(directory.handles.remote()), *ray.get(directory.standby_handles.remote())]:
+        ray.kill(h)
+    ray.kill(directory)
+
+
+def test_a_standby_takes_over_a_dead_shard_with_its_checkpoints_rows_and_version(
+        ray_cluster, data, tmp_path):
+    tables, shards, directory = started(data, tmp_path)
+    old = shards[1]
+    for _ in range(3):
+        push(old, tables, [1, 3, 5])
+    saved = ray.get(old.checkpoint.remote())
+    ray.get(old.checkpoints_written.remote())
+    rows_then = ray.get(old.trained_rows.remote(True))
+    push(old, tables, [1, 7])  # after the checkpoint: lost with the process
+    assert ray.get(old.incarnation.remote())["version"] == saved["version"] + 1
+    killed(old)
+    new = ray.get(directory.current.remote(1))
+    inc = ray.get(new.incarnation.remote())
+    assert inc["pid"] != saved["pid"]
+    assert inc["restored"]["sequence"] == saved["sequence"]
+    assert inc["version"] == saved["version"] == 3
+    for before, after in zip(rows_then, ray.get(new.trained_rows.remote(True))):
+        np.testing.assert_array_equal(after.ids, before.ids)
+        np.testing.assert_array_equal(after.rows, before.rows)
+        np.testing.assert_array_equal(after.state, before.state)
+    assert ray.get(directory.current.remote(1)) == new  # alive: the same one, no take-over
+    (report,) = ray.get(directory.report.remote())
+    assert report["shard"] == 1 and report["pid"] == inc["pid"] and report["passed_over"] == []
+    assert len(ray.get(directory.standby_handles.remote())) == 1  # a new one is waiting
+    push(new, tables, [9], version_read=inc["version"])  # and it serves
+    stop(directory)
+
+
+def test_a_dead_standby_is_passed_over_and_a_new_one_takes_over(ray_cluster, data, tmp_path):
+    tables, shards, directory = started(data, tmp_path)
+    push(shards[0], tables, [0, 2])
+    ray.get(shards[0].checkpoint.remote())
+    ray.get(shards[0].checkpoints_written.remote())
+    (standby,) = ray.get(directory.standby_handles.remote())
+    killed(standby)
+    killed(shards[0])
+    new = ray.get(directory.current.remote(0))
+    assert ray.get(new.incarnation.remote())["version"] == 1
+    (report,) = ray.get(directory.report.remote())
+    assert len(report["passed_over"]) == 1  # the dead standby
+    stop(directory)
+
+
+def test_a_shard_killed_while_writing_a_checkpoint_comes_back_from_the_one_before(
+        ray_cluster, data, tmp_path):
+    # shard 0 holds a dense vector of 16M floats (and its optimizer state): its checkpoint
+    # takes long enough to write that the kill lands in the middle
+    tables, shards, directory = started(data, tmp_path, np.zeros(16 * 2**20, np.float32))
+    shard = shards[0]
+    push(shard, tables, [0])
+    first = ray.get(shard.checkpoint.remote())
+    ray.get(shard.checkpoints_written.remote())
+    push(shard, tables, [2])
+    second = ray.get(shard.checkpoint.remote())  # returns once copied; written in the background
+    killed(shard)
+    written = files.manifests(job.shard_dir(tmp_path, 0))  # the second never completed
+    assert files.manifest_path(job.shard_dir(tmp_path, 0), second["sequence"]) not in written
+    new = ray.get(directory.current.remote(0))
+    inc = ray.get(new.incarnation.remote())
+    assert inc["restored"]["sequence"] == first["sequence"]
+    assert inc["version"] == first["version"] == 1
+    stop(directory)
+
+
+@pytest.mark.parametrize("kills, recoveries", [
+    ('[{target="standby", index=0, at_s=2.0}, {target="ps", index=1, at_s=3.0}]', [1]),
+    ('[{target="ps", index=0, at_s=3.0}, {target="ps", index=1, at_s=3.4}]', [0, 1]),
+], ids=["standby_killed_first", "two_shards_within_a_second"])
+def test_runs_with_standbys_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path,
+                                                              kills, recoveries):
+    cfg = config(data, *RECOVERY, "train.epochs=10", f"faults.kills={kills}",
+                 "recovery.keep=1000")  # every checkpoint kept: what a standby loaded is read
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    rec = summary["recovery"]
+    assert sorted(r["shard"] for r in rec["recoveries"]) == recoveries
+    for r in rec["recoveries"]:
+        assert r["standby"] and r["downtime_to"] == "first pull served"
+        assert r["downtime_s"] > 0
+        saved = files.chain(job.shard_dir(tmp_path / "checkpoints", r["shard"]), r["sequence"])
+        assert saved[-1].meta["version"] == r["version"]  # what the standby reloaded
+    queue = summary["queue"]
+    assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
+    assert summary["samples"] == 10 * Dataset(data).rows("train")

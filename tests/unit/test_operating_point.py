@@ -1,0 +1,30 @@
+"""Scenario recovery's operating point (bench/operating_point.py), against hand computations."""
+
+import pytest
+
+from recsync.bench.operating_point import failure_schedule, full_overhead_at, run_length_for
+
+
+def test_full_recovery_overhead_at_a_run_length():
+    # T = 300 s, 3 failures: M = 100 s, Young's I = sqrt(2 x 0.02 x 100) = 2 s; each failure
+    # 4 s down + 1 s redone, 150 saves of 0.02 s: (15 + 3) / 300
+    assert full_overhead_at(300.0, 3, 0.02, 4.0) == pytest.approx(0.06)
+
+
+def test_the_run_length_that_makes_full_recovery_cost_the_target():
+    assert run_length_for(0.06, 3, 0.02, 4.0) == pytest.approx(300.0, rel=1e-6)
+    longer = run_length_for(0.03, 3, 0.02, 4.0)  # a smaller share needs a longer run
+    assert longer > 300 and full_overhead_at(longer, 3, 0.02, 4.0) == pytest.approx(0.03)
+    with pytest.raises(ValueError, match="at any run length"):
+        run_length_for(0.001, 3, 10.0, 4.0)
+
+
+def test_the_schedule_has_exactly_the_failures_asked_for_in_the_window():
+    seed, mean, kills = failure_schedule(300.0, 6.0, 3, 4, first_s=12.0, window=0.85,
+                                         min_gap_s=10.0)
+    assert mean == 100.0 and len(kills) == 3
+    times = [k["at_s"] for k in kills]
+    assert times[0] >= 12.0 and times[-1] <= 6.0 + 0.85 * 300
+    assert all(b - a >= 10.0 for a, b in zip(times, times[1:]))
+    assert all(k["target"] == "ps" and 0 <= k["index"] < 4 for k in kills)
+    assert failure_schedule(300.0, 6.0, 3, 4, 12.0, 0.85, 10.0) == (seed, mean, kills)

@@ -28,3 +28,13 @@ def test_the_schedule_has_exactly_the_failures_asked_for_in_the_window():
     assert all(b - a >= 10.0 for a, b in zip(times, times[1:]))
     assert all(k["target"] == "ps" and 0 <= k["index"] < 4 for k in kills)
     assert failure_schedule(300.0, 6.0, 3, 4, 12.0, 0.85, 10.0) == (seed, mean, kills)
+
+
+def test_the_pilots_rate_is_measured_before_its_kill():
+    from recsync.bench.recovery import rate_before
+    metrics = [{"time_s": t, "samples": n} for t, n in
+               [(0.5, 0), (1.0, 1000), (2.0, 3000), (4.0, 7000), (5.0, 2000), (6.0, 4000)]]
+    # from the first record past the warm-up (1,000 samples) to the last before 4.5 s
+    assert rate_before(metrics, 4.5, 1000) == (7000 - 1000) / (4.0 - 1.0)
+    with pytest.raises(RuntimeError, match="too little"):
+        rate_before(metrics, 1.5, 1000)

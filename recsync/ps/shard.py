@@ -120,8 +120,9 @@ class PSShard:
         return self.core.store.num_initialized()
 
     async def incarnation(self) -> dict:
-        """This process's pid, when it was ready, and, if Ray restarted it, the checkpoint it
-        reloaded."""
+        """This process's pid, when it was ready, the checkpoint it reloaded if Ray restarted
+        it or it took a dead shard over, and when it served its first pull (since it started,
+        or since a rollback)."""
         return {"pid": os.getpid(), "restored": self.restored, "version": self.core.version,
                 "ready_unix": self.ready_unix, "first_pull_unix": self.first_pull_unix}
 

@@ -110,6 +110,9 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
             "samples_redone": sum(x.get("samples_redone", 0) for x in record.recoveries),
             "lost_pushes": sum(s.get("lost_pushes", 0) for s in result.get("statuses", [])),
             "standby_shards": r.standbys,
+            # each standby's take-over: when the directory was asked (a client saw the death),
+            # when it served, and how long building the core and loading took
+            "take_overs": result.get("take_overs") or [],
             "recoveries": record.recoveries,
             # from each failure to the first pull served again (docs/recovery.md)
             "downtime_per_failure": ({"p50_s": statistics.median(downtimes),

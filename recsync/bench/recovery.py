@@ -249,7 +249,35 @@ def _downtime_rows(arms: dict) -> list[list]:
             rows.append([f"{n}: downtime p50 (s)", statistics.median(d),
                          f"max {max(d):.3f} s over {len(d)} failures: "
                          + ", ".join(f"{x:.3f}" for x in d)])
+        parts = [p for rec in a.get("recovery_rounds", []) for p in take_over_split(rec)]
+        if parts:
+            rows.append([f"{n}: kill to a client asking for a standby (s), median",
+                         statistics.median(p[0] for p in parts),
+                         "then the take-over (core built, checkpoint loaded), median "
+                         f"{statistics.median(p[1] for p in parts):.3f} s (max "
+                         f"{max(p[1] for p in parts):.3f}), then to the first pull served, "
+                         f"median {statistics.median(p[2] for p in parts):.3f} s; per failure: "
+                         + "; ".join(f"{x:.3f} + {y:.3f} + {z:.3f}" for x, y, z in parts)])
     return rows
+
+
+def take_over_split(rec: dict) -> list[tuple[float, float, float]]:
+    """Each standby failure's downtime in three: from the kill to the directory being asked
+    (a client saw the death), the take-over, and from then to the first pull served."""
+    out, used = [], set()
+    for r in rec["recoveries"]:
+        if not r.get("standby") or r.get("downtime_to") != "first pull served":
+            continue
+        match = next((i for i, t in enumerate(rec.get("take_overs") or []) if i not in used
+                      and t["shard"] == r["shard"] and t["asked_s"] >= r["killed_s"] - 1.0),
+                     None)
+        if match is None:
+            continue
+        used.add(match)
+        t = rec["take_overs"][match]
+        out.append((t["asked_s"] - r["killed_s"], t["ready_s"] - t["asked_s"],
+                    r["killed_s"] + r["downtime_s"] - t["ready_s"]))
+    return out
 
 
 def _arm_rows(name: str, a: dict) -> list[list]:

@@ -381,8 +381,11 @@ class DistributedRun:
         final_eval = evaluate(model.dense, model.lookup, self.ds, self.ds.rows("eval"),
                               self.cfg.train.eval_batch_size,
                               keep_scores=self.cfg.output.save_predictions)
+        take_overs = ray.get(self.directory.report.remote()) if self.directory else []
         return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,
-                "worker_pacing": pacing,
+                "worker_pacing": pacing, "take_overs": [
+                    {**t, "asked_s": t["asked_unix"] - self.start_unix,
+                     "ready_s": t["ready_unix"] - self.start_unix} for t in take_overs],
                 "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
                 "final_checkpoint": final_checkpoint,
                 "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,

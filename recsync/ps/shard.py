@@ -33,7 +33,8 @@ def nbytes(x) -> int:
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class PSShard:
     def __init__(self, build_core, network: tuple[float, float] | None = None,
-                 checkpoint_dir: str | None = None, keep: int = 2, cores: float = 0.0):
+                 checkpoint_dir: str | None = None, keep: int = 2, cores: float = 0.0,
+                 warm_with=None):
         """``build_core()`` returns this shard's ShardCore (built here, in the actor); None: a
         warm standby (ps/standby.py), which holds nothing until it ``take_over`` s a shard.
         ``network``: (latency s, s per byte) of an EMULATED network: every pull and push waits
@@ -41,9 +42,13 @@ class PSShard:
         (plus the answer's bytes) before it answers. Other calls are served meanwhile.
         ``checkpoint_dir``: where ``checkpoint`` writes this shard's checkpoints. ``cores``
         (> 0): the EMULATED cluster's cores of this shard, on which pulls and pushes are paced
-        (recsync/emulation.py)."""
+        (recsync/emulation.py). ``warm_with`` (a standby): a core builder whose core is built
+        and dropped at once, so that a take-over finds what building one imports (torch's
+        optimizers: 1.3 s in the first measurement) already imported."""
         ignore_interrupts()
         self.core: ShardCore | None = build_core() if build_core is not None else None
+        if build_core is None and warm_with is not None:
+            warm_with()
         self._changed = asyncio.Condition()
         self.network = network
         self.pacer = RequestPacer(EmulatedMachine(cores)) if cores > 0 else None

@@ -48,8 +48,11 @@ class ShardDirectory:
         self.take_overs: list[dict] = []
 
     def _new_standby(self):
+        """A standby that has built (and dropped) shard 0's core: the one with the most to
+        import (the dense parameters' optimizer, where the mode keeps them on the PS)."""
         network, keep, cores = self.standby_args
-        return PSShard.options(max_restarts=0).remote(None, network, None, keep, cores)
+        return PSShard.options(max_restarts=0).remote(None, network, None, keep, cores,
+                                                      self.builders[0])
 
     async def current(self, shard: int):
         """Shard ``shard``'s live process: the one known, or, if it has died, the standby
@@ -92,6 +95,7 @@ class ShardDirectory:
                 self.shards[shard] = standby
                 self.generation[shard] += 1
                 self.take_overs.append({"shard": shard, "asked_unix": begin,
+                                        "generation": self.generation[shard],
                                         "ready_unix": time.time(), "pid": loaded["pid"],
                                         "take_over_s": loaded["take_over_s"],
                                         "passed_over": errors})

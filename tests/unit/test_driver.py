@@ -125,7 +125,8 @@ def test_summary_has_every_key(run2, data):
                                         "interval_decision", "rows", "samples_redone",
                                         "partial_checkpoints", "overhead",
                                         "final_job_checkpoint", "lost_pushes", "worker_restarts",
-                                        "standby_shards", "downtime_per_failure"}
+                                        "standby_shards", "downtime_per_failure",
+                                        "take_overs"}
     assert summary["recovery"]["checkpoints"] == 0
     assert summary["recovery"]["overhead"]["total_s"] == 0
     assert summary["stragglers_emulated"] is False

@@ -1,4 +1,5 @@
-"""Scenario recovery's operating point (bench/operating_point.py), against hand computations."""
+"""Scenario recovery: its operating point (bench/operating_point.py, against hand computations),
+the pilot's rate and the split of a standby failure's downtime."""
 
 import pytest
 
@@ -38,3 +39,18 @@ def test_the_pilots_rate_is_measured_before_its_kill():
     assert rate_before(metrics, 4.5, 1000) == (7000 - 1000) / (4.0 - 1.0)
     with pytest.raises(RuntimeError, match="too little"):
         rate_before(metrics, 1.5, 1000)
+
+
+def test_a_standby_failures_downtime_is_split_at_the_ask_and_the_take_over():
+    from recsync.bench.recovery import take_over_split
+    rec = {"recoveries": [
+        {"shard": 1, "standby": True, "downtime_to": "first pull served", "killed_s": 10.0,
+         "downtime_s": 0.5},
+        {"shard": 1, "standby": True, "downtime_to": "ready", "killed_s": 30.0,
+         "downtime_s": 0.4},  # no pull served before the end: not split
+        {"shard": 0, "standby": False, "downtime_to": "first pull served", "killed_s": 20.0,
+         "downtime_s": 2.5}],
+        "take_overs": [{"shard": 1, "asked_s": 10.1, "ready_s": 10.4},
+                       {"shard": 1, "asked_s": 30.2, "ready_s": 30.3}]}
+    ((detect, take_over, to_pull),) = take_over_split(rec)
+    assert (detect, take_over, to_pull) == pytest.approx((0.1, 0.3, 0.1))

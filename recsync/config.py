@@ -210,7 +210,7 @@ class RunConfig(Section):
         if not (e.cores_per_worker > 0 and e.cores_per_shard > 0):
             raise ValueError(f"emulation: set both cores_per_worker and cores_per_shard (got "
                              f"{e.cores_per_worker:g} and {e.cores_per_shard:g})")
-        if e.cores_per_shadow > 0 and self.mode != "shadow":
+        if e.cores_per_shadow > 0 and not _facts(self.mode).shadow_thread:
             raise ValueError(f"emulation.cores_per_shadow: only mode \"shadow\" has a shadow "
                              f"thread (mode is \"{self.mode}\"); set it to 0")
         machine = os.cpu_count() or 1

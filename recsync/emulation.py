@@ -41,9 +41,12 @@ def label_of(cfg) -> str | None:
 
 
 def shadow_cores(cfg) -> float:
-    """The cores of a trainer's shadow thread of its own (mode shadow only), else 0: its
+    """The cores of a trainer's shadow thread of its own (a mode with one), else 0: its
     rounds share the trainer's cores."""
-    return cfg.emulation.cores_per_shadow if cfg.mode == "shadow" else 0.0
+    if cfg.mode == "local" or not cfg.emulation.cores_per_shadow:
+        return 0.0
+    from recsync.modes import MODES
+    return cfg.emulation.cores_per_shadow if MODES[cfg.mode].shadow_thread else 0.0
 
 
 class EmulatedMachine:

@@ -164,6 +164,7 @@ class Mode:
     # checkpoint round, so replicas, shards and data position agree exactly
     worker_death: ClassVar[str] = REPLACE
     reports_waits: ClassVar[bool] = False  # per-step pull and push waits in metrics.jsonl
+    shadow_thread: ClassVar[bool] = False  # a background thread synchronizes the workers
     summary_key: ClassVar[str | None] = None  # its section of summary.json
 
     @classmethod

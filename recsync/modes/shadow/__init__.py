@@ -100,6 +100,7 @@ class Shadow(Mode):
     worker = ShadowWorker
     worker_death = FROM_REPLICA
     summary_key = "shadow"
+    shadow_thread = True
 
     @classmethod
     def needs_group(cls, cfg) -> bool:
@@ -150,3 +151,4 @@ class Shadow(Mode):
 class Foreground(Shadow):
     name = "foreground"
     worker = ForegroundWorker
+    shadow_thread = False  # its rounds run in the training loop

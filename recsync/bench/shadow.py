@@ -49,12 +49,12 @@ from recsync.plot import plot_runs
 ROWS = 300_000  # training rows at --scale 1
 EVAL_ROWS = 100_000
 TRAINERS, SHARDS, BATCH = 4, 2, 4096
-# Each shard served requests 16% of the time at 0.5 cores in the 2026-11-23 run (summary.json
-# service_s over train_s); at 0.375 it is about a fifth busy and does not cap the 4-trainer
-# arm's throughput, which leaves 4 x 0.0625 cores for the shadow threads: the ShadowSync paper's
-# trainers have cores to spare for their background rounds, so in the mode shadow arms the
-# rounds run on cores of their own (``emulation.cores_per_shadow``); the foreground arms have
-# none (their rounds run in the training loop by design)
+# Each shard served requests 12% of the time at 0.5 cores in the 2026-11-23 run (seed 0 of arm
+# none: summary.json paced_wall_s over train_s); at 0.375 it is about a sixth busy and does not
+# cap the 4-trainer arm's throughput, which leaves 4 x 0.0625 cores for the shadow threads: the
+# ShadowSync paper's trainers have cores to spare for their background rounds, so in the mode
+# shadow arms the rounds run on cores of their own (``emulation.cores_per_shadow``); the
+# foreground arms have none (their rounds run in the training loop by design)
 CORES_PER_TRAINER, CORES_PER_SHARD, CORES_PER_SHADOW = 0.125, 0.375, 0.0625
 CHUNK_BATCHES = 4  # small chunks: at the end, one trainer runs alone for little time
 # small MLPs (those of scenario `stragglers`): a trainer's step at 0.125 cores with the default

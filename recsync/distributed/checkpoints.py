@@ -187,10 +187,11 @@ class CheckpointRounds:
             write_s = max([write_s] + [w["write_s"] for w in written[-1:]])
         record.checkpoints[-1]["blocked_s"] += time.perf_counter() - begin
         self.costs = (ckpt["blocked_s"], write_s)
-        interval, decision, text = self._decide(run.cfg.recovery.mtbf_s)
-        if run.cfg.recovery.kind == "auto":
-            run.recovery = decision.kind
-            interval, decision, text = self._decide(run.cfg.recovery.mtbf_s)
+        r = run.cfg.recovery
+        if r.kind == "auto":  # the kind with the lower expected overhead, from now on
+            run.recovery = choose(ckpt["blocked_s"], r.mtbf_s, run.cfg.cluster.ps_shards,
+                                  r.pls_target).kind
+        interval, decision, text = self._decide(r.mtbf_s)
         record.interval_decision = {**decision.as_dict(), "used_kind": run.recovery,
                                     "used_interval_s": interval, "write_s": write_s,
                                     "rechosen": []}

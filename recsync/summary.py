@@ -129,6 +129,10 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
             "checkpoint_overhead_frac": blocked / train_s if record.checkpoints and train_s
             else None,
             "checkpoint_blocked_s": blocked,
+            # the shards' threads copying rows while calls were served: CPU a checkpoint takes
+            # without holding training (summed over shards and rounds)
+            "checkpoint_copy_s": sum(x or 0.0 for c in record.checkpoints
+                                     for x in c.get("shard_copy_s", [])),
             "checkpoint_dir": (str(result["checkpoint_dir"]) if result.get("checkpoint_dir")
                                else None),
             "final_job_checkpoint": final and final["job_sequence"],

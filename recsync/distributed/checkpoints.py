@@ -142,6 +142,7 @@ class CheckpointRounds:
         return {"sequences": sequences, "versions": [d and d["version"] for d in done],
                 "job_sequence": job_sequence, "blocked_s": blocked,
                 "shard_blocked_s": [d and d["blocked_s"] for d in done],
+                "shard_copy_s": [d and d["copy_s"] for d in done],
                 "partial": [d and d["partial"] for d in done],
                 "rows": [d and d["rows"] for d in done]}
 
@@ -173,11 +174,10 @@ class CheckpointRounds:
     def choose_interval(self, ckpt: dict, elapsed_s: float) -> float:
         """The checkpoint interval from the measured save cost and recovery.mtbf_s; the inputs
         and the decision go into the events and the summary. The save cost is what the round
-        ``ckpt`` blocked training; its write to disk (waited for here, once, and added to the
-        round's blocked time: the shards wait meanwhile) bounds the interval from below, as a
-        writer slower than the interval would block every save."""
+        ``ckpt`` blocked training; its write to disk (waited for here, once, while the shards
+        go on serving) bounds the interval from below, as a writer slower than the interval
+        would block every save."""
         run, record = self.run, self.run.record
-        begin = time.perf_counter()
         write_s = 0.0
         for ref in [s.checkpoints_written.remote() for s in run.shards]:
             try:
@@ -185,7 +185,6 @@ class CheckpointRounds:
             except ray.exceptions.RayActorError:  # restarting (recovery on)
                 continue
             write_s = max([write_s] + [w["write_s"] for w in written[-1:]])
-        record.checkpoints[-1]["blocked_s"] += time.perf_counter() - begin
         self.costs = (ckpt["blocked_s"], write_s)
         r = run.cfg.recovery
         if r.kind == "auto":  # the kind with the lower expected overhead, from now on

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from recsync.embedding.memory import check_table_memory
+from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.sharding import local_index, rows_on_shard
 from recsync.embedding.spec import TableSpec
 from recsync.hashing import splitmix64
@@ -37,8 +38,8 @@ def initial_rows(seed: int, table: int, ids: torch.Tensor, dim: int, scale: floa
 class EmbeddingStore:
     """Rows and row-optimizer state of several tables (or of one shard of them).
 
-    Not thread-safe: one caller at a time (the local trainer's loop, or a PS actor, which Ray
-    runs one call at a time).
+    Not thread-safe: one caller at a time (the local trainer's loop, or a PS actor's event
+    loop), except for a background copy (``begin_copy``), which pushes respect.
     """
 
     def __init__(self, tables: list[TableSpec], optimizer, *, seed: int = 0,
@@ -57,6 +58,7 @@ class EmbeddingStore:
         self.weights = [torch.empty(n, t.dim) for n, t in zip(local_rows, tables)]
         self.state = [torch.empty(n, optimizer.state_dim) for n in local_rows]
         self.initialized = [torch.zeros(n, dtype=torch.bool) for n in local_rows]
+        self.copying: RowsCopy | None = None  # a background copy in progress (begin_copy)
 
     def pull(self, table: int, ids: torch.Tensor) -> torch.Tensor:
         """Rows of ``ids`` (int64 [n], global ids owned by this store, duplicates allowed).
@@ -74,6 +76,9 @@ class EmbeddingStore:
         learning rate of this update (staleness-aware modes use it). Blocks.
         """
         local = self._ensure_initialized(table, ids)
+        copying = self.copying
+        if copying is not None:
+            copying.before_write(table, local)
         self.optimizer.apply_to_table(self.weights[table], self.state[table], local, grads,
                                       lr_scale)
 
@@ -81,21 +86,23 @@ class EmbeddingStore:
         """Copies of every touched row, its optimizer state and its local index, per table
         (untouched rows are their deterministic initial values: nothing to save). ``rows``:
         only these local indices per table (those of them that were touched)."""
-        out = {}
-        for t, (w, st, init) in enumerate(zip(self.weights, self.state, self.initialized)):
-            if rows is None:
-                local = init.nonzero().squeeze(1)
-            else:
-                local = rows[t][init.index_select(0, rows[t])]
-            out[f"t{t}.local"] = local.numpy()
-            out[f"t{t}.weights"] = w.index_select(0, local).numpy()
-            out[f"t{t}.state"] = st.index_select(0, local).numpy()
-        return out
+        return RowsCopy(self, rows).run()
+
+    def begin_copy(self, rows: list[torch.Tensor] | None = None) -> RowsCopy:
+        """``snapshot`` as of now, taken by ``RowsCopy.run`` on another thread while pushes go
+        on (they save a row's old value before changing it). Pulls may go on too; nothing
+        else may change the store until the copy has run."""
+        if self.copying is not None:
+            raise RuntimeError("a copy of this store is already in progress")
+        self.copying = RowsCopy(self, rows)
+        return self.copying
 
     def restore(self, arrays: dict[str, np.ndarray], *, on_top: bool = False) -> None:
         """Make the store hold exactly what ``snapshot`` saved (rows it did not save are
         untouched again, re-initialised on first use); ``on_top``: only overwrite the rows it
         saved (a partial snapshot applied to a full one)."""
+        if self.copying is not None:
+            raise RuntimeError("the store cannot be restored while a copy of it is in progress")
         for t, (w, st, init) in enumerate(zip(self.weights, self.state, self.initialized)):
             try:
                 local = torch.from_numpy(np.asarray(arrays[f"t{t}.local"], dtype=np.int64))

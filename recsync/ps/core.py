@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from recsync.embedding.sharding import local_index
+from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
 from recsync.model.optim import dense_step, make_dense_optimizer
@@ -153,20 +154,29 @@ class ShardCore:
         are written. Gradients a rule holds (an incomplete step, a GBA buffer) are not applied
         yet, so not included.
         ``partial``: only the rows the priority selects (meta["partial"] names it)."""
+        copy, arrays, meta = self.begin_snapshot(partial, background=False)
+        arrays.update(copy.run())
+        return arrays, meta
+
+    def begin_snapshot(self, partial: bool = False, background: bool = True):
+        """``snapshot`` as of now, but the rows are left to copy: (copy, arrays, meta), where
+        ``copy.run()`` returns the rows' arrays (on another thread if ``background``: pushes
+        may go on meanwhile, embedding/rows_copy.py); the rest is copied here."""
         if partial and self.priority is None:
             raise ValueError("a partial snapshot needs a row priority (recovery.rows)")
         rows = self.priority.select() if partial else None
         if not partial and self.priority is not None:
             self.priority.reset()
         self.snapshots += 1
-        arrays = self.store.snapshot(rows)
+        copy = self.store.begin_copy(rows) if background else RowsCopy(self.store, rows)
+        arrays = {}
         meta = {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "samples_applied": self.samples_applied, "mode": self.mode,
                 "staleness": {str(k): n for k, n in self.staleness.items()},
                 "tables": len(self.store.tables),
                 "shard": self.store.shard, "num_shards": self.store.num_shards,
                 "dense_optimizer": None, "partial": self.priority.name if partial else None,
-                "rows": int(sum(len(a) for k, a in arrays.items() if k.endswith(".local")))}
+                "rows": copy.rows}
         if self.dense is not None:
             arrays["dense.params"] = self.dense.params.detach().numpy().copy()
             state = self.dense.optimizer.state_dict()
@@ -176,7 +186,7 @@ class ShardCore:
                                        "param_groups": state["param_groups"]}
         rule_arrays, meta["rule"] = self.rule.snapshot()
         arrays.update({f"rule.{k}": v for k, v in rule_arrays.items()})
-        return arrays, meta
+        return copy, arrays, meta
 
     def next_snapshot_partial(self) -> bool:
         """Whether the next checkpoint may be partial: a priority is set and it is not every

@@ -50,6 +50,7 @@ class PSShard:
         if build_core is None and warm_with is not None:
             warm_with()
         self._changed = asyncio.Condition()
+        self._copying = asyncio.Lock()  # a checkpoint's rows are being copied (rows_copy.py)
         self.network = network
         self.pacer = RequestPacer(EmulatedMachine(cores)) if cores > 0 else None
         self.restored: dict | None = None
@@ -96,9 +97,10 @@ class PSShard:
         """Full recovery and resume: go back to checkpoint ``sequence`` of this shard (written
         or waiting to be: the writer is flushed first). Returns its version and the load time."""
         begin = time.perf_counter()
-        if self.writer is not None:
-            self.writer.flush()
-        self._restore_chain(files.chain(self.checkpoint_dir, sequence))
+        async with self._copying:
+            if self.writer is not None:
+                self.writer.flush()
+            self._restore_chain(files.chain(self.checkpoint_dir, sequence))
         self.first_pull_unix = None  # the downtime of a full recovery ends at the next pull
         return {"version": self.core.version, "load_s": time.perf_counter() - begin}
 
@@ -108,20 +110,22 @@ class PSShard:
         with ``len(sources)`` shards names, reading one old shard's chain at a time
         (checkpoint/reshard.py). The next checkpoint is a full one."""
         begin = time.perf_counter()
-        if self.writer is not None:
-            self.writer.flush()
-        store = self.core.store
-        arrays, meta = reshard.snapshot_for(reshard.load_resolved(sources), len(sources),
-                                            store.shard, store.num_shards,
-                                            self.core.rule.snapshot(), self.core.mode)
-        self.core.restore(arrays, meta)
+        async with self._copying:
+            if self.writer is not None:
+                self.writer.flush()
+            store = self.core.store
+            arrays, meta = reshard.snapshot_for(reshard.load_resolved(sources), len(sources),
+                                                store.shard, store.num_shards,
+                                                self.core.rule.snapshot(), self.core.mode)
+            self.core.restore(arrays, meta)
         self.base = None
         return {"version": self.core.version, "load_s": time.perf_counter() - begin}
 
     async def warm_start(self, arrays: dict[str, np.ndarray]) -> int:
         """``train.init_from``: hold these rows (a snapshot's ``t{i}.local/weights/state``)
         before training starts; returns how many."""
-        self.core.store.restore(arrays)
+        async with self._copying:
+            self.core.store.restore(arrays)
         return self.core.store.num_initialized()
 
     async def incarnation(self) -> dict:
@@ -201,31 +205,43 @@ class PSShard:
             self._changed.notify_all()
 
     async def checkpoint(self, keep_from: int | None = None) -> dict:
-        """Snapshot this shard's state (it serves no call meanwhile) and hand it to the
-        background writer. Returns the sequence number and how long the shard was blocked.
+        """Snapshot this shard's state and hand it to the background writer. The rows are
+        copied on a thread while calls go on being served (a push saves a row the copy has not
+        reached first: embedding/rows_copy.py), so the snapshot is the state when it began.
+        Returns the sequence number and the time calls were held by it (``blocked_s``: the
+        snapshot's start, pushes waiting for the copy, a full writer queue), the copy's
+        wall time (``copy_s``) and the whole call's (``snapshot_s``).
         ``keep_from``: keep this shard's checkpoints from that sequence on (a job checkpoint
         names them)."""
         if self.writer is None:
             raise ValueError("this shard was started without a checkpoint directory")
-        begin = time.perf_counter()
-        partial = self.base is not None and self.core.next_snapshot_partial()
-        arrays, meta = self.core.snapshot(partial)
-        if partial:
-            meta["base"] = self.base
-        snapshot_s = time.perf_counter() - begin
-        sequence = self.writer.save(arrays, meta, keep_from)  # waits only if two are pending
+        async with self._copying:
+            begin = time.perf_counter()
+            partial = self.base is not None and self.core.next_snapshot_partial()
+            copy, arrays, meta = self.core.begin_snapshot(partial)
+            start_s = time.perf_counter() - begin
+            try:
+                arrays.update(await asyncio.to_thread(copy.run))
+            finally:
+                self.core.store.copying = None
+            if partial:
+                meta["base"] = self.base
+            queued = time.perf_counter()
+            sequence = self.writer.save(arrays, meta, keep_from)  # waits if two are pending
+            save_s = time.perf_counter() - queued
         if not partial:
             self.base = sequence
-        return {"sequence": sequence, "snapshot_s": snapshot_s, "partial": partial,
-                "pid": os.getpid(),
-                "rows": meta["rows"], "blocked_s": time.perf_counter() - begin,
-                "version": meta["version"]}
+        return {"sequence": sequence, "partial": partial, "pid": os.getpid(),
+                "rows": meta["rows"], "version": meta["version"],
+                "blocked_s": start_s + copy.held_s + save_s, "copy_s": copy.copy_s,
+                "saved_early": copy.saved_early, "snapshot_s": time.perf_counter() - begin}
 
     async def checkpoints_written(self) -> list[dict]:
-        """Wait until every checkpoint handed to the writer is on disk; what was written."""
+        """Wait until every checkpoint handed to the writer is on disk (calls are served
+        meanwhile); what was written."""
         if self.writer is None:
             return []
-        self.writer.flush()
+        await asyncio.to_thread(self.writer.flush)
         return list(self.writer.written)
 
     async def trained_rows(self, with_state: bool = False) -> list:

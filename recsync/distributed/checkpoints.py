@@ -6,11 +6,13 @@ at the end (the trained model) make every run resumable: ``recsync train --resum
 from the newest round.
 
 The interval is configured (``checkpoint_every_s``) or chosen from the first round's measured
-cost and ``mtbf_s`` (checkpoint/interval.py)."""
+cost and ``mtbf_s`` (checkpoint/interval.py), and chosen again as rounds and failures are seen
+(``CheckpointRounds.rechoose``)."""
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 
@@ -21,6 +23,9 @@ from recsync.checkpoint.interval import choose
 from recsync.checkpoint.writer import CheckpointWriter
 from recsync.modes import MODES
 
+# The interval is chosen again from the median blocked time of this many recent rounds, and a
+# round (not a failure) records a new choice only where the interval moves by more than this.
+COST_ROUNDS, RECHOOSE_MOVE = 5, 0.1
 # A shard that dies loses at most two checkpoints not yet on disk (one being written, one
 # waiting: writer.py), which the newest job checkpoints may name: keep two more of those.
 JOB_KEEP_EXTRA = 2
@@ -43,7 +48,7 @@ class CheckpointRounds:
         self.choosing = not self.every and r.mtbf_s > 0  # the first round measures the cost
         self.next_s = self.every if self.every else (0.0 if self.choosing else math.inf)
         self.failures = 0
-        self.costs = (0.0, 0.0)  # measured: (blocked by the first round, its write), in s
+        self.costs = (0.0, 0.0)  # measured: (save cost of recent rounds, first write), in s
 
     def if_due(self, elapsed_s: float, trained: bool) -> None:
         """A round if one is due (``trained``: the workers have trained some samples)."""
@@ -56,6 +61,8 @@ class CheckpointRounds:
         if self.choosing:
             self.every = self.choose_interval(ckpt, elapsed_s)
             self.choosing = False
+        else:
+            self.rechoose(elapsed_s, after_failure=False)
         self.next_s = elapsed_s + self.every
 
     def take(self, final: bool = False, resumed: dict | None = None) -> dict | None:
@@ -199,20 +206,34 @@ class CheckpointRounds:
         return interval
 
     def failed(self, elapsed_s: float) -> None:
-        """A failure was recovered: where the interval was chosen from recovery.mtbf_s, choose
-        it again from an MTBF that counts the failures seen as well as the configured one
-        (mtbf_s as one failure interval observed before the run: (mtbf_s + elapsed) /
-        (1 + failures))."""
+        """A failure was recovered: count it and choose the interval again (``rechoose``)."""
         self.failures += 1
+        self.rechoose(elapsed_s, after_failure=True)
+
+    def rechoose(self, elapsed_s: float, after_failure: bool) -> None:
+        """Where the interval was chosen from recovery.mtbf_s, choose it again from what the
+        run has seen: the MTBF counts ``mtbf_s`` as one failure interval observed before the
+        run, F = (mtbf_s + elapsed) / (1 + failures), and is taken at every round as well as
+        at each failure (taken only at failures it would be biased low: the time since the
+        last one counts too); the save cost is the median blocked time of the last
+        ``COST_ROUNDS`` rounds (a snapshot grows with the rows touched). A round records a new
+        choice only where the interval moved by more than ``RECHOOSE_MOVE``."""
         decided = self.run.record.interval_decision
         if decided is None:
             return
+        recent = [c["blocked_s"] for c in self.run.record.checkpoints if c["samples"] > 0]
+        if recent:
+            self.costs = (statistics.median(recent[-COST_ROUNDS:]), self.costs[1])
         mtbf = (self.run.cfg.recovery.mtbf_s + elapsed_s) / (1 + self.failures)
-        self.every, decision, text = self._decide(mtbf)
+        every, decision, text = self._decide(mtbf)
+        if not after_failure and abs(every - self.every) <= RECHOOSE_MOVE * self.every:
+            return
+        self.every = every
         text = (f"{self.failures} failure(s) in {elapsed_s:.1f} s and recovery.mtbf_s "
                 f"{self.run.cfg.recovery.mtbf_s:g} s: MTBF taken as {mtbf:.1f} s; " + text)
         decided["rechosen"].append({"time_s": elapsed_s, "failures": self.failures,
-                                    "mtbf_s": mtbf, "interval_s": self.every})
+                                    "mtbf_s": mtbf, "save_cost_s": self.costs[0],
+                                    "interval_s": self.every, "after_failure": after_failure})
         self.run.record.event(elapsed_s, text)
         print(text, flush=True)
 

@@ -219,3 +219,25 @@ def test_the_interval_is_chosen_again_after_a_failure_from_the_failures_seen(kin
     assert entry["mtbf_s"] == 75.0 and entry["failures"] == 1
     assert run.record.events[-1]["event"].startswith(
         "1 failure(s) in 50.0 s and recovery.mtbf_s 100 s: MTBF taken as 75.0 s; ")
+
+
+def test_a_round_chooses_the_interval_again_from_recent_costs_and_the_time_without_failure():
+    """Partial, mtbf_s = 100 s, 2 shards, PLS target 0.01: T = 2 F S 0.01. At 60 s with no
+    failure F = (100 + 60) / 1 = 160 s, T = 6.4 s; the save cost is the median of the last
+    five rounds that trained (the round before training blocked nothing and is left out). A
+    round where T moves by 10% or less records nothing."""
+    from recsync.distributed.checkpoints import CheckpointRounds
+    run = FakeRun(cfg('recovery.kind="partial"', "recovery.mtbf_s=100"))
+    run.recovery, run.checkpoint_dir = "partial", None
+    rounds = CheckpointRounds(run)
+    rounds.every, rounds.costs = 4.0, (0.001, 0.0)
+    run.record.interval_decision = {"rechosen": []}
+    run.record.checkpoints = [{"samples": 0, "blocked_s": 0.0}] + [
+        {"samples": 100 * i, "blocked_s": b} for i, b in enumerate([9, 1, 2, 3, 4, 5], 1)]
+    rounds.rechoose(60.0, after_failure=False)
+    assert rounds.every == pytest.approx(6.4) and rounds.costs[0] == 3
+    (entry,) = run.record.interval_decision["rechosen"]
+    assert entry["mtbf_s"] == 160.0 and entry["save_cost_s"] == 3
+    assert not entry["after_failure"]
+    rounds.rechoose(63.0, after_failure=False)  # T = 6.52 s: within 10% of 6.4
+    assert rounds.every == pytest.approx(6.4) and len(run.record.interval_decision["rechosen"]) == 1

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+DEFAULT_WARMUP_STEPS = 100  # train.dense_warmup_steps = -1: this, at most a tenth of the run
+
 
 class ConfigError(ValueError):
     """A config file or override is malformed or holds bad values; the message says where."""
@@ -80,13 +82,17 @@ class TrainConfig(Section):
     dense_optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
     """optimizer of the dense (MLP) parameters"""
     dense_lr: float = Field(0.01, gt=0)
-    dense_warmup_steps: int = Field(100, ge=0)
+    dense_warmup_steps: int = Field(-1, ge=-1)
     """linear warm-up of the dense learning rate: the k-th dense update (k = 0, 1, ...) uses
     dense_lr x min(1, (k+1)/W); counted per dense optimizer (a sync/hybrid worker's: one a
     step; PS shard 0's in async/gba/eager: one a push or a global batch; a shadow/foreground
     trainer's: one a Hogwild iteration), carried by its state across switches and resumes;
-    0: none. 100: measured to remove the first steps' loss spike of Adagrad at 0.01 in local,
-    sync, async and eager runs, and eager's collapse, with no AUC lost (docs/sync_modes.md)"""
+    0: none. -1 (default): 100, but at most a tenth of the steps a worker takes in the run
+    (``warmup_for``), resolved when the run starts (config.toml has the value used). 100:
+    measured to remove the first steps' loss spike of Adagrad at 0.01 in local, sync, async
+    and eager runs, and eager's collapse, with no AUC lost (docs/sync_modes.md); the tenth
+    keeps a short run from spending itself warming up (measured on the Avazu sample: 28
+    steps, docs/models.md)"""
     dense_weight_decay: float = Field(0.0, ge=0)
     """L2 on the dense parameters (the dense optimizer's weight_decay: grad += wd * param)"""
     embedding_weight_decay: float = Field(1e-5, ge=0)
@@ -108,6 +114,17 @@ class TrainConfig(Section):
     """a model directory (an earlier run's OUT/model) to start from: its dense parameters,
     trained rows and, if it saved them, their optimizer state (daily incremental training:
     yesterday's model, today's data; the model config must be the same, docs/recovery.md)"""
+
+    def warmup_for(self, train_rows: int, workers: int) -> int:
+        """dense_warmup_steps as the run uses it: -1 is DEFAULT_WARMUP_STEPS, at most a tenth
+        of the steps one worker takes over ``train_rows`` (a sync worker's updates; modes that
+        update more often warm up over a smaller part of the run)."""
+        if self.dense_warmup_steps >= 0:
+            return self.dense_warmup_steps
+        steps = self.epochs * train_rows // (self.batch_size * max(1, workers))
+        if self.max_steps:
+            steps = min(steps, self.max_steps)
+        return min(DEFAULT_WARMUP_STEPS, steps // 10)
 
 
 class OutputConfig(Section):

@@ -73,6 +73,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     started = time.perf_counter()
     checkpoint = resume_point(cfg, out) if resume else None
     ds = preflight(cfg, out)
+    cfg = resolved_for_data(cfg, ds)
     # a warm start (train.init_from), checked before anything starts; a resumed run goes on
     # from its checkpoint instead
     warm = load_warm_start(cfg, ds) if cfg.train.init_from and not resume else None
@@ -143,6 +144,17 @@ def _save_model(cfg: RunConfig, ds, out: Path, result: dict, record: RunRecord) 
         return None
     mode = record.modes[-1]["mode"] if record.modes else cfg.mode
     return save_model(out, cfg, ds, state, record, result.get("eval"), mode)
+
+
+def resolved_for_data(cfg: RunConfig, ds) -> RunConfig:
+    """``cfg`` with the values that depend on the data set resolved (config.toml and the
+    summary show what the run used): train.dense_warmup_steps = -1."""
+    workers = 1 if cfg.mode == "local" else cfg.cluster.workers
+    warmup = cfg.train.warmup_for(ds.rows("train"), workers)
+    if warmup == cfg.train.dense_warmup_steps:
+        return cfg
+    return cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"dense_warmup_steps": warmup})})
 
 
 def write_outputs(cfg: RunConfig, out: Path, summary: dict) -> None:

@@ -39,7 +39,20 @@ def test_the_factor_ramps_linearly_to_one():
     assert [warmup_factor(k, 4) for k in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert warmup_factor(0, 0) == warmup_factor(0, 1) == 1.0
     with pytest.raises(ValueError):
-        TrainConfig(dense_warmup_steps=-1)
+        TrainConfig(dense_warmup_steps=-2)
+
+
+@pytest.mark.parametrize("configured, rows, workers, max_steps, used", [
+    (-1, 4_096_000, 1, 0, 100),  # 1000 steps: the full 100
+    (-1, 7_168, 1, 0, 2),  # the Avazu sample at batch 256: 28 steps, a tenth
+    (-1, 4_096_000, 4, 0, 25),  # 250 steps per worker
+    (-1, 4_096_000, 1, 300, 30),  # max_steps bounds the run
+    (0, 7_168, 1, 0, 0), (500, 7_168, 1, 0, 500)])  # configured: as is
+def test_the_default_warmup_is_100_steps_at_most_a_tenth_of_the_run(configured, rows, workers,
+                                                                    max_steps, used):
+    t = TrainConfig(dense_warmup_steps=configured, batch_size=256 if rows < 10_000 else 4096,
+                    max_steps=max_steps)
+    assert t.warmup_for(rows, workers) == used
 
 
 def _sgd_steps(opt, p, steps):

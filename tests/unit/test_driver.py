@@ -53,9 +53,14 @@ def run2(data, tmp_path_factory):
     return cfg, out, run(cfg, out)
 
 
-def test_config_toml_loads_back(run2):
+def test_config_toml_loads_back_with_the_values_the_run_used(run2):
+    """The default dense warm-up (-1) is written as the steps used: 2 epochs x 1200 rows /
+    50 = 48 steps, a tenth of them is 4."""
     cfg, out, _ = run2
-    assert load_config(out / "config.toml") == cfg
+    saved = load_config(out / "config.toml")
+    assert saved.train.dense_warmup_steps == 4
+    assert saved == cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"dense_warmup_steps": 4})})
 
 
 def test_metrics_records(run2):

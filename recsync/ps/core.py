@@ -156,12 +156,14 @@ class ShardCore:
         ``partial``: only the rows the priority selects (meta["partial"] names it)."""
         copy, arrays, meta = self.begin_snapshot(partial, background=False)
         arrays.update(copy.run())
+        meta["rows"] = copy.rows
         return arrays, meta
 
     def begin_snapshot(self, partial: bool = False, background: bool = True):
         """``snapshot`` as of now, but the rows are left to copy: (copy, arrays, meta), where
         ``copy.run()`` returns the rows' arrays (on another thread if ``background``: pushes
-        may go on meanwhile, embedding/rows_copy.py); the rest is copied here."""
+        may go on meanwhile, embedding/rows_copy.py), after which meta["rows"] is
+        ``copy.rows``; the rest is copied here."""
         if partial and self.priority is None:
             raise ValueError("a partial snapshot needs a row priority (recovery.rows)")
         rows = self.priority.select() if partial else None
@@ -176,7 +178,7 @@ class ShardCore:
                 "tables": len(self.store.tables),
                 "shard": self.store.shard, "num_shards": self.store.num_shards,
                 "dense_optimizer": None, "partial": self.priority.name if partial else None,
-                "rows": copy.rows}
+                "rows": None}
         if self.dense is not None:
             arrays["dense.params"] = self.dense.params.detach().numpy().copy()
             state = self.dense.optimizer.state_dict()

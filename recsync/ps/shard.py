@@ -224,6 +224,7 @@ class PSShard:
                 arrays.update(await asyncio.to_thread(copy.run))
             finally:
                 self.core.store.copying = None
+            meta["rows"] = copy.rows
             if partial:
                 meta["base"] = self.base
             queued = time.perf_counter()
@@ -233,7 +234,8 @@ class PSShard:
             self.base = sequence
         return {"sequence": sequence, "partial": partial, "pid": os.getpid(),
                 "rows": meta["rows"], "version": meta["version"],
-                "blocked_s": start_s + copy.held_s + save_s, "copy_s": copy.copy_s,
+                "blocked_s": start_s + copy.held_s + save_s, "start_s": start_s,
+                "held_s": copy.held_s, "save_s": save_s, "copy_s": copy.copy_s,
                 "saved_early": copy.saved_early, "snapshot_s": time.perf_counter() - begin}
 
     async def checkpoints_written(self) -> list[dict]:

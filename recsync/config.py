@@ -158,6 +158,9 @@ class RunConfig(Section):
                           "ps": (self.cluster.ps_shards, "cluster.ps_shards"),
                           "standby": (self.recovery.standbys, "recovery.standby_shards")
                           }[k.target]
+            if k.during and (k.target != "ps" or self.recovery.kind == "none"):
+                raise ValueError(f"faults.kills[{i}].during = \"{k.during}\" needs target "
+                                 f"\"ps\" and recovery on (recovery.kind)")
             if k.index >= count:
                 raise ValueError(f"faults.kills[{i}].index = {k.index}: indexes of "
                                  f"{k.target} run from 0 to {count - 1} ({key} = "

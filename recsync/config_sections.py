@@ -280,6 +280,10 @@ class KillConfig(Section):
     index: int = Field(ge=0)
     at_s: float = Field(ge=0)
     """seconds after training starts"""
+    during: Literal["", "checkpoint_write"] = ""
+    """"checkpoint_write" (a PS shard, recovery on): the kill is armed at at_s and the shard
+    exits in the middle of its next checkpoint write, its data file written and its manifest
+    not (a crash while writing)"""
 
 
 class FaultsConfig(Section):

@@ -27,6 +27,7 @@ import os
 import re
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,8 +87,9 @@ def manifest_path(directory: str | Path, sequence: int) -> Path:
 
 
 def write(directory: str | Path, sequence: int, arrays: dict[str, np.ndarray],
-          meta: dict) -> Path:
-    """Write checkpoint ``sequence`` into ``directory``; returns the manifest's path."""
+          meta: dict, before_manifest: Callable[[], None] | None = None) -> Path:
+    """Write checkpoint ``sequence`` into ``directory``; returns the manifest's path.
+    ``before_manifest``: called once the data file is written (fault injection)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = manifest_path(directory, sequence)
@@ -97,6 +99,8 @@ def write(directory: str | Path, sequence: int, arrays: dict[str, np.ndarray],
             raise TypeError(f"checkpoint array {name!r} must be a numeric numpy array, got "
                             f"{type(a).__name__}")
     _write_atomically(data, lambda f: np.savez(f, **arrays))
+    if before_manifest is not None:
+        before_manifest()
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "sequence": sequence,
                 "data_file": data.name, "bytes": data.stat().st_size, "sha256": _sha256(data),
                 "created_unix": time.time(), "meta": meta}
@@ -170,6 +174,17 @@ def latest(directory: str | Path) -> Checkpoint | None:
     fail to load are listed, with why, in ``skipped`` (and of the returned one)."""
     found = latest_chain(directory)
     return found[-1] if found else None
+
+
+def interrupted(directory: str | Path) -> list[int]:
+    """Sequences whose data file is in ``directory`` without its manifest, newer than every
+    complete checkpoint: writes that a crash interrupted (the manifest is written last)."""
+    directory = Path(directory)
+    found = manifests(directory)
+    newest = int(_NAME.match(found[0].name).group(1)) if found else 0
+    data = [int(p.stem.split("-")[1]) for p in directory.glob("ckpt-*.npz")] \
+        if directory.is_dir() else []
+    return sorted(s for s in data if s > newest)
 
 
 def latest_chain(directory: str | Path) -> list[Checkpoint]:

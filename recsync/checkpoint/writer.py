@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,8 @@ class CheckpointWriter:
         self.written: list[dict] = []  # {sequence, bytes, write_s} per completed checkpoint
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
+        # fault injection: called between a checkpoint's data file and its manifest
+        self.before_manifest: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
         self._thread.start()
 
@@ -68,7 +71,8 @@ class CheckpointWriter:
                     return
                 sequence, arrays, meta, keep_from = item
                 begin = time.perf_counter()
-                path = files.write(self.directory, sequence, arrays, meta)
+                path = files.write(self.directory, sequence, arrays, meta,
+                                   self.before_manifest)
                 self.written.append({"sequence": sequence, "manifest": str(path),
                                      "bytes": sum(a.nbytes for a in arrays.values()),
                                      "write_s": time.perf_counter() - begin})

@@ -37,6 +37,8 @@ class FaultInjector:
 
     def __init__(self, cfg):
         self.kills = fault_schedule(cfg)
+        self.in_write = {(k.at_s, k.target, k.index) for k in cfg.faults.kills
+                         if k.during == "checkpoint_write"}
 
     def inject_due(self, run, elapsed_s: float) -> None:
         """Carry out the kills due by ``elapsed_s`` on ``run`` (``kill``, ``is_down``), in
@@ -47,6 +49,12 @@ class FaultInjector:
             if run.is_down(target, index):
                 continue
             self.kills.remove(kill)
+            if kill in self.in_write:
+                run.kill_in_next_write(index)
+                run.record.event(time.time() - run.start_unix, f"armed: ps {index} exits in "
+                                 f"its next checkpoint write", emulated=True, target=target,
+                                 index=index, during="checkpoint_write")
+                continue
             run.kill(target, index)
             run.record.event(time.time() - run.start_unix, f"killed {target} {index}",
                              emulated=True, target=target, index=index)

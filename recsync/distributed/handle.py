@@ -344,6 +344,11 @@ class DistributedRun:
             self.killed_at[index] = time.time()
         (self.workers if target == "worker" else self.shards)[index].die.remote()
 
+    def kill_in_next_write(self, index: int) -> None:
+        """Fault injection: PS shard ``index`` exits in the middle of its next checkpoint write
+        (its death is then seen as any failure from outside is: downtime from its last answer)."""
+        self.shards[index].die_in_next_write.remote()
+
     def is_down(self, target: str, index: int) -> bool:
         """Whether the worker or PS shard ``index`` was killed and is not back yet (a shard:
         not yet recovered; a worker: not yet restarted; a standby's place is refilled)."""

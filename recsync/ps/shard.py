@@ -82,12 +82,15 @@ class PSShard:
     def _restore(self) -> dict:
         begin = time.perf_counter()
         chain = files.latest_chain(self.checkpoint_dir)  # raises if none is complete
+        # data files without their manifest: writes the death interrupted (overwritten next)
+        interrupted = files.interrupted(self.checkpoint_dir)
         if not chain:
-            return {"sequence": None, "version": 0, "skipped": [], "load_s": 0.0}
+            return {"sequence": None, "version": 0, "skipped": [], "load_s": 0.0,
+                    "interrupted": interrupted}
         self._restore_chain(chain)
         return {"sequence": chain[-1].sequence, "version": self.core.version,
                 "skipped": chain[-1].skipped, "chain": len(chain),
-                "load_s": time.perf_counter() - begin}
+                "interrupted": interrupted, "load_s": time.perf_counter() - begin}
 
     def _restore_chain(self, chain: list[files.Checkpoint]) -> None:
         self.core.restore_chain([(c.arrays, c.meta) for c in chain])
@@ -264,3 +267,10 @@ class PSShard:
     def die(self) -> None:
         """Fault injection: the process exits at once, as a crashed machine would."""
         os._exit(1)
+
+    async def die_in_next_write(self) -> None:
+        """Fault injection: the process exits in the middle of its next checkpoint write (its
+        data file on disk, its manifest not), as a machine crashing while it writes would."""
+        if self.writer is None:
+            raise ValueError("this shard writes no checkpoints (recovery is off)")
+        self.writer.before_manifest = lambda: os._exit(1)

@@ -1,8 +1,8 @@
 """Warm standby PS shards (recovery.standby_shards, ps/standby.py): a standby takes a dead
 shard's place with the rows and version of its last complete checkpoint, a dead standby is
 passed over, a shard killed while its checkpoint is being written comes back from the one
-before, and runs where a standby is killed, or two shards fail within a second, complete every
-chunk exactly once."""
+before, and runs where a standby is killed, two shards fail within a second, or a shard dies in
+the middle of a checkpoint write, complete every chunk exactly once."""
 
 import time
 
@@ -128,7 +128,8 @@ def test_a_shard_killed_while_writing_a_checkpoint_comes_back_from_the_one_befor
 @pytest.mark.parametrize("kills, recoveries", [
     ('[{target="standby", index=0, at_s=2.0}, {target="ps", index=1, at_s=3.0}]', [1]),
     ('[{target="ps", index=0, at_s=3.0}, {target="ps", index=1, at_s=3.4}]', [0, 1]),
-], ids=["standby_killed_first", "two_shards_within_a_second"])
+    ('[{target="ps", index=1, at_s=2.0, during="checkpoint_write"}]', [1]),
+], ids=["standby_killed_first", "two_shards_within_a_second", "killed_while_writing"])
 def test_runs_with_standbys_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path,
                                                               kills, recoveries):
     cfg = config(data, *RECOVERY, "train.epochs=10", f"faults.kills={kills}",
@@ -142,6 +143,8 @@ def test_runs_with_standbys_complete_every_chunk_exactly_once(ray_cluster, data,
         assert r["downtime_s"] > 0
         saved = files.chain(job.shard_dir(tmp_path / "checkpoints", r["shard"]), r["sequence"])
         assert saved[-1].meta["version"] == r["version"]  # what the standby reloaded
+        if "checkpoint_write" in kills:  # the write the death interrupted was passed over
+            assert r["interrupted"] and min(r["interrupted"]) > r["sequence"]
     queue = summary["queue"]
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
     assert summary["samples"] == 10 * Dataset(data).rows("train")

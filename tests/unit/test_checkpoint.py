@@ -126,9 +126,24 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_the_one_loaded
         if proc.poll() is None:
             proc.kill()
     assert (tmp_path / "ckpt-000002.npz").exists()  # its data landed, its manifest did not
+    assert files.interrupted(tmp_path) == [2]
     ckpt = files.latest(tmp_path)
     assert ckpt.sequence == 1 and ckpt.meta == {"n": 1}
     np.testing.assert_array_equal(ckpt.arrays["x"], np.full(1000, 1.0, np.float32))
+
+
+def test_a_write_stopped_before_its_manifest_is_reported_as_interrupted(tmp_path):
+    """The writer's fault hook runs between the data file and the manifest."""
+    files.write(tmp_path, 1, {"x": np.zeros(10, np.float32)}, {"n": 1})
+
+    def crash():
+        raise SystemExit("crashed")
+    with pytest.raises(SystemExit):
+        files.write(tmp_path, 2, {"x": np.ones(10, np.float32)}, {"n": 2}, before_manifest=crash)
+    assert files.interrupted(tmp_path) == [2]
+    assert files.latest(tmp_path).sequence == 1
+    files.write(tmp_path, 2, {"x": np.ones(10, np.float32)}, {"n": 2})  # written again
+    assert files.interrupted(tmp_path) == [] and files.latest(tmp_path).sequence == 2
 
 
 def _two_checkpoints(tmp_path):

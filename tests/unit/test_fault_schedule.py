@@ -59,6 +59,9 @@ class KillLog:
     def is_down(self, target, index):
         return (target, index) in self.down
 
+    def kill_in_next_write(self, index):
+        self.killed.append(("ps in its next write", index))
+
 
 def test_a_kill_waits_while_its_process_is_down_and_the_others_go_ahead():
     c = cfg('faults.kills=[{target="ps", index=1, at_s=1.0}, {target="ps", index=1, at_s=2.0}, '
@@ -101,3 +104,15 @@ def test_a_constructor_error_is_named_and_a_crash_is_a_death():
     assert death_cause(FakeActorError("The actor is dead because its worker process has died."))\
         == "died"
     assert death_cause(ray.exceptions.GetTimeoutError()) == "does not answer (5 s)"
+
+
+def test_a_kill_during_a_checkpoint_write_is_armed_when_due_and_logged_as_such():
+    c = cfg('recovery.kind="partial"', "recovery.checkpoint_every_s=1",
+            'faults.kills=[{target="ps", index=1, at_s=1.0, '
+            'during="checkpoint_write"}, {target="ps", index=0, at_s=1.5}]')
+    injector, run = FaultInjector(c), KillLog()
+    injector.inject_due(run, 2.0)
+    assert run.killed == [("ps in its next write", 1), ("ps", 0)]
+    assert [e["event"] for e in run.record.events] == [
+        "armed: ps 1 exits in its next checkpoint write", "killed ps 0"]
+    assert run.record.events[0]["during"] == "checkpoint_write" and injector.kills == []

@@ -192,3 +192,16 @@ def test_per_worker_joins_statuses_with_queue_counts():
     assert per_worker(result) == [{"rank": 0, "steps": 5, "samples": 50, "chunks": 3},
                                    {"rank": 1, "steps": 2, "samples": 20, "chunks": 0}]
     assert per_worker({}) == []
+
+
+@pytest.mark.parametrize("target, recovery", [("worker", "partial"), ("ps", "none")])
+def test_a_kill_during_a_checkpoint_write_needs_a_shard_and_recovery(target, recovery):
+    kill = {"target": target, "index": 0, "at_s": 1.0, "during": "checkpoint_write"}
+    with pytest.raises(ValueError, match=r"faults.kills\[0\].during"):
+        RunConfig.model_validate({"mode": "async", "cluster": {"workers": 2, "ps_shards": 2},
+                                  "recovery": {"kind": recovery, "checkpoint_every_s": 1.0},
+                                  "faults": {"kills": [kill]}})
+    ok = RunConfig.model_validate({"mode": "async", "cluster": {"workers": 2, "ps_shards": 2},
+                                   "recovery": {"kind": "partial", "checkpoint_every_s": 1.0},
+                                   "faults": {"kills": [{**kill, "target": "ps"}]}})
+    assert ok.faults.kills[0].during == "checkpoint_write"

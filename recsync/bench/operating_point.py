@@ -4,10 +4,12 @@ save, a restart and the work lost cost, that full recovery's overhead is about 8
 
 Over a run of length T with K failures (MTBF M = T / K) and full recovery checkpointing at
 Young's interval I = sqrt(2 O M) (O: what a save blocks training), each failure costs the
-downtime D (kill to training again) and on average I / 2 of work done again, and the saves
-cost O per interval: expected overhead (K (D + I / 2) + (T / I) O) / T. Given the measured O
-and D, ``run_length_for`` finds the T at which that is the target: the run is made that long,
-and its failures are drawn with mean T / K. Plain functions, tested against hand computations.
+downtime D (kill to training again), the work done again beyond the interval R (chunks leased
+when the checkpoint was taken are trained again from their start) and on average I / 2 of
+work done again, and the saves cost O per interval: expected overhead
+(K (D + R + I / 2) + (T / I) O) / T. Given the measured O, D and R, ``run_length_for`` finds
+the T at which that is the target: the run is made that long, and its failures are drawn
+with mean T / K. Plain functions, tested against hand computations.
 """
 
 from __future__ import annotations
@@ -17,26 +19,28 @@ import random
 from recsync.checkpoint.interval import young_interval
 
 
-def full_overhead_at(run_s: float, failures: int, save_s: float, downtime_s: float) -> float:
+def full_overhead_at(run_s: float, failures: int, save_s: float, downtime_s: float,
+                     redo_s: float = 0.0) -> float:
     """Expected overhead fraction of full recovery over a run of ``run_s`` with ``failures``."""
     mtbf = run_s / failures
     interval = max(young_interval(save_s, mtbf), 1e-3)
-    return (failures * (downtime_s + interval / 2) + run_s / interval * save_s) / run_s
+    return (failures * (downtime_s + redo_s + interval / 2) + run_s / interval * save_s) / run_s
 
 
-def run_length_for(target: float, failures: int, save_s: float, downtime_s: float) -> float:
+def run_length_for(target: float, failures: int, save_s: float, downtime_s: float,
+                   redo_s: float = 0.0) -> float:
     """The run length T at which full recovery's expected overhead is ``target`` (it falls as T
     grows; bisection). Raises if the saves alone cost more than the target at any length."""
-    if not 0 < target < 1 or failures < 1 or save_s < 0 or downtime_s < 0:
+    if not 0 < target < 1 or failures < 1 or min(save_s, downtime_s, redo_s) < 0:
         raise ValueError(f"need 0 < target < 1, failures >= 1, costs >= 0; got {target}, "
-                         f"{failures}, {save_s}, {downtime_s}")
+                         f"{failures}, {save_s}, {downtime_s}, {redo_s}")
     lo, hi = 1e-3, 1e7
-    if full_overhead_at(hi, failures, save_s, downtime_s) > target:
+    if full_overhead_at(hi, failures, save_s, downtime_s, redo_s) > target:
         raise ValueError(f"full recovery costs more than {target:.1%} at any run length "
                          f"(save {save_s:.3f} s, downtime {downtime_s:.2f} s per failure)")
     for _ in range(200):
         mid = (lo * hi) ** 0.5
-        if full_overhead_at(mid, failures, save_s, downtime_s) > target:
+        if full_overhead_at(mid, failures, save_s, downtime_s, redo_s) > target:
             lo = mid
         else:
             hi = mid

@@ -8,9 +8,10 @@ same synthetic data in every arm. Dead shards are taken over by a warm standby
 (``recovery.standby_shards``, default 1) in every failing arm but ``partial_no_standby``.
 
 1. Calibration (``pilot``, on a small data set of its own): a full-recovery run with one kill
-   measures the save cost O (what a checkpoint round blocks training, mean of its rounds) and
-   the downtime D of a full recovery (kill to the first pull served after the rollback), and
-   the training rate.
+   measures the save cost O (what a checkpoint round blocks training, mean of its rounds), the
+   downtime D of a full recovery (kill to the first pull served after the rollback), the work
+   it did again beyond the time since its checkpoint R (``redo_beyond_interval``: chunks
+   leased at the checkpoint start again), and the training rate.
 2. The run length T at which full recovery's expected overhead is the target with
    ``FAILURES`` x ``--scale`` failures (MTBF T / K) is derived from O and D; the data set is
    made that long at the pilot's rate.
@@ -21,7 +22,7 @@ same synthetic data in every arm. Dead shards are taken over by a warm standby
    INJECTED (emulated), at the same times in every failing arm, whose ``recovery.mtbf_s`` is M:
    each chooses its checkpoint interval from it and its first round's measured cost (full:
    Young's; partial, MFU, SSU: the longest whose expected PLS stays under ``PLS_TARGET``) and
-   chooses again after each failure from the failures seen.
+   chooses again at each round and failure from the costs and failures seen.
 
 Arms: ``no_failure``; ``full`` (every shard, the workers and the data position roll back to
 the last job checkpoint); ``partial`` (the failed shard alone reloads its own last checkpoint);
@@ -98,11 +99,24 @@ def calibrate(out: Path) -> dict:
     if len(rec["recoveries"]) != 1:
         raise RuntimeError(f"the pilot recovered from {len(rec['recoveries'])} failures, not 1")
     rounds = rec["checkpoints"] - 1  # the round before training blocks nothing
+    metrics = read_jsonl(out / "arms" / "pilot" / "metrics.jsonl")
     return {"save_s": rec["checkpoint_blocked_s"] / max(rounds, 1),
             "downtime_s": rec["recoveries"][0]["downtime_s"],
-            "samples_per_s": rate_before(read_jsonl(out / "arms" / "pilot" / "metrics.jsonl"),
-                                         PILOT_KILL_S, ov.WARMUP_STEPS * WORKERS * BATCH),
+            "redo_s": redo_beyond_interval(metrics, rec["recoveries"][0]),
+            "samples_per_s": rate_before(metrics, PILOT_KILL_S, ov.WARMUP_STEPS * WORKERS * BATCH),
             "rounds": rounds, "train_s": pilot["train_s"]}
+
+
+def redo_beyond_interval(metrics: list[dict], recovery: dict) -> float:
+    """Seconds of training a full recovery did again beyond the time from its checkpoint to
+    the kill (which the model prices as half an interval on average): the work of chunks
+    that were leased when the checkpoint was taken, trained again from their start."""
+    taken = [e["time_s"] for r in metrics for e in r.get("events", [])
+             if f"job checkpoint {recovery['job_sequence']}," in e["event"]]
+    if not taken:
+        raise RuntimeError(f"the pilot's metrics name no job checkpoint "
+                           f"{recovery['job_sequence']}, which its recovery rolled back to")
+    return max(0.0, recovery["lost_work_s"] - (recovery["killed_s"] - taken[0]))
 
 
 def rate_before(metrics: list[dict], kill_s: float, warmup_samples: int) -> float:
@@ -120,10 +134,12 @@ def run(out: Path, scale: float) -> dict:
     started = time.perf_counter()
     failures = max(FAILURES, round(FAILURES * scale))
     cal = calibrate(out)
-    run_s = op.run_length_for(TARGET_FULL_OVERHEAD, failures, cal["save_s"], cal["downtime_s"])
+    run_s = op.run_length_for(TARGET_FULL_OVERHEAD, failures, cal["save_s"], cal["downtime_s"],
+                              cal["redo_s"])
     rows = round(run_s * cal["samples_per_s"])
     print(f"operating point: save {cal['save_s'] * 1e3:.1f} ms, full recovery down "
-          f"{cal['downtime_s']:.2f} s per failure: {failures} failures cost full recovery "
+          f"{cal['downtime_s']:.2f} s and {cal['redo_s']:.2f} s done again beyond the interval "
+          f"per failure: {failures} failures cost full recovery "
           f"{TARGET_FULL_OVERHEAD:.0%} over {run_s:.0f} s (MTBF {run_s / failures:.0f} s), "
           f"{rows:,} rows at {cal['samples_per_s']:,.0f} samples/s", flush=True)
     for attempt in range(2):  # the pilot's rate includes its checkpoints: T1 says how long
@@ -159,7 +175,8 @@ def run(out: Path, scale: float) -> dict:
               labels=list(arms))
     ratios = _ratios(arms, kills)
     wall_s = time.perf_counter() - started
-    expected = op.full_overhead_at(t0, failures, cal["save_s"], cal["downtime_s"])
+    expected = op.full_overhead_at(t0, failures, cal["save_s"], cal["downtime_s"],
+                                   cal["redo_s"])
     return {
         "scenario": "recovery",
         "description": (
@@ -170,8 +187,9 @@ def run(out: Path, scale: float) -> dict:
             f"recovery about {TARGET_FULL_OVERHEAD:.0%}): the pilot (full recovery, "
             f"{PILOT_ROWS:,} rows, checkpoints every {PILOT_EVERY_S:g} s, shard 1 killed at "
             f"{PILOT_KILL_S:g} s) measured a save cost of {cal['save_s'] * 1e3:.1f} ms (mean "
-            f"of {cal['rounds']} rounds) and {cal['downtime_s']:.2f} s down per full "
-            f"recovery; with {failures} failures full recovery is expected to cost "
+            f"of {cal['rounds']} rounds), {cal['downtime_s']:.2f} s down per full "
+            f"recovery and {cal['redo_s']:.2f} s of training done again beyond the time since "
+            f"its checkpoint; with {failures} failures full recovery is expected to cost "
             f"{TARGET_FULL_OVERHEAD:.0%} over {run_s:.0f} s, hence the data set's length and "
             f"the derived MTBF {mean:.1f} s = T1 / {failures} (T1 = round 1's no_failure "
             f"training time {first['train_s']:.1f} s; expected full overhead at the median "
@@ -182,8 +200,9 @@ def run(out: Path, scale: float) -> dict:
             f"{FIRST_KILL_S:g} s, in the first {KILL_WINDOW:.0%} of T1, {MIN_GAP_S:g} s "
             f"apart). Each failing arm has recovery.mtbf_s = {mean:.1f} s, chooses its "
             f"checkpoint interval from it and its first round's measured cost (PLS target "
-            f"{PLS_TARGET}) and again after each failure; a warm standby shard takes over a "
-            f"dead one in every failing arm but partial_no_standby (Ray restarts the process). "
+            f"{PLS_TARGET}) and again at each round and failure from what it has seen; a "
+            f"warm standby shard takes over a dead one in every failing arm but "
+            f"partial_no_standby (Ray restarts the process). "
             f"Overhead = (training blocked by checkpoints + time without training after each "
             f"failure, kill to the first pull served + training done again) / T, each measured "
             f"in the run, T = the median training time of no_failure; {ROUNDS} rounds "

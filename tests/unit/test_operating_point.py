@@ -54,3 +54,23 @@ def test_a_standby_failures_downtime_is_split_at_the_ask_and_the_take_over():
                        {"shard": 1, "asked_s": 30.2, "ready_s": 30.3}]}
     ((detect, take_over, to_pull),) = take_over_split(rec)
     assert (detect, take_over, to_pull) == pytest.approx((0.1, 0.3, 0.1))
+
+
+def test_work_redone_beyond_the_interval_is_priced_per_failure():
+    # as above, with 1 s more redone per failure: (3 x (4 + 1 + 1) + 3) / 300
+    assert full_overhead_at(300.0, 3, 0.02, 4.0, 1.0) == pytest.approx(0.07)
+    assert run_length_for(0.07, 3, 0.02, 4.0, 1.0) == pytest.approx(300.0, rel=1e-6)
+
+
+def test_the_pilots_redone_work_beyond_its_checkpoint():
+    from recsync.bench.recovery import redo_beyond_interval
+    metrics = [{"time_s": 8.5, "samples": 0, "events": [
+        {"time_s": 8.2, "event": "checkpoint: shards' sequence numbers [4, 4], versions [9, 9], "
+                                 "job checkpoint 5, training blocked 3 ms"},
+        {"time_s": 6.1, "event": "checkpoint: ..., job checkpoint 4, training blocked 3 ms"}]}]
+    # killed at 10.0 s, 1.8 s after job checkpoint 5: of 3.0 s redone, 1.2 s is beyond it
+    rec = {"job_sequence": 5, "killed_s": 10.0, "lost_work_s": 3.0}
+    assert redo_beyond_interval(metrics, rec) == pytest.approx(1.2)
+    assert redo_beyond_interval(metrics, {**rec, "lost_work_s": 1.0}) == 0.0
+    with pytest.raises(RuntimeError, match="no job checkpoint 7"):
+        redo_beyond_interval(metrics, {**rec, "job_sequence": 7})

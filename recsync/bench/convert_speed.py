@@ -75,6 +75,7 @@ def measure_convert(tmpdir, rows: int = 1_000_000, rounds: int = 1) -> dict:
     rows_per_s (of the median round), peak_rss_mb (the highest of the converting processes),
     seconds (per round), csv_bytes and rows."""
     tmp = Path(tmpdir)
+    tmp.mkdir(parents=True, exist_ok=True)
     csv_path, schema_path, out = tmp / "bench.csv", tmp / "schema.toml", tmp / "data"
     t0 = time.perf_counter()
     size = write_csv(csv_path, rows)

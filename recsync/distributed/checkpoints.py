@@ -150,6 +150,9 @@ class CheckpointRounds:
                 "job_sequence": job_sequence, "blocked_s": blocked,
                 "shard_blocked_s": [d and d["blocked_s"] for d in done],
                 "shard_copy_s": [d and d["copy_s"] for d in done],
+                # what each shard's blocked_s is made of (ps/shard.py's checkpoint)
+                "shard_parts": [d and {k: d[k] for k in ("start_s", "held_s", "save_s")}
+                                for d in done],
                 "partial": [d and d["partial"] for d in done],
                 "rows": [d and d["rows"] for d in done]}
 

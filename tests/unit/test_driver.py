@@ -126,6 +126,7 @@ def test_summary_has_every_key(run2, data):
     assert summary["failures"] == []
     assert set(summary["recovery"]) == {"kind", "pls", "checkpoint_overhead_frac", "checkpoints",
                                         "checkpoint_blocked_s", "checkpoint_copy_s",
+                                        "checkpoint_blocked_parts_s",
                                         "checkpoint_dir", "written_per_shard", "write_s_mean",
                                         "recoveries", "interval_decision", "rows",
                                         "samples_redone",

@@ -3,6 +3,9 @@ sub-sample of the training samples touched (SSU).
 
 Both watch the rows each push touches on one shard (as local indices) and, at a partial save,
 ``select`` the rows to save and forget them; after a full save ``reset`` forgets everything.
+A shard's checkpoint splits ``select`` in two: ``freeze`` (at once: what was watched so far,
+and a function that chooses from it, run on the copy's thread) and ``restart`` (the chosen
+rows are forgotten, once chosen).
 
 - MFU keeps a counter per row of the shard (4 bytes a row): each push that touches a row adds
   one. A partial save takes the ``fraction`` of the counted rows with the highest counts, ties
@@ -36,23 +39,20 @@ class MostUsed:
 
     def select(self) -> list[torch.Tensor]:
         """Per table, the rows to save now (sorted); their counters restart from 0."""
-        out = []
-        for counts in self.counts:
-            used = counts.nonzero().squeeze(1)
-            k = math.ceil(self.fraction * len(used))
-            if k == 0:
-                out.append(used)
-                continue
-            # the k largest counts, ties broken by index (lower first), as a stable sort by
-            # count would: every row above the k-th largest count, then the first rows at it
-            # (a threshold from topk: 2-3x faster than sorting, and a shard waits for this)
-            values = counts.index_select(0, used)
-            kth = torch.topk(values, k, sorted=False).values.min()
-            above = used[values > kth]
-            top = torch.cat([above, used[values == kth][:k - len(above)]]).sort().values
-            counts[top] = 0
-            out.append(top)
-        return out
+        rows = self.freeze()()
+        self.restart(rows)
+        return rows
+
+    def freeze(self):
+        """A function returning, on any thread, what ``select`` would return now (the counts
+        are copied; a copy is cheap, choosing is not)."""
+        counts = [c.clone() for c in self.counts]
+        return lambda: [_most_used(c, self.fraction) for c in counts]
+
+    def restart(self, rows: list[torch.Tensor]) -> None:
+        """The counters of the rows chosen restart from 0."""
+        for counts, chosen in zip(self.counts, rows):
+            counts[chosen] = 0
 
     def reset(self) -> None:
         for c in self.counts:
@@ -60,6 +60,20 @@ class MostUsed:
 
     def stats(self) -> dict:
         return {"rows_counted": int(sum(int((c > 0).sum()) for c in self.counts))}
+
+
+def _most_used(counts: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The ``fraction`` of the counted rows with the highest counts (sorted), ties broken by
+    index (lower first), as a stable sort by count would: every row above the k-th largest
+    count, then the first rows at it (a threshold from topk: 2-3x faster than sorting)."""
+    used = counts.nonzero().squeeze(1)
+    k = math.ceil(fraction * len(used))
+    if k == 0:
+        return used
+    values = counts.index_select(0, used)
+    kth = torch.topk(values, k, sorted=False).values.min()
+    above = used[values > kth]
+    return torch.cat([above, used[values == kth][:k - len(above)]]).sort().values
 
 
 class SampledRows:
@@ -87,9 +101,18 @@ class SampledRows:
         self.recorded += len(fresh)
 
     def select(self) -> list[torch.Tensor]:
-        out = [torch.tensor(sorted(rows), dtype=torch.int64) for rows in self.rows]
-        self.reset()
-        return out
+        return self.freeze()()
+
+    def freeze(self):
+        """A function returning, on any thread, the rows recorded so far (sorted); recording
+        starts again at once."""
+        rows = self.rows
+        self.rows = [set() for _ in rows]
+        self.recorded = 0
+        return lambda: [torch.tensor(sorted(r), dtype=torch.int64) for r in rows]
+
+    def restart(self, rows: list[torch.Tensor]) -> None:
+        """Nothing: ``freeze`` already started recording again."""
 
     def reset(self) -> None:
         for rows in self.rows:

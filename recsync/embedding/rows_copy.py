@@ -1,11 +1,13 @@
 """RowsCopy: a consistent copy of an EmbeddingStore's touched rows, taken on a thread while the
 store goes on serving (copy-on-write; docs/recovery.md "What a checkpoint blocks").
 
-The rows to save are fixed when the copy begins (every touched row, or a priority's choice).
-A thread copies them slice by slice; a push that is about to change a row not copied yet
-saves that row's old value first (``before_write``, called by the store). So the copy holds
-every row as it was when the copy began, whatever was pushed meanwhile, and the store's
-caller is held only while a slice is copied or a pushed row is saved, never for the whole copy.
+The rows to save are fixed when the copy begins: every touched row, or those a CPR priority
+chooses from what it counted until then (``choose``: the choosing runs on the thread too, and
+until it has run every touched row is kept as it was). A thread copies them slice by slice;
+a push that is about to change a row not copied yet saves that row's old value first
+(``before_write``, called by the store). So the copy holds every row as it was when the copy
+began, whatever was pushed meanwhile, and the store's caller is held only while a slice is
+copied or a pushed row is saved, never for the whole copy.
 Rows first touched after the copy began are not in it: they were at their initial values then,
 which a restore gives them again.
 """
@@ -22,11 +24,16 @@ SLICE_ROWS = 8192  # rows looked at per hold of the lock: about a millisecond at
 
 
 class RowsCopy:
-    def __init__(self, store, rows: list[torch.Tensor] | None = None):
+    def __init__(self, store, rows: list[torch.Tensor] | None = None, choose=None):
         """The rows to save: every touched row of ``store``, or only these local indices per
-        table (those of them that were touched). Cheap: a mask per table; the thread finds
+        table (those of them that were touched), or those that ``choose()`` returns (local
+        indices per table) when ``run`` calls it. Cheap: a mask per table; the thread finds
         the rows in it slice by slice."""
-        self.store = store
+        if rows is not None and choose is not None:
+            raise ValueError("rows or choose, not both")
+        self.store, self.choose = store, choose
+        self.chosen: list[torch.Tensor] | None = None  # what choose() returned
+        self.keep: list[torch.Tensor | None] = [None for _ in store.initialized]
         self.lock = threading.Lock()
         self.pending = []
         for t, init in enumerate(store.initialized):
@@ -59,12 +66,26 @@ class RowsCopy:
             self.saved_early += self._take(table, local[pending.index_select(0, local)])
         self.held_s += time.perf_counter() - begin
 
+    def _chosen(self, chosen: list[torch.Tensor]) -> None:
+        """Only the rows chosen are copied from now on (those saved early are filtered at the
+        end)."""
+        self.chosen = chosen
+        with self.lock:
+            for t, rows in enumerate(chosen):
+                keep = torch.zeros_like(self.pending[t])
+                keep.index_fill_(0, rows, True)
+                self.pending[t] &= keep
+                self.keep[t] = keep
+        time.sleep(0)
+
     def run(self) -> dict[str, np.ndarray]:
         """Copy what is left (on any thread) and detach from the store; returns the arrays
         ``EmbeddingStore.snapshot`` returns: per table its rows' local indices (ascending),
         weights and optimizer state."""
         begin = time.perf_counter()
         try:
+            if self.choose is not None:
+                self._chosen(self.choose())
             for t, pending in enumerate(self.pending):
                 for start in range(0, len(pending), SLICE_ROWS):
                     with self.lock:
@@ -77,6 +98,9 @@ class RowsCopy:
                     self.store.copying = None
         out = {}
         for t, pieces in enumerate(self.pieces):
+            if self.keep[t] is not None:  # rows saved early that were not chosen
+                pieces = [(p[0][m], p[1][m], p[2][m]) for p in pieces
+                          if (m := self.keep[t].index_select(0, p[0])).any()]
             if pieces:
                 local = torch.cat([p[0] for p in pieces])
                 order = torch.argsort(local)

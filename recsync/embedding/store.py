@@ -88,13 +88,13 @@ class EmbeddingStore:
         only these local indices per table (those of them that were touched)."""
         return RowsCopy(self, rows).run()
 
-    def begin_copy(self, rows: list[torch.Tensor] | None = None) -> RowsCopy:
+    def begin_copy(self, rows: list[torch.Tensor] | None = None, choose=None) -> RowsCopy:
         """``snapshot`` as of now, taken by ``RowsCopy.run`` on another thread while pushes go
         on (they save a row's old value before changing it). Pulls may go on too; nothing
         else may change the store until the copy has run."""
         if self.copying is not None:
             raise RuntimeError("a copy of this store is already in progress")
-        self.copying = RowsCopy(self, rows)
+        self.copying = RowsCopy(self, rows, choose)
         return self.copying
 
     def restore(self, arrays: dict[str, np.ndarray], *, on_top: bool = False) -> None:

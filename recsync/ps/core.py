@@ -156,21 +156,22 @@ class ShardCore:
         ``partial``: only the rows the priority selects (meta["partial"] names it)."""
         copy, arrays, meta = self.begin_snapshot(partial, background=False)
         arrays.update(copy.run())
-        meta["rows"] = copy.rows
+        self.end_snapshot(copy, meta)
         return arrays, meta
 
     def begin_snapshot(self, partial: bool = False, background: bool = True):
         """``snapshot`` as of now, but the rows are left to copy: (copy, arrays, meta), where
         ``copy.run()`` returns the rows' arrays (on another thread if ``background``: pushes
-        may go on meanwhile, embedding/rows_copy.py), after which meta["rows"] is
-        ``copy.rows``; the rest is copied here."""
+        may go on meanwhile, embedding/rows_copy.py; a partial snapshot's rows are chosen
+        there too), after which ``end_snapshot``; the rest is copied here."""
         if partial and self.priority is None:
             raise ValueError("a partial snapshot needs a row priority (recovery.rows)")
-        rows = self.priority.select() if partial else None
+        choose = self.priority.freeze() if partial else None
         if not partial and self.priority is not None:
             self.priority.reset()
         self.snapshots += 1
-        copy = self.store.begin_copy(rows) if background else RowsCopy(self.store, rows)
+        copy = (self.store.begin_copy(choose=choose) if background
+                else RowsCopy(self.store, choose=choose))
         arrays = {}
         meta = {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "samples_applied": self.samples_applied, "mode": self.mode,
@@ -189,6 +190,13 @@ class ShardCore:
         rule_arrays, meta["rule"] = self.rule.snapshot()
         arrays.update({f"rule.{k}": v for k, v in rule_arrays.items()})
         return copy, arrays, meta
+
+    def end_snapshot(self, copy: RowsCopy, meta: dict) -> None:
+        """After ``copy.run()``: the rows saved into ``meta``, and the priority forgets the
+        rows a partial snapshot chose."""
+        meta["rows"] = copy.rows
+        if copy.chosen is not None:
+            self.priority.restart(copy.chosen)
 
     def next_snapshot_partial(self) -> bool:
         """Whether the next checkpoint may be partial: a priority is set and it is not every

@@ -227,7 +227,7 @@ class PSShard:
                 arrays.update(await asyncio.to_thread(copy.run))
             finally:
                 self.core.store.copying = None
-            meta["rows"] = copy.rows
+            self.core.end_snapshot(copy, meta)
             if partial:
                 meta["base"] = self.base
             queued = time.perf_counter()

@@ -199,3 +199,23 @@ def test_mfu_picks_what_a_stable_sort_by_count_picks_ties_by_index(seed, high):
         expected.append(used[order].sort().values)
     for got, want in zip(mfu.select(), expected):
         assert torch.equal(got, want)
+
+
+def test_a_frozen_choice_is_what_select_would_have_chosen_and_restart_forgets_it():
+    mfu = MostUsed([10], fraction=0.5)
+    for ids, times in (([1, 2], 5), ([3], 3), ([4], 1)):
+        for _ in range(times):
+            mfu.record(0, torch.tensor(ids), None)
+    choose = mfu.freeze()
+    mfu.record(0, torch.tensor([4]), None)  # counted after the freeze: not in the choice
+    mfu.record(0, torch.tensor([4]), None)
+    mfu.record(0, torch.tensor([4]), None)
+    rows = choose()
+    assert rows[0].tolist() == [1, 2]
+    mfu.restart(rows)
+    assert mfu.counts[0].tolist() == [0, 0, 0, 3, 4, 0, 0, 0, 0, 0]
+    ssu = SampledRows(1, max_rows=10)
+    ssu.record(0, torch.tensor([5, 6]), torch.tensor([True, False]))
+    choose = ssu.freeze()
+    ssu.record(0, torch.tensor([7]), torch.tensor([True]))  # recorded for the next one
+    assert choose()[0].tolist() == [5] and ssu.select()[0].tolist() == [7]

@@ -96,3 +96,21 @@ def test_a_restored_copy_gives_the_store_back_and_nothing_restores_during_a_copy
     for t, spec in enumerate(TABLES):
         ids = torch.arange(spec.rows)
         torch.testing.assert_close(other.pull(t, ids), again.pull(t, ids), rtol=0, atol=0)
+
+
+def test_a_copy_whose_rows_are_chosen_on_its_thread_holds_the_chosen_rows_as_they_began():
+    """CPR: the priority's choice runs in ``run``; pushes before it save any touched row, and
+    only the chosen ones are kept."""
+    store = trained_store(4)
+    expected = store.snapshot()
+    chosen = [torch.arange(0, 2000, 5), torch.arange(0, 150, 7)]
+    copy = store.begin_copy(choose=lambda: chosen)
+    push_everywhere(store, 0)  # before the choice: every touched row is kept as it was
+    got = copy.run()
+    assert copy.chosen is chosen and copy.saved_early > 0
+    for t, rows in enumerate(chosen):
+        keep = np.isin(expected[f"t{t}.local"], rows.numpy())
+        for part in ("local", "weights", "state"):
+            np.testing.assert_array_equal(got[f"t{t}.{part}"], expected[f"t{t}.{part}"][keep])
+    assert copy.rows == sum(int(np.isin(expected[f"t{t}.local"], r.numpy()).sum())
+                            for t, r in enumerate(chosen))

@@ -147,8 +147,8 @@ def _save_model(cfg: RunConfig, ds, out: Path, result: dict, record: RunRecord) 
 
 
 def resolved_for_data(cfg: RunConfig, ds) -> RunConfig:
-    """``cfg`` with the values that depend on the data set resolved (config.toml and the
-    summary show what the run used): train.dense_warmup_steps = -1."""
+    """``cfg`` with the values that depend on the data set resolved (config.toml, written
+    from it, shows what the run used): train.dense_warmup_steps = -1."""
     workers = 1 if cfg.mode == "local" else cfg.cluster.workers
     warmup = cfg.train.warmup_for(ds.rows("train"), workers)
     if warmup == cfg.train.dense_warmup_steps:

@@ -44,7 +44,10 @@ def _listeners(procs) -> dict[tuple[int, str, int], str]:
 def _session_dir(procs) -> Path:
     """The run's Ray session folder, from its raylet's command line."""
     for p in procs:
-        with_session = [a for a in p.cmdline() if a.startswith("--session_dir=")]
+        try:
+            with_session = [a for a in p.cmdline() if a.startswith("--session_dir=")]
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
         if with_session:
             return Path(with_session[0].split("=", 1)[1])
     raise AssertionError("no raylet under the run")
@@ -53,7 +56,10 @@ def _session_dir(procs) -> Path:
 def test_an_embedded_sync_run_listens_on_loopback_only_and_leaves_nothing(data, tmp_path):
     out = tmp_path / "run"
     # an emulated 50 ms per PS call: 80 steps take 8 s or more, time to look at the sockets
+    # (one epoch of the session's data is 32 steps per worker: 3 epochs for 80 steps; with
+    # one, the run ended while the test read its processes' command lines)
     proc = train_cli(out, data, 'mode="sync"', "cluster.workers=2", "train.max_steps=80",
+                     "train.epochs=3",
                      "network.latency_ms=50", "output.log_every_steps=5")
     try:
         deadline = time.time() + 90

@@ -26,21 +26,30 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def ray_session(cfg: ClusterConfig):
+def ray_session(cfg: ClusterConfig, runtime_env: dict | None = None):
     """Embedded default: a local Ray instance on loopback with the dashboard off and a bounded
     object store, shut down on exit (also on error and Ctrl-C) and its session folder removed
     (kept with ``cfg.keep_ray_logs``). Its actors run at the driver's priority (Ray's default
     nice 15 lets any other process on the machine take their CPU, which an emulated cluster
-    cannot pace against). With ``cfg.address``: join that cluster, and only disconnect from it
-    on exit."""
+    cannot pace against). With ``cfg.address``, or under ``ray job submit`` (RAY_ADDRESS
+    set): join that cluster with ``runtime_env`` (the job's own, under ``ray job submit``), and
+    only disconnect from it on exit."""
     import ray
     if ray.is_initialized():  # e.g. a test's session-scoped cluster
         yield
         return
     session = None
     try:  # from before ray.init: a signal while it starts still shuts down what it started
-        if cfg.address:
-            ray.init(address=cfg.address, logging_level=logging.WARNING)
+        address = cluster_address(cfg)
+        if address:
+            # a cluster on this machine's loopback (ray start --node-ip-address 127.0.0.1):
+            # this driver's node address is 127.0.0.1 too, or it finds no raylet of its own
+            host = address.rpartition("://")[2].rpartition(":")[0]
+            on_loopback = loopback_node() if is_loopback(host) else contextlib.nullcontext()
+            with on_loopback:
+                ray.init(address=address, logging_level=logging.WARNING,
+                         runtime_env=runtime_env or None)
+            log.info("joined the Ray cluster at %s", address)
         else:
             private_auth_token(Path.home())
             with loopback_node():  # address "local": never join a cluster left running here
@@ -63,6 +72,13 @@ def ray_session(cfg: ClusterConfig):
                 log.info("Ray's logs of this run: %s", session)
             else:
                 remove_session(session)
+
+
+def cluster_address(cfg: ClusterConfig) -> str | None:
+    """The Ray cluster a run joins: ``cluster.address``, else RAY_ADDRESS (set by ``ray job
+    submit`` and on a cluster's nodes) unless it is "local"; None: the embedded instance."""
+    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
+    return None if address in ("", "local") else address
 
 
 @contextlib.contextmanager
@@ -120,3 +136,40 @@ def remove_session(session: Path, attempts: int = 5) -> None:
     with contextlib.suppress(OSError):
         if latest.is_symlink() and Path(os.readlink(latest)) in (session, Path(session.name)):
             latest.unlink()
+
+
+def runtime_env_for(cluster: ClusterConfig, model_name: str) -> dict:
+    """The runtime environment a run that joins a cluster gives its processes:
+    ``cluster.runtime_env``, plus the user's model module (``model.name`` =
+    "package.module:builder" or "file.py:builder") in ``py_modules`` where it is not installed,
+    so that every node imports it. Under ``ray job submit`` the job's own environment holds
+    (its ``--working-dir``/``--py-modules``): nothing is added."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+    env = dict(cluster.runtime_env)
+    if RAY_JOB_CONFIG_JSON_ENV_VAR in os.environ:
+        return env
+    path = user_module_path(model_name)
+    if path is not None:
+        modules = list(env.get("py_modules", []))
+        if str(path) not in modules:
+            env["py_modules"] = [*modules, str(path)]
+    return env
+
+
+def user_module_path(model_name: str) -> Path | None:
+    """The file or package directory of a user's model builder that is not installed (not
+    under site-packages); None for a built-in model or an installed package."""
+    import importlib.util
+    where, sep, _ = model_name.rpartition(":")
+    if not sep or not where:
+        return None
+    if where.endswith(".py"):
+        return Path(where).resolve()
+    spec = importlib.util.find_spec(where.split(".")[0])
+    if spec is None or spec.origin is None:
+        return None
+    path = (Path(next(iter(spec.submodule_search_locations))) if spec.submodule_search_locations
+            else Path(spec.origin))
+    if {"site-packages", "dist-packages"} & set(path.parts) or path.name == "recsync":
+        return None
+    return path.resolve()

@@ -162,6 +162,25 @@ class ClusterConfig(Section):
     run; by default it is removed at exit"""
     push_window: int = Field(2, ge=1)
     """async: pushes a worker may have in flight before it waits for the oldest"""
+    worker_cpus: float = Field(0.0, ge=0)
+    """CPUs Ray reserves for each worker (0: none, processes share the machine's cores, as on
+    the embedded instance; on a cluster set what a worker uses, e.g. its train.threads)"""
+    shard_cpus: float = Field(0.0, ge=0)
+    """CPUs Ray reserves for each PS shard and each standby (0: none)"""
+    worker_gpus: float = Field(0.0, ge=0)
+    """GPUs for each worker: > 0 puts its dense model and pulled rows on its GPU and makes
+    sync's all-reduce NCCL's (shards stay on CPU)"""
+    placement: Literal["auto", "spread", "pack", "none"] = "auto"
+    """where the actors go: "spread" (shards, standbys and workers across nodes, best effort),
+    "pack" (on as few nodes as fit), "none" (Ray's default scheduling); "auto": "spread" where
+    the Ray cluster has more than one node, else "none" """
+    placement_timeout_s: float = Field(30.0, gt=0)
+    """how long the run waits for the cluster to place its actors before it fails naming what
+    is missing (a request that no node can ever meet fails at once)"""
+    runtime_env: dict[str, Any] = Field(default_factory=dict)
+    """Ray runtime environment for the run's processes when joining a cluster (e.g.
+    {py_modules = ["mymodels"], pip = ["..."]}); a model builder's module that is not
+    installed is added to py_modules"""
 
 
 class NetworkConfig(Section):

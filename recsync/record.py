@@ -31,6 +31,7 @@ class RunRecord:
     recoveries: list[dict] = field(default_factory=list)  # {kind, shard, lost_samples, ...}
     interval_decision: dict | None = None  # recovery.mtbf_s: how the interval was chosen
     train_s_before: float = 0.0  # resumed: training time of the run(s) before
+    placement: dict | None = None  # each actor's node when training started (placement.py)
 
     def elapsed(self) -> float:
         """Seconds since the run began (start-up included)."""

@@ -96,10 +96,10 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                 if cfg.mode == "local":
                     result = run_local(cfg, ds, log, started, warm)
                 else:
-                    from recsync.cluster import ray_session
+                    from recsync.cluster import ray_session, runtime_env_for
                     from recsync.distributed.train import run_distributed
                     keep_signals_from_ray()
-                    with ray_session(cfg.cluster):
+                    with ray_session(cfg.cluster, runtime_env_for(cfg.cluster, cfg.model.name)):
                         signals.install()  # again: ray.init installed handlers of its own
                         try:
                             result = run_distributed(cfg, ds, log, out, checkpoint,

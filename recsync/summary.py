@@ -58,6 +58,7 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
         "recovery": recovery_summary(cfg, record, result, train_s),
         "stragglers_emulated": bool(cfg.faults.stragglers),
         "emulation": emulation_section(cfg, result, shards),
+        "placement": record.placement,  # each actor's node when training started
         "data": str(cfg.data.path),
         "model": result.get("model_dir"),  # {"path", "bytes", "write_s"} of OUT/model
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from recsync.placement import node_alive
 from recsync.checkpoint import files, job
 from recsync.distributed.downtime import downtime_starts
 from recsync.distributed.errors import RunFailed
@@ -105,18 +106,29 @@ def log_partial_recovery(run, s: ShardStatus, elapsed_s: float) -> None:
     rec = {"kind": "partial", "time_s": elapsed_s, "shard": s.index,
            "ready_s": s.ready_unix - run.start_unix, "lost_updates": lost_updates,
            "lost_samples": lost, "version_before": s.version_before, "lost_work_s": 0.0,
-           "standby": run.directory is not None, **restored}
+           "standby": run.directory is not None, **restored,
+           "node_before": s.node_before, "node": s.node,
+           "node_before_alive": node_alive((s.node_before or {}).get("node_id"))}
     record.recoveries.append(rec)
     downtime_starts(run, s.index, rec, killed, s.ready_unix, s.first_pull_unix)
     run.rounds.failed(elapsed_s)
     what = (f"checkpoint {restored['sequence']} (version {restored['version']})"
             if restored["sequence"] is not None else "nothing (no checkpoint yet: from scratch)")
     record.event(elapsed_s, (
-        f"partial recovery: shard {s.index} restarted from {what}; its {lost_updates:,} updates "
-        f"since (~{lost:,} samples) are lost")
+        f"partial recovery: shard {s.index}{_on(s.node_before, rec['node_before_alive'])} "
+        f"restarted{_on(s.node)} from {what}; its {lost_updates:,} updates since "
+        f"(~{lost:,} samples) are lost")
         + (f"; skipped: {restored['skipped']}" if restored["skipped"] else ""))
     print(f"partial recovery: shard {s.index} restarted from {what} at {elapsed_s:.1f} s",
           flush=True)
+
+
+def _on(node: dict | None, alive: bool | None = None) -> str:
+    """" on node 10.0.0.2 (1a2b3c4d)", with ", down" where the cluster lists it dead."""
+    if not node:
+        return ""
+    down = ", down" if alive is False else ""
+    return f" on node {node['node_ip']} ({node['node_id'][:8]}{down})"
 
 
 def full_recovery(run, shard: int, elapsed_s: float) -> None:

@@ -23,6 +23,7 @@ from recsync.distributed.checkpoints import CheckpointRounds
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import death_cause
 from recsync.distributed.gather import gathered_model_state
+from recsync.distributed.spawn import spawn_workers
 from recsync.distributed.policy import recovery_kind
 from recsync.distributed.downtime import downtime_ends
 from recsync import warm_start
@@ -32,11 +33,11 @@ from recsync.evaluate import evaluate
 from recsync.local_run import CHUNK_BATCHES, LocalModel
 from recsync.model.setup import model_for
 from recsync.modes import MODES
+from recsync.placement import node_of, on_driver_node
 from recsync.ps.client import PSClient
 from recsync.ps.standby import start_shards
 from recsync.record import RunRecord
 from recsync.worker.queue import WorkQueue
-from recsync.worker.worker import Worker
 
 PAUSE_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
 SHARD_RESTART_WAIT_S = 60  # recovery: how long a restarting shard may take to answer
@@ -71,11 +72,11 @@ class DistributedRun:
             self.checkpoint_dir = root.resolve()
         # a dead shard's place: a standby's (``directory``: which process serves which
         # shard), or its own process, restarted by Ray
-        self.shards, self._builders, self.directory = start_shards(
+        self.shards, self._builders, self.directory, self.placement = start_shards(
             cfg, self.tables, dense_init, self.checkpoint_dir)
         chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
         seed = t.seed if cfg.data.shuffle else None
-        self.queue = WorkQueue.remote([(e, ch) for e in range(t.epochs)
+        self.queue = WorkQueue.options(**on_driver_node()).remote([(e, ch) for e in range(t.epochs)
                                        for ch in chunk_order(chunks, epoch=e, shuffle_seed=seed)])
         self.workers: list = [None] * c.workers
         self.done_before = [{"samples": 0, "steps": 0} for _ in range(c.workers)]  # dead ones'
@@ -133,16 +134,12 @@ class DistributedRun:
                       step_index: int = 0) -> None:
         """Fresh workers for ``ranks`` (``dense_state``: flat layout, as ``dense_state()``
         gives it), on a new group where the mode has one; then they start training."""
-        for r in ranks:
-            self.workers[r] = Worker.remote(r, self.cfg, self.shards, self.queue, dense_state,
-                                            step_index, self.mode, self.directory)
+        spawn_workers(self, ranks, dense_state, step_index)
         self.killed_workers -= set(ranks)
         if self.facts.needs_group(self.cfg):
             host, port = ray.get(self.workers[0].address.remote())
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
         if not self.clock_started:  # training starts now: start-up is not training time
-            # (nor the workers' construction, which modes without a group wait for only here)
-            ray.get([self.workers[r].status.remote() for r in ranks])
             self.clock_started = True
             self.start_unix = time.time() - self.record.train_s_before
             self.record.train_start = time.perf_counter()
@@ -270,12 +267,14 @@ class DistributedRun:
         return ShardStatus(i, ALIVE, pid=inc["pid"], version=inc["version"],
                            ready_unix=inc["ready_unix"], restored=inc["restored"],
                            restarted=restarted, first_pull_unix=inc["first_pull_unix"],
-                           version_before=None if before is None else before["version"])
+                           version_before=None if before is None else before["version"],
+                           node=node_of(inc), node_before=node_of(before))
 
     def acknowledge(self, s: ShardStatus) -> None:
         """The restart of shard ``s`` is dealt with: its new process is the one seen."""
         self.shard_seen[s.index] = {"pid": s.pid, "version": s.version,
-                                    "ready_unix": s.ready_unix, "restored": s.restored}
+                                    "ready_unix": s.ready_unix, "restored": s.restored,
+                                    **(s.node or {})}
 
     def _shard_changed(self) -> bool:
         """Whether a shard is dead or restarting, or restarted since the driver last looked."""

@@ -55,7 +55,8 @@ class ShardStatus:
     ``restarted``: it answered from another process than the one the driver saw before (Ray
     restarted it, or a standby took it over, and it reloaded ``restored``); ``version_before``
     is the last version the driver saw of the process before; ``first_pull_unix``: when the
-    process served its first pull (since it started, or since a rollback), if it has."""
+    process served its first pull (since it started, or since a rollback), if it has;
+    ``node`` / ``node_before``: the node of its process now / of the process before."""
 
     index: int
     state: str
@@ -67,3 +68,5 @@ class ShardStatus:
     restarted: bool = False
     version_before: int | None = None
     first_pull_unix: float | None = None
+    node: dict | None = None  # {node_id, node_ip} of its process (placement.where)
+    node_before: dict | None = None  # of the process before, when ``restarted``

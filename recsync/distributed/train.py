@@ -14,6 +14,7 @@ from recsync.distributed.handle import DistributedRun
 from recsync.distributed.policy import Kind, decide
 from recsync.distributed.watch import watch
 from recsync.metrics import MetricsLog
+from recsync.placement import actor_nodes, placement_line
 
 
 def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path | None = None,
@@ -42,6 +43,10 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
             if run.checkpoint_dir is not None:  # round 0: a rollback or resume before the first
                 run.rounds.log(run.rounds.take(), 0.0, training=False)
             run.start_workers(list(range(cfg.cluster.workers)), run.start_dense())
+        record.placement = actor_nodes(run)
+        record.event(0.0, placement_line(record.placement))
+        if record.placement["strategy"] != "none" or len(record.placement["nodes"]) > 1:
+            print(placement_line(record.placement), flush=True)
         statuses = watch(run, log)
         record.stop()
         return {**run.finish(), "statuses": [s.as_dict() for s in statuses], "record": record}

@@ -10,6 +10,7 @@ tables it looks up (the contract: model/inputs.py).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -76,6 +77,10 @@ def load_builder(name: str):
     if not where or not attr:
         raise ValueError(f"{key}: a user's model is \"package.module:builder\" or "
                          f"\"path/to/file.py:builder\"")
+    if where.endswith(".py") and not Path(where).is_file():  # on a cluster's node, the file
+        # comes in the run's py_modules (cluster.runtime_env_for) as module <stem>
+        with contextlib.suppress(ImportError):
+            where = Path(where).stem if importlib.util.find_spec(Path(where).stem) else where
     try:
         module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
     except Exception as e:  # the user's module may fail in any way while it is imported

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import ray
 
+from recsync.placement import where
 from recsync.checkpoint import files, reshard
 from recsync.checkpoint.writer import CheckpointWriter
 from recsync.emulation import EmulatedMachine, RequestPacer
@@ -63,6 +64,7 @@ class PSShard:
                        if checkpoint_dir is not None else None)
         self.ready_unix = time.time()
         self.first_pull_unix: float | None = None  # since it started, or since a rollback
+        self.node = where()  # this process's node: the run lists each actor's
 
     async def take_over(self, build_core, checkpoint_dir: str) -> dict:
         """A warm standby becomes the shard whose core ``build_core`` builds, from that
@@ -135,8 +137,12 @@ class PSShard:
         """This process's pid, when it was ready, the checkpoint it reloaded if Ray restarted
         it or it took a dead shard over, and when it served its first pull (since it started,
         or since a rollback)."""
-        return {"pid": os.getpid(), "restored": self.restored, "version": self.core.version,
+        return {**self.node, "restored": self.restored, "version": self.core.version,
                 "ready_unix": self.ready_unix, "first_pull_unix": self.first_pull_unix}
+
+    async def where(self) -> dict:
+        """This process's node and pid (a standby's too)."""
+        return self.node
 
     async def _travel(self, payload) -> None:
         if self.network is not None:

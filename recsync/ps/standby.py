@@ -22,6 +22,7 @@ from collections import deque
 import ray
 
 from recsync.checkpoint import job
+from recsync.placement import Placement, on_driver_node, place
 from recsync.ps.build import make_core
 from recsync.ps.shard import PSShard
 
@@ -33,11 +34,14 @@ TAKE_OVER_TRIES = 3  # standbys tried in turn (each one may itself have died)
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class ShardDirectory:
     def __init__(self, shards: list, builders: list, checkpoint_dirs: list[str],
-                 standby_args: tuple, standbys: int, max_take_overs: int):
+                 standby_args: tuple, standbys: int, max_take_overs: int,
+                 placement: Placement | None = None):
         """``shards``: the shards' processes (actor handles); ``builders``: ObjectRefs of each
         shard's core builder (ps/build.py); ``checkpoint_dirs``: each shard's checkpoints;
         ``standby_args``: (network, keep, cores) of ``PSShard``; ``standbys``: how many to
-        keep ready; ``max_take_overs``: per shard, after which a death is not taken over."""
+        keep ready; ``max_take_overs``: per shard, after which a death is not taken over;
+        ``placement``: where a standby goes (placement.py)."""
+        self.placement = placement or Placement("none")
         self.shards = list(shards)
         self.builders, self.dirs = builders, checkpoint_dirs
         self.standby_args, self.max_take_overs = standby_args, max_take_overs
@@ -51,8 +55,8 @@ class ShardDirectory:
         """A standby that has built (and dropped) shard 0's core: the one with the most to
         import (the dense parameters' optimizer, where the mode keeps them on the PS)."""
         network, keep, cores = self.standby_args
-        return PSShard.options(max_restarts=0).remote(None, network, None, keep, cores,
-                                                      self.builders[0])
+        return PSShard.options(max_restarts=0, **self.placement.standby()).remote(
+            None, network, None, keep, cores, self.builders[0])
 
     async def current(self, shard: int):
         """Shard ``shard``'s live process: the one known, or, if it has died, the standby
@@ -117,10 +121,12 @@ class ShardDirectory:
         return list(self.take_overs)
 
 
-def start_shards(cfg, tables, dense_init, checkpoint_dir) -> tuple[list, list, object]:
+def start_shards(cfg, tables, dense_init, checkpoint_dir) -> tuple[list, list, object,
+                                                                   Placement]:
     """The run's PS shard processes: (their handles, their core builders as ObjectRefs, the
-    ``ShardDirectory`` if the run keeps standbys, else None). Without standbys but with
-    recovery on, Ray restarts a dead shard's process (which reloads its own checkpoint)."""
+    ``ShardDirectory`` if the run keeps standbys, else None, the run's placement). Without
+    standbys but with recovery on, Ray restarts a dead shard's process (which reloads its own
+    checkpoint)."""
     c, r = cfg.cluster, cfg.recovery
     net = cfg.network
     network = (net.latency_ms / 1e3, net.ms_per_mb / 1e3 / 2**20) if net.enabled else None
@@ -134,11 +140,12 @@ def start_shards(cfg, tables, dense_init, checkpoint_dir) -> tuple[list, list, o
     standbys = r.standbys if checkpoint_dir is not None else 0
     restarts = MAX_SHARD_RESTARTS if r.kind != "none" and not standbys else 0
     cores = cfg.emulation.cores_per_shard
-    shards = [PSShard.options(max_restarts=restarts).remote(builders[s], network, dirs[s],
-                                                            r.keep, cores)
-              for s in range(c.ps_shards)]
+    placement = place(cfg, standbys)
+    shards = [PSShard.options(max_restarts=restarts, **placement.shard(s)).remote(
+        builders[s], network, dirs[s], r.keep, cores) for s in range(c.ps_shards)]
     directory = None
-    if standbys:
-        directory = ShardDirectory.remote(shards, builders, dirs, (network, r.keep, cores),
-                                          standbys, MAX_SHARD_RESTARTS)
-    return shards, builders, directory
+    if standbys:  # on the driver's node: it must outlive any other
+        directory = ShardDirectory.options(**on_driver_node()).remote(
+            shards, builders, dirs, (network, r.keep, cores), standbys, MAX_SHARD_RESTARTS,
+            placement)
+    return shards, builders, directory, placement

@@ -26,6 +26,7 @@ import traceback
 import ray
 import torch
 
+from recsync.placement import where
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
 from recsync.emulation import EmulatedMachine, StepPacer, shadow_cores
@@ -180,6 +181,10 @@ class Worker:
         self._resume_args = (mode, dense_state, step_index)
         self._pause_requested.clear()
         self._resumed.set()
+
+    def where(self) -> dict:
+        """This process's node and pid (placement.py)."""
+        return where()
 
     def die(self) -> None:
         """Fault injection: the process exits at once, as a crashed machine would."""

@@ -28,7 +28,7 @@ def started(data, tmp_path, dense_init=None):
     built = model_for(cfg.model, Dataset(data))
     if dense_init is None:
         dense_init = parameters_to_vector(built.module.parameters()).detach().numpy()
-    shards, _, directory = start_shards(cfg, built.tables, dense_init, tmp_path)
+    shards, _, directory, _ = start_shards(cfg, built.tables, dense_init, tmp_path)
     return built.tables, shards, directory
 
 

@@ -1,0 +1,43 @@
+"""Start worker processes, and start again one whose node died before it ran.
+
+When a node dies, Ray moves its placement-group bundles to other nodes only once the cluster
+has marked the node dead (seconds of missed heartbeats). A worker restarted in that gap is
+scheduled onto the dead node and dies unstarted ("its node has died"): it is made again after a
+pause, a few times. A worker whose constructor raised is not: that error would recur.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from recsync.worker.worker import Worker
+
+TRIES = 10
+PAUSE_S = 2.0  # Ray's default health check marks a node dead after about 15 s
+
+
+def spawn_workers(run, ranks: list[int], dense_state: dict | None, step_index: int) -> None:
+    """``run.workers[r]`` for each of ``ranks``: a new Worker process, built (waited for)."""
+    for r in ranks:
+        run.workers[r] = _new(run, r, dense_state, step_index)
+    for attempt in range(TRIES):
+        lost = []
+        for r in ranks:
+            try:
+                ray.get(run.workers[r].where.remote())
+            except ray.exceptions.RayActorError as e:
+                if e.actor_init_failed or attempt == TRIES - 1:
+                    raise
+                lost.append(r)
+        if not lost:
+            return
+        time.sleep(PAUSE_S)
+        for r in lost:
+            run.workers[r] = _new(run, r, dense_state, step_index)
+
+
+def _new(run, rank: int, dense_state: dict | None, step_index: int):
+    return Worker.options(**run.placement.worker(rank)).remote(
+        rank, run.cfg, run.shards, run.queue, dense_state, step_index, run.mode, run.directory)

@@ -38,9 +38,10 @@ def main():
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one config key, e.g. --set train.batch_size=1024 (repeatable).")
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Directory for config.toml, metrics.jsonl, summary.json, training.png.")
+              help="Directory for config.toml, metrics.jsonl, summary.json, training.png "
+                   "(or a URL: s3://bucket/path, docs/cluster.md).")
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
-@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, exists=True),
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
               help="Go on with the crashed run in this directory (its --out) from its newest "
                    "complete checkpoint, with its config.toml; --set may change "
                    "cluster.ps_shards and cluster.workers (the rows are resharded).")
@@ -49,6 +50,7 @@ def main():
                    "instead of starting a local one; same as --set cluster.address=ADDR.")
 def train(config_path, overrides, out, overwrite, resume_dir, address):
     """Train a model as the config says."""
+    from recsync import storage
     from recsync.distributed.errors import RunFailed
     from recsync.run import run
     if resume_dir:
@@ -57,31 +59,37 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
                                    "outputs: leave out --config, --out and --overwrite (--set "
                                    "may change cluster.ps_shards, cluster.workers and the "
                                    "keys docs/recovery.md lists)")
-        config_path, out = str(Path(resume_dir) / "config.toml"), resume_dir
+        if storage.is_url(resume_dir):  # its config.toml and checkpoints, fetched
+            storage.pull_dir(storage.local(resume_dir))
+        elif not Path(resume_dir).is_dir():
+            raise click.BadParameter(f"Directory {resume_dir!r} does not exist.",
+                                     param_hint="'--resume'")
+        config_path, out = str(storage.local(resume_dir) / "config.toml"), resume_dir
     elif not out:
         raise click.UsageError("Missing option '--out' (or --resume DIR).")
     if address:
         overrides = (*overrides, f"cluster.address={json.dumps(address)}")
+    shown = storage.local(out)  # where the outputs are here (a URL's staging folder)
     try:
         with catch_signals():  # also while the run is checked and set up
             cfg = load_config(config_path, overrides)
             summary = run(cfg, out, overwrite=overwrite, resume=bool(resume_dir))
     except Interrupted as e:
-        if not (Path(out) / "summary.json").exists():
+        if not (shown / "summary.json").exists():
             click.echo(f"interrupted by {e.signal_name} before the run started", err=True)
             sys.exit(e.exit_code)
-        _print_summary(_read_summary(out), Path(out))
+        _print_summary(_read_summary(shown), shown)
         click.echo(f"interrupted by {e.signal_name}: summary.json in {out} has what was done",
                    err=True)
         sys.exit(e.exit_code)
     except RunFailed as e:
-        _print_summary(_read_summary(out), Path(out))
+        _print_summary(_read_summary(shown), shown)
         click.echo(f"error: the run failed: {e}\n(summary.json in {out} has what was done)",
                    err=True)
         sys.exit(EXIT_FAILED)
     except USER_ERRORS as e:
         _fail(e)
-    _print_summary(summary, Path(out))
+    _print_summary(summary, shown)
 
 
 def _read_summary(out) -> dict | None:

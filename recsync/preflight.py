@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from recsync import storage
 from recsync.config import RunConfig
 from recsync.data.format import DataFormatError
 from recsync.data.reader import Dataset
@@ -58,8 +59,13 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
 
 
 def open_data(cfg: RunConfig) -> Dataset:
-    """The run's data set, opened (and so checked); the error says how to make one."""
-    path = Path(cfg.data.path)
+    """The run's data set, opened (and so checked); the error says how to make one. A URL's
+    data set is fetched to this node first (storage.py)."""
+    try:
+        path = storage.local_data(cfg.data.path)
+    except (OSError, ValueError) as e:
+        raise DataFormatError(f"data.path = {cfg.data.path!r}: cannot fetch the data set "
+                              f"({e})") from None
     if not path.exists():
         default = " (the default)" if str(cfg.data.path) == DEFAULT_DATA else ""
         raise DataFormatError(f"data.path = {str(path)!r}{default}: no data set there; make one "
@@ -92,7 +98,7 @@ def estimate_writes(cfg: RunConfig, ds: Dataset, out: Path) -> list[WriteEstimat
     estimates = [WriteEstimate(out, METRICS_BYTES, "metrics, summary, plot")]
     r = cfg.recovery
     if cfg.mode != "local" and (r.checkpoint_every_s or r.mtbf_s):
-        root = Path(r.dir) if r.dir else out / "checkpoints"
+        root = storage.local(r.dir) if r.dir else out / "checkpoints"
         copies = r.keep + 2  # kept ones, one being written, one more a job checkpoint holds
         ckpt = WriteEstimate(root, copies * model_bytes(cfg, ds),
                              f"{copies} checkpoints of {_size(model_bytes(cfg, ds))}")

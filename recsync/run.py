@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from recsync import storage
 from recsync.config import RunConfig
 from recsync.local_run import final_eval, run_local
 from recsync.metrics import MetricsLog, write_json
@@ -69,8 +70,10 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     on SIGINT, SIGTERM or SIGHUP. ``resume``: go on with the run in ``out_dir`` (``cfg`` is its
     config.toml) from its newest complete job checkpoint; metrics.jsonl is appended to.
     """
-    out = Path(out_dir)
+    out = storage.local(out_dir)  # a URL: its staging folder, uploaded as the run goes
     started = time.perf_counter()
+    if storage.is_url(out_dir):
+        check_remote_out(out, overwrite, resume)
     checkpoint = resume_point(cfg, out) if resume else None
     ds = preflight(cfg, out)
     cfg = resolved_for_data(cfg, ds)
@@ -80,6 +83,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     if not resume:
         prepare_run_dir(out, overwrite)
         (out / "config.toml").write_text(cfg.to_toml())
+        storage.push([out / "config.toml"])  # a run killed at once can be resumed
     elif checkpoint.changes:  # e.g. other cluster.ps_shards: config.toml is the run's config
         print(f"resuming with {'; '.join(checkpoint.changes)}", flush=True)
         tmp = out / f".config.toml.tmp-{os.getpid()}"
@@ -127,6 +131,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
         result["predictions"] = save_predictions(out, result)  # the arrays leave the result
         summary = build_summary(cfg, ds, record, result, status, cause)
         write_outputs(cfg, out, summary)
+        upload_outputs(out)
     if raised is not None:
         raise raised
     return summary
@@ -175,7 +180,33 @@ def write_outputs(cfg: RunConfig, out: Path, summary: dict) -> None:
 
 
 def checkpoint_root(cfg: RunConfig, out: Path) -> Path:
-    return Path(cfg.recovery.dir) if cfg.recovery.dir else out / "checkpoints"
+    return storage.local(cfg.recovery.dir) if cfg.recovery.dir else out / "checkpoints"
+
+
+def check_remote_out(out: Path, overwrite: bool, resume: bool) -> None:
+    """--out URL: a resumed run fetches the run's folder first; a new one refuses a URL that
+    holds an earlier run's outputs (with ``overwrite``: removes them there)."""
+    if resume:
+        storage.pull_dir(out)
+        return
+    earlier = storage.remote_names(out) & {*RUN_FILES, "checkpoints"}
+    if earlier and not overwrite:
+        raise FileExistsError(f"{storage.remote_of(out)} already holds the outputs of a run "
+                              f"({', '.join(sorted(earlier))}); choose another --out or pass "
+                              f"--overwrite to replace them")
+    storage.remove_tree(out, earlier)
+
+
+def upload_outputs(out: Path) -> None:
+    """--out URL: everything the run wrote goes up (an error leaves it in ``out``)."""
+    if storage.remote_of(out) is None:
+        return
+    try:
+        sent = storage.push_tree(out)
+        print(f"outputs: {sent} files uploaded to {storage.remote_of(out)}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - nothing is lost: the files stay here
+        print(f"error: could not upload the outputs to {storage.remote_of(out)} ({e}); they "
+              f"are in {out}", file=sys.stderr)
 
 
 def resume_point(cfg: RunConfig, out: Path):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recsync import storage
 from recsync.checkpoint import files
 
 
@@ -26,6 +27,8 @@ class CheckpointWriter:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory, self.keep = Path(directory), keep
+        # a staging folder (storage.py): each checkpoint goes up to its URL once complete
+        self.remote = storage.remote_of(self.directory)
         newest = files.manifests(self.directory)
         self.sequence = int(newest[0].stem.split("-")[1]) + 1 if newest else 1
         self.written: list[dict] = []  # {sequence, bytes, write_s} per completed checkpoint
@@ -73,10 +76,14 @@ class CheckpointWriter:
                 begin = time.perf_counter()
                 path = files.write(self.directory, sequence, arrays, meta,
                                    self.before_manifest)
+                if self.remote is not None:  # the data file first: complete iff manifest
+                    storage.push([path.with_suffix(".npz"), path])
                 self.written.append({"sequence": sequence, "manifest": str(path),
                                      "bytes": sum(a.nbytes for a in arrays.values()),
                                      "write_s": time.perf_counter() - begin})
-                files.prune(self.directory, self.keep, keep_from)
+                removed = files.prune(self.directory, self.keep, keep_from)
+                if self.remote is not None and removed:  # manifests first
+                    storage.remove([*removed, *(m.with_suffix(".npz") for m in removed)])
             except BaseException as e:  # noqa: BLE001 - handed to the next save()
                 self._error = e
             finally:

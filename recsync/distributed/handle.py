@@ -26,7 +26,7 @@ from recsync.distributed.gather import gathered_model_state
 from recsync.distributed.spawn import spawn_workers
 from recsync.distributed.policy import recovery_kind
 from recsync.distributed.downtime import downtime_ends
-from recsync import warm_start
+from recsync import storage, warm_start
 from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.evaluate import evaluate
@@ -65,7 +65,7 @@ class DistributedRun:
         dense_init = self.initial_dense()
         self.checkpoint_dir = None
         if cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s:
-            root = Path(cfg.recovery.dir) if cfg.recovery.dir else checkpoint_root
+            root = storage.local(cfg.recovery.dir) if cfg.recovery.dir else checkpoint_root
             if root is None:
                 raise ValueError("recovery.checkpoint_every_s is set but there is no directory "
                                  "for checkpoints: set recovery.dir")

@@ -15,6 +15,7 @@ import numpy as np
 import ray
 
 from recsync.placement import where
+from recsync import storage
 from recsync.checkpoint import files, reshard
 from recsync.checkpoint.writer import CheckpointWriter
 from recsync.emulation import EmulatedMachine, RequestPacer
@@ -83,6 +84,7 @@ class PSShard:
 
     def _restore(self) -> dict:
         begin = time.perf_counter()
+        storage.pull_dir(self.checkpoint_dir)  # written on another node: fetched first
         chain = files.latest_chain(self.checkpoint_dir)  # raises if none is complete
         # data files without their manifest: writes the death interrupted (overwritten next)
         interrupted = files.interrupted(self.checkpoint_dir)
@@ -105,6 +107,7 @@ class PSShard:
         async with self._copying:
             if self.writer is not None:
                 self.writer.flush()
+            storage.pull_dir(self.checkpoint_dir)
             self._restore_chain(files.chain(self.checkpoint_dir, sequence))
         self.first_pull_unix = None  # the downtime of a full recovery ends at the next pull
         return {"version": self.core.version, "load_s": time.perf_counter() - begin}
@@ -119,6 +122,8 @@ class PSShard:
             if self.writer is not None:
                 self.writer.flush()
             store = self.core.store
+            for directory, _ in sources:
+                storage.pull_dir(directory)
             arrays, meta = reshard.snapshot_for(reshard.load_resolved(sources), len(sources),
                                                 store.shard, store.num_shards,
                                                 self.core.rule.snapshot(), self.core.mode)

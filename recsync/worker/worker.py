@@ -26,6 +26,7 @@ import traceback
 import ray
 import torch
 
+from recsync import storage
 from recsync.placement import where
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
@@ -64,7 +65,7 @@ class Worker:
         torch.set_num_threads(cfg.train.threads)
         self.rank, self.cfg, self.queue, self.shards = rank, cfg, queue, shards
         self.directory = directory
-        self.ds = Dataset(cfg.data.path)
+        self.ds = Dataset(storage.local_data(cfg.data.path))  # a URL: fetched to this node
         torch.manual_seed(cfg.train.seed)  # every replica starts from the driver's parameters
         built = model_for(cfg.model, self.ds)
         self.model, self.plan = built.module, built.plan

@@ -1,0 +1,200 @@
+"""Data, checkpoints and outputs at fsspec URLs (``s3://``, ``gs://``, ``file://``, ...).
+
+recsync reads and writes its files on local disk; a URL says where they live. Every process
+works in a local copy, the *staging* folder of the URL: ``RECSYNC_STAGING`` (default
+``~/.cache/recsync/remote``) / scheme / bucket / path, the same path on every node, so a
+process that holds a staging path knows its URL (``remote_of``). What goes where:
+
+- ``data.path = URL``: each node fetches the data set once (files it lacks, or of another size)
+  and reads it locally (``local_data``).
+- ``--out URL``: the run writes into the staging folder; config.toml goes up when the run
+  starts, each checkpoint as soon as it is complete (the data file, then its manifest: a
+  checkpoint is complete where its manifest is), and everything else when the run ends, however
+  it ends (``push_tree``). ``--resume URL`` fetches the folder first.
+- A shard's checkpoints, written on its node, go up from there; a standby or a restarted shard
+  on another node fetches them before it loads (``pull_dir``).
+
+Credentials and endpoints come from the filesystem's usual settings (for S3: the AWS variables,
+e.g. AWS_ENDPOINT_URL for an S3-compatible server). A plain path or ``file://`` is used as it
+is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def is_url(path: str | Path) -> bool:
+    """A remote URL (not a plain path, not ``file://``)."""
+    s = str(path)
+    return "://" in s and not s.startswith("file://")
+
+
+def local(path: str | Path) -> Path:
+    """The local path a run reads and writes for ``path``: its staging folder for a URL, the
+    path of a ``file://`` URL, else the path itself."""
+    s = str(path)
+    if s.startswith("file://"):
+        return Path(s[len("file://"):])
+    if not is_url(s):
+        return Path(s)
+    scheme, rest = s.split("://", 1)
+    parts = [p for p in rest.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise ValueError(f"{s}: not a URL of a folder (scheme://bucket/path)")
+    return staging_root() / scheme / Path(*parts)
+
+
+def staging_root() -> Path:
+    return Path(os.environ.get("RECSYNC_STAGING", Path.home() / ".cache" / "recsync" / "remote"))
+
+
+def remote_of(path: str | Path) -> str | None:
+    """The URL whose staging folder holds ``path``; None for any other path."""
+    try:
+        rel = Path(path).resolve().relative_to(staging_root().resolve())
+    except ValueError:
+        return None
+    parts = rel.parts
+    if len(parts) < 2:
+        return None
+    return f"{parts[0]}://" + "/".join(parts[1:])
+
+
+def _fs(url: str):
+    """(filesystem, path) of ``url``, its cached listings dropped: other processes write
+    there."""
+    import fsspec
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except ImportError as e:  # e.g. s3fs not installed
+        raise ValueError(f"{url}: {e} (pip install 'recsync[s3]' for s3://)") from e
+    fs.invalidate_cache()
+    return fs, path
+
+
+@contextlib.contextmanager
+def _node_lock(folder: Path):
+    """One process of this node at a time fetches into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def pull_dir(path: str | Path, recursive: bool = True) -> int:
+    """Fetch into the staging folder ``path`` every file of its URL that it lacks or holds at
+    another size (0 and nothing done where ``path`` is not a staging folder). Returns how
+    many files were fetched."""
+    url = remote_of(path)
+    if url is None:
+        return 0
+    folder = Path(path)
+    fs, root = _fs(url)
+    with _node_lock(folder):
+        try:
+            listing = (fs.find(root, detail=True) if recursive else
+                       {d["name"]: d for d in fs.ls(root, detail=True) if d["type"] == "file"})
+        except FileNotFoundError:
+            return 0
+        fetched = 0
+        for name, info in sorted(listing.items()):
+            rel = name[len(root.rstrip("/")) + 1:]
+            if not rel or info.get("type") == "directory":
+                continue
+            target = folder / rel
+            if target.exists() and target.stat().st_size == info.get("size"):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.fetch-{os.getpid()}")
+            fs.get_file(name, str(tmp))
+            os.replace(tmp, target)
+            fetched += 1
+    return fetched
+
+
+def local_data(path: str | Path) -> Path:
+    """``data.path`` as a local folder: a URL's data set fetched to this node first."""
+    folder = local(path)
+    if is_url(path):
+        fetched = pull_dir(folder)
+        if not (folder / "meta.json").exists():
+            raise FileNotFoundError(f"data.path = {str(path)!r}: no meta.json there (is it a "
+                                    f"converted data set?)")
+        if fetched:
+            log.info("fetched %d files of %s into %s", fetched, path, folder)
+    return folder
+
+
+def push(paths: list[str | Path]) -> None:
+    """Upload each file (in this order) to its URL; files outside a staging folder stay."""
+    for p in paths:
+        url = remote_of(p)
+        if url is not None and Path(p).is_file():
+            fs, target = _fs(url)
+            fs.put_file(str(p), target)
+
+
+def push_tree(path: str | Path) -> int:
+    """Upload every file under the staging folder ``path`` that its URL lacks or holds at
+    another size (temporary files left out); how many."""
+    url = remote_of(path)
+    if url is None:
+        return 0
+    fs, root = _fs(url)
+    try:
+        there = {n: d.get("size") for n, d in fs.find(root, detail=True).items()}
+    except FileNotFoundError:
+        there = {}
+    sent = 0
+    for file in sorted(Path(path).rglob("*")):
+        if not file.is_file() or file.name.startswith("."):
+            continue
+        target = f"{root.rstrip('/')}/{file.relative_to(path).as_posix()}"
+        if file.name.startswith("ckpt-") and there.get(target) == file.stat().st_size:
+            continue  # a checkpoint's files never change once written
+        fs.put_file(str(file), target)
+        sent += 1
+    return sent
+
+
+def remove(paths: list[str | Path]) -> None:
+    """Delete the URLs of these staging files (their local copies are gone already)."""
+    for p in paths:
+        url = remote_of(p)
+        if url is not None:
+            fs, target = _fs(url)
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(target)
+
+
+def remote_names(path: str | Path) -> set[str]:
+    """The names at the top of the staging folder ``path``'s URL (empty where there is none)."""
+    url = remote_of(path)
+    if url is None:
+        return set()
+    fs, root = _fs(url)
+    try:
+        return {d["name"].rstrip("/").rpartition("/")[2] for d in fs.ls(root, detail=True)}
+    except FileNotFoundError:
+        return set()
+
+
+def remove_tree(path: str | Path, names: set[str]) -> None:
+    """Delete these names (files or folders) at the top of the staging folder ``path``'s URL."""
+    url = remote_of(path)
+    if url is None or not names:
+        return
+    fs, root = _fs(url)
+    for name in sorted(names):
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(f"{root.rstrip('/')}/{name}", recursive=True)

@@ -1,0 +1,78 @@
+"""recsync.storage on fsspec's in-memory filesystem (memory://): a URL's staging folder and
+back, fetching only what is missing, uploading a run's folder, and checkpoints that go up as
+they are written (the data file before its manifest) and are deleted there when pruned."""
+
+import fsspec
+import numpy as np
+import pytest
+
+from recsync import storage
+from recsync.checkpoint import files
+from recsync.checkpoint.writer import CheckpointWriter
+
+
+@pytest.fixture
+def staging(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECSYNC_STAGING", str(tmp_path / "staging"))
+    fs = fsspec.filesystem("memory")
+    fs.store.clear()
+    fs.pseudo_dirs.clear()
+    fs.pseudo_dirs.append("")
+    return tmp_path / "staging"
+
+
+def test_a_url_and_its_staging_folder_name_each_other(staging):
+    assert storage.local("s3://bucket/runs/a") == staging / "s3" / "bucket" / "runs" / "a"
+    assert storage.remote_of(staging / "s3" / "bucket" / "runs" / "a" / "x.json") == \
+        "s3://bucket/runs/a/x.json"
+    assert storage.local("file:///data/x") == storage.local("/data/x")
+    assert storage.remote_of("/data/x") is None and not storage.is_url("file:///data/x")
+    with pytest.raises(ValueError, match="not a URL of a folder"):
+        storage.local("s3://bucket/../x")
+
+
+def test_pull_fetches_what_is_missing_or_of_another_size(staging):
+    fs = fsspec.filesystem("memory")
+    fs.pipe({"/b/d/meta.json": b"{}", "/b/d/part-0/x.npy": b"12345"})
+    folder = storage.local("memory://b/d")
+    assert storage.pull_dir(folder) == 2
+    assert (folder / "part-0" / "x.npy").read_bytes() == b"12345"
+    assert storage.pull_dir(folder) == 0  # nothing new
+    fs.pipe("/b/d/part-0/x.npy", b"123456")
+    assert storage.pull_dir(folder) == 1
+    assert storage.local_data("memory://b/d") == folder
+    with pytest.raises(FileNotFoundError, match="no meta.json"):
+        storage.local_data("memory://b/empty")
+
+
+def test_push_tree_uploads_a_runs_folder_but_not_its_temporary_files(staging):
+    out = storage.local("memory://b/run")
+    (out / "model").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    (out / "model" / "model.json").write_text("{}")
+    (out / ".summary.json.tmp-1").write_text("partial")
+    assert storage.push_tree(out) == 2
+    assert storage.remote_names(out) == {"summary.json", "model"}
+    storage.remove_tree(out, {"model"})
+    assert storage.remote_names(out) == {"summary.json"}
+
+
+def test_checkpoints_go_up_as_written_and_are_removed_there_when_pruned(staging,
+                                                                      monkeypatch):
+    fs = fsspec.filesystem("memory")
+    pushed = []
+    push = storage.push
+    monkeypatch.setattr(storage, "push", lambda paths: (pushed.append(
+        [p.name for p in paths]), push(paths)))
+    directory = storage.local("memory://b/run/checkpoints/shard-0")
+    writer = CheckpointWriter(directory, keep=2)
+    for i in range(3):
+        writer.save({"w": np.full(4, i, np.float32)}, {"i": i})
+    writer.close()
+    up = sorted(p.rpartition("/")[2] for p in fs.find("/b/run/checkpoints/shard-0"))
+    assert up == ["ckpt-000002.json", "ckpt-000002.npz", "ckpt-000003.json", "ckpt-000003.npz"]
+    assert pushed[0] == ["ckpt-000001.npz", "ckpt-000001.json"]  # complete iff manifest
+    for f in directory.iterdir():  # as on another node: nothing here, loaded from the URL
+        f.unlink()
+    storage.pull_dir(directory)
+    assert files.latest(directory).meta == {"i": 2}

@@ -127,6 +127,15 @@ class PulledBatch:
             raise ValueError("tables of several dims: use leaves")
         return self.leaves[0]
 
+    def to(self, device: torch.device) -> PulledBatch:
+        """The rows (new leaves) and the indices into them on ``device`` (a GPU worker's);
+        ``row_grads`` come back to the CPU."""
+        if device.type != "cpu":
+            self.leaves = [leaf.detach().to(device).requires_grad_(True) for leaf in self.leaves]
+            self.inverse = [inv.to(device) for inv in self.inverse]
+            self.offsets = tuple(o.to(device) for o in self.offsets)
+        return self
+
     def _slot_inverse(self, t: int) -> list[torch.Tensor]:
         """Table ``t``'s inverse indices per slot, shifted to rows of its leaf."""
         inv = self.inverse[t] + self.start[t]
@@ -170,7 +179,7 @@ class PulledBatch:
         for t, u in enumerate(self.ids):
             leaf = self.leaves[self.group_of[t]]
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            out.append(grad[self.start[t]:self.start[t] + len(u)])
+            out.append(grad[self.start[t]:self.start[t] + len(u)].cpu())
         return out
 
     def touched_by(self, keep: torch.Tensor) -> list[torch.Tensor]:
@@ -179,11 +188,11 @@ class PulledBatch:
         for t, u in enumerate(self.ids):
             mask = torch.zeros(len(u), dtype=torch.bool)
             for slot, inv in zip(self.plan.table_slots[t], self._slot_inverse(t)):
-                inv = inv - self.start[t]
+                inv = inv.cpu() - self.start[t]
                 if slot.multi is None:
                     mask[inv[keep]] = True
                 else:
-                    offsets = self.offsets[slot.multi]
+                    offsets = self.offsets[slot.multi].cpu()
                     sample = torch.repeat_interleave(torch.arange(self.batch_size),
                                                      offsets[1:] - offsets[:-1])
                     mask[inv[keep[sample]]] = True

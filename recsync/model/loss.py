@@ -15,14 +15,24 @@ import torch.nn.functional as F
 
 def logits(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:
     """The model's logits [B] for ``batch`` (its dense features) and its looked-up rows."""
-    return model(batch.dense, embeddings)
+    return model(on_model(model, batch.dense), embeddings)
 
 
 def loss(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:
     """The batch's mean binary cross-entropy (with logits): a scalar to differentiate."""
     out = logits(model, batch, embeddings)
+    label = on_model(model, batch.label)
     weight = getattr(batch, "weight", None)
     if weight is None:
-        return F.binary_cross_entropy_with_logits(out, batch.label)
-    per_row = F.binary_cross_entropy_with_logits(out, batch.label, reduction="none")
+        return F.binary_cross_entropy_with_logits(out, label)
+    weight = on_model(model, weight)
+    per_row = F.binary_cross_entropy_with_logits(out, label, reduction="none")
     return (per_row * weight).sum() / weight.sum().clamp_min(1e-12)
+
+
+def on_model(model: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the model's device (a GPU worker's: recsync/device.py); as it is on the CPU."""
+    param = next(model.parameters(), None)
+    if param is None or param.device == t.device:
+        return t
+    return t.to(param.device, non_blocking=True)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from recsync.device import host
 from recsync.model import loss as model_loss
 from recsync.modes.base import STOP, Mode, ShardRule, WorkerMode
 
@@ -33,7 +34,8 @@ class AsyncWorker(WorkerMode):
         """Forward and backward on the dense vector that came with ``pulled``; (loss, flat
         dense gradient). The row gradients stay in ``pulled`` for the push."""
         with torch.no_grad():
-            vector_to_parameters(torch.tensor(pulled.dense), self.params)  # a copy
+            vector_to_parameters(torch.tensor(pulled.dense, device=self.ctx.device),
+                                 self.params)  # a copy
         for p in self.params:
             p.grad = None
         self.ctx.before_compute()
@@ -41,7 +43,7 @@ class AsyncWorker(WorkerMode):
         loss = model_loss.loss(self.ctx.model, batch, pulled.embeddings())
         loss.backward()
         self.ctx.after_compute(time.perf_counter() - begin)
-        return loss.item(), parameters_to_vector([p.grad for p in self.params]).numpy()
+        return loss.item(), host(parameters_to_vector([p.grad for p in self.params]))
 
     def send(self, pulled, dense_grad: np.ndarray, samples: int) -> None:
         self.ctx.client.push(pulled, dense_grad)

@@ -49,6 +49,8 @@ class WorkerContext:
     client: Any  # PSClient of the worker's main thread
     new_client: Callable[[], Any]  # another PSClient (one per extra training thread)
     shards: list  # PS shard handles (for a mode's own calls, e.g. EASGD's center)
+    device: torch.device = torch.device("cpu")  # where the replica computes (a GPU worker's:
+    # recsync/device.py); pulled rows come there, what crosses processes goes back to host
     dense_state: dict | None = None  # {"params": flat, "optimizer": flat layout or None}
     step_index: int = 0  # sync-like modes: the global step to start at
     before_compute: Callable[[], None] = lambda: None  # the emulated cluster's pacing

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from recsync.device import host, on_host
 from recsync.model import loss as model_loss
 from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.modes.base import REBUILD_GROUP, STOP, Mode, ShardRule, WorkerMode
@@ -49,7 +50,8 @@ class SyncWorker(WorkerMode):
 
     def _load(self, state: dict) -> None:
         with torch.no_grad():
-            vector_to_parameters(torch.tensor(state["params"]), self.params)  # a copy
+            vector_to_parameters(torch.tensor(state["params"], device=self.ctx.device),
+                                 self.params)  # a copy
         if state.get("optimizer") is not None:
             self.optimizer.load_state_dict(from_flat(state["optimizer"],
                                                      [p.shape for p in self.params]))
@@ -74,10 +76,10 @@ class SyncWorker(WorkerMode):
             self.ctx.after_compute(time.perf_counter() - begin)
             grads = parameters_to_vector([p.grad for p in self.params])
         else:
-            grads = torch.zeros(sum(p.numel() for p in self.params))
+            grads = torch.zeros(sum(p.numel() for p in self.params), device=self.ctx.device)
         # Σ_w n_w·g_w, Σ_w n_w and the pause requests in one collective.
-        buf = torch.cat([grads * n, torch.tensor([float(n),
-                                                  float(self.ctx.pause_requested())])])
+        buf = torch.cat([grads * n, torch.tensor([float(n), float(self.ctx.pause_requested())],
+                                                 device=self.ctx.device)])
         dist.all_reduce(buf)
         total = buf[-2].item()
         self._pause = buf[-1].item() > 0
@@ -113,8 +115,8 @@ class SyncWorker(WorkerMode):
 
     def _flat(self, raw: tuple) -> dict:
         """A raw state in the flat layout every dense state crossing processes has."""
-        return {"params": raw[0].numpy(),
-                "optimizer": to_flat(raw[1], [p.shape for p in self.params])}
+        return {"params": host(raw[0]),  # host memory: the driver has no GPU
+                "optimizer": to_flat(on_host(raw[1]), [p.shape for p in self.params])}
 
     def dense_state(self) -> dict:
         with self.lock:

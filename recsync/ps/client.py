@@ -71,6 +71,7 @@ class PSClient:
         self.push_window = push_window
         self._in_flight: deque = deque()
         self.seen_versions: list[int] = []  # per shard, the newest version any answer carried
+        self.device = torch.device("cpu")  # a GPU worker's: pulled rows go there
 
     def pull(self, batch, min_version: int = 0) -> PulledBatch:
         """Rows for a batch's ids (data/reader.py Batch). Blocks until every shard answered.
@@ -144,7 +145,7 @@ class PSClient:
         pulled.versions = [a[2] for a in answers]
         pulled.dense = dense_vector
         self._see(pulled.versions)
-        return pulled
+        return pulled.to(self.device)
 
     def known_versions(self, pending: PendingPull | None = None) -> list[int]:
         """The newest version of each shard this client has seen, counting the answers of

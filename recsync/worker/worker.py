@@ -30,6 +30,7 @@ from recsync import storage
 from recsync.placement import where
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
+from recsync.device import group_backend, worker_device
 from recsync.emulation import EmulatedMachine, StepPacer, shadow_cores
 from recsync.model.optim import import_optimizers
 from recsync.model.setup import model_for
@@ -68,7 +69,8 @@ class Worker:
         self.ds = Dataset(storage.local_data(cfg.data.path))  # a URL: fetched to this node
         torch.manual_seed(cfg.train.seed)  # every replica starts from the driver's parameters
         built = model_for(cfg.model, self.ds)
-        self.model, self.plan = built.module, built.plan
+        self.device = worker_device(cfg)  # a GPU with cluster.worker_gpus > 0
+        self.model, self.plan = built.module.to(self.device), built.plan
         self.clients: list[PSClient] = []
         self.state, self.error = "created", None
         self.steps = self.samples = 0
@@ -120,8 +122,8 @@ class Worker:
         timeout = dt.timedelta(seconds=60)
         store = dist.TCPStore(host, port, world, is_master=fd is not None, timeout=timeout,
                               master_listen_fd=fd)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=world,
-                                timeout=timeout)
+        dist.init_process_group(group_backend(self.device), store=store, rank=self.rank,
+                                world_size=world, timeout=timeout)
 
     def start(self, start_time: float) -> None:
         """Start training on a thread; ``start_time`` (epoch seconds) anchors fault schedules."""
@@ -198,6 +200,7 @@ class Worker:
                           survive_shard_restarts=r.kind != "none", directory=self.directory,
                           ssu_rate=r.ssu_rate if r.rows == "ssu" else 0.0,
                           seed=hash((self.cfg.train.seed, self.rank, len(self.clients))) % 2**32)
+        client.device = self.device
         self.clients.append(client)
         return client
 
@@ -205,7 +208,8 @@ class Worker:
         mode = MODES[name]
         client = self.clients[0] if self.clients else self._new_client()
         client.dense_shard = 0 if mode.dense_on_ps else None
-        ctx = WorkerContext(rank=self.rank, cfg=self.cfg, model=self.model, client=client,
+        ctx = WorkerContext(rank=self.rank, cfg=self.cfg, model=self.model, device=self.device,
+                            client=client,
                             new_client=self._new_client, shards=self.shards,
                             dense_state=dense_state, step_index=step_index,
                             before_compute=self._before_compute,

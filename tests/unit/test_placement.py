@@ -25,7 +25,7 @@ def cluster(monkeypatch):
 
 def test_a_gpu_request_on_a_cluster_without_gpus_names_the_key(cluster):
     cluster({"CPU": 8.0}, {"CPU": 8.0})
-    cfg = load_config(None, ["cluster.workers=2", "cluster.worker_gpus=1"])
+    cfg = load_config(None, ['mode="sync"', "cluster.workers=2", "cluster.worker_gpus=1"])
     with pytest.raises(placement.PlacementError, match=r"cluster.worker_gpus = 1: no node .* "
                        r"1 GPU for a worker \(largest: 0; nodes alive: 2\)"):
         placement.check_feasible(cfg, standbys=0)

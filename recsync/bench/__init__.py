@@ -26,6 +26,7 @@ SCENARIOS = {
     "modes": "every mode side by side on one data set",
     "chaos": "every mode under random kills of workers and shards (emulated)",
     "quality": "every built-in model against logistic regression on the Avazu sample",
+    "sizing": "memory per PS shard per million rows of each dim, per worker",
 }
 
 

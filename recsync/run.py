@@ -117,7 +117,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                     with contextlib.suppress(OSError):  # a full disk: the summary says so
                         log.close()
         except BaseException as e:  # noqa: BLE001 - every ending writes its summary
-            status, cause, raised = ending(e)
+            status, cause, raised = ending(e, signals.received)
             record = getattr(e, "record", None)
             if status == "interrupted":
                 print(f"\nInterrupted ({cause}): writing the summary of the work done so far.",

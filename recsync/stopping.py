@@ -105,15 +105,18 @@ def catch_signals():
         catcher.restore()
 
 
-def ending(e: BaseException) -> tuple[str, str, BaseException]:
+def ending(e: BaseException, received: str | None = None) -> tuple[str, str, BaseException]:
     """(status, cause in one line, what to raise once the summary is written) of the exception
     that ended a run; ``e`` itself is raised again where it is not a run's ending (a
-    SystemExit other than Ray's answer to SIGTERM while ray.init runs)."""
+    SystemExit other than Ray's answer to SIGTERM while ray.init runs). ``received``: the
+    signal the run's catcher took first, if any: a blocking ``ray.get`` turns the exception
+    our handler raised into a plain KeyboardInterrupt, which would read as SIGINT."""
     from recsync.distributed.errors import RunFailed
     if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
         raise e
     if isinstance(e, (KeyboardInterrupt, SystemExit)):
-        name = getattr(e, "signal_name", "SIGTERM" if isinstance(e, SystemExit) else "SIGINT")
+        name = getattr(e, "signal_name", None) or (received if received in CAUGHT else None) \
+            or ("SIGTERM" if isinstance(e, SystemExit) else "SIGINT")
         return "interrupted", f"{name} received", e if isinstance(e, Interrupted) else \
             Interrupted(name)
     if isinstance(e, RunFailed):  # a worker's unexpected error brings its traceback along

@@ -42,6 +42,11 @@ def test_each_ending_has_its_status_and_one_line_cause():
     status, cause, raised = ending(KeyboardInterrupt())
     assert (status, cause) == ("interrupted", "SIGINT received")
     assert isinstance(raised, Interrupted) and raised.exit_code == 130
+    # a SIGTERM the run's catcher took, raised again by a blocking ray.get as a plain
+    # KeyboardInterrupt, is still a SIGTERM
+    status, cause, raised = ending(KeyboardInterrupt(), received="SIGTERM")
+    assert cause == "SIGTERM received" and raised.exit_code == 143
+    assert ending(KeyboardInterrupt(), received="the run ended")[1] == "SIGINT received"
     # Ray's own SIGTERM handler (installed while ray.init runs) calls sys.exit(15)
     assert ending(SystemExit(signal.SIGTERM))[:2] == ("interrupted", "SIGTERM received")
     with pytest.raises(SystemExit):

@@ -1,10 +1,10 @@
 """Where a distributed run's actors go on a Ray cluster (``cluster.placement``, docs/cluster.md).
 
-One placement group holds a bundle per PS shard, per standby and per worker, with the resources
-each declares (``cluster.shard_cpus``, ``worker_cpus``, ``worker_gpus``). Strategy "spread"
-places the bundles on as many nodes as it can (the shards first: a node's death then takes at
-most one shard), "pack" on as few. A bundle must hold some resource, so an actor that declares
-none gets a bundle of ``NOMINAL_CPU`` (and uses none of it beyond what it runs).
+Two placement groups hold a bundle per PS shard and standby, and one per worker, with the
+resources each declares (``cluster.shard_cpus``, ``worker_cpus``, ``worker_gpus``). Strategy
+"spread" places each group's bundles on as many nodes as it can (a node's death then takes as
+few shards as it can), "pack" on as few. A bundle must hold some resource, so an actor that
+declares none gets a bundle of ``NOMINAL_CPU`` (and uses none of it beyond what it runs).
 
 The control actors (the work queue, the standby directory) stay on the driver's node: they must
 outlive any other node. A request that no node of the cluster can meet, or that the cluster as
@@ -14,7 +14,6 @@ fails after ``cluster.placement_timeout_s``.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
@@ -22,8 +21,6 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
-
-log = logging.getLogger(__name__)
 
 NOMINAL_CPU = 0.001  # a bundle's CPU where its actor declares none (Ray refuses empty bundles)
 

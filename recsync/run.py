@@ -195,6 +195,8 @@ def check_remote_out(out: Path, overwrite: bool, resume: bool) -> None:
                               f"({', '.join(sorted(earlier))}); choose another --out or pass "
                               f"--overwrite to replace them")
     storage.remove_tree(out, earlier)
+    if out.exists():  # the staging folder of an earlier run there: a copy, now stale
+        shutil.rmtree(out)
 
 
 def upload_outputs(out: Path) -> None:
@@ -216,6 +218,7 @@ def resume_point(cfg: RunConfig, out: Path):
     from recsync.checkpoint import job
     from recsync.checkpoint.resume_config import check_resume_config
     root = checkpoint_root(cfg, out)
+    storage.pull_dir(root)  # recovery.dir at a URL: its checkpoints, fetched
     if cfg.mode == "local" or not (cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s):
         raise ValueError(f"{out}/config.toml: the run wrote no checkpoints to resume from "
                          f"(recovery.checkpoint_every_s and recovery.mtbf_s are 0)")

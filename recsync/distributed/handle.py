@@ -76,8 +76,9 @@ class DistributedRun:
             cfg, self.tables, dense_init, self.checkpoint_dir)
         chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
         seed = t.seed if cfg.data.shuffle else None
-        self.queue = WorkQueue.options(**on_driver_node()).remote([(e, ch) for e in range(t.epochs)
-                                       for ch in chunk_order(chunks, epoch=e, shuffle_seed=seed)])
+        items = [(e, ch) for e in range(t.epochs)
+                 for ch in chunk_order(chunks, epoch=e, shuffle_seed=seed)]
+        self.queue = WorkQueue.options(**on_driver_node()).remote(items)  # outlives any node
         self.workers: list = [None] * c.workers
         self.done_before = [{"samples": 0, "steps": 0} for _ in range(c.workers)]  # dead ones'
         self.last = [{"samples": 0, "steps": 0} for _ in range(c.workers)]

@@ -16,6 +16,7 @@ from recsync.worker.worker import Worker
 
 TRIES = 10
 PAUSE_S = 2.0  # Ray's default health check marks a node dead after about 15 s
+START_TIMEOUT_S = 600  # a worker not built by then waits for resources it will not get
 
 
 def spawn_workers(run, ranks: list[int], dense_state: dict | None, step_index: int) -> None:
@@ -26,7 +27,13 @@ def spawn_workers(run, ranks: list[int], dense_state: dict | None, step_index: i
         lost = []
         for r in ranks:
             try:
-                ray.get(run.workers[r].where.remote())
+                ray.get(run.workers[r].where.remote(), timeout=START_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(
+                    f"worker {r} did not start in {START_TIMEOUT_S} s: Ray could not place it "
+                    f"(cluster.worker_cpus = {run.cfg.cluster.worker_cpus:g}, worker_gpus = "
+                    f"{run.cfg.cluster.worker_gpus:g}; free now: "
+                    f"{ray.available_resources()})") from None
             except ray.exceptions.RayActorError as e:
                 if e.actor_init_failed or attempt == TRIES - 1:
                     raise

@@ -54,9 +54,31 @@ def head_with_job_server(monkeypatch):
             "num_cpus": 2, "object_store_memory": 100 * 2**20, "node_ip_address": "127.0.0.1",
             "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port})
     try:
-        yield f"http://127.0.0.1:{port}"
+        address = f"http://127.0.0.1:{port}"
+        wait_for_job_agent(address)
+        yield address
     finally:
         cluster.shutdown()
+
+
+def wait_for_job_agent(address: str, timeout_s: float = 120) -> None:
+    """Until the head's job agent has registered: before it, a submission fails with "No
+    available agent to submit job, please try again later" (seconds after start on a loaded
+    machine). A trivial job is submitted until one is taken."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            client = JobSubmissionClient(address)
+            job = client.submit_job(entrypoint="true")
+            break
+        except (RuntimeError, OSError) as e:  # not up yet, or no agent yet
+            assert time.time() < deadline, f"Ray's job server never took a job: {e}"
+            time.sleep(1.0)
+    while client.get_job_status(job) not in {JobStatus.SUCCEEDED, JobStatus.FAILED,
+                                             JobStatus.STOPPED}:
+        assert time.time() < deadline, "the probe job did not end"
+        time.sleep(0.5)
 
 
 def test_job_submit_runs_recsync_train_with_a_users_model(head_with_job_server, data,

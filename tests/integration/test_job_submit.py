@@ -52,7 +52,10 @@ def head_with_job_server(monkeypatch):
     with loopback_node():
         cluster = Cluster(initialize_head=True, connect=False, head_node_args={
             "num_cpus": 2, "object_store_memory": 100 * 2**20, "node_ip_address": "127.0.0.1",
-            "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port})
+            "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+            # the job agent's own port: Ray's default (52365) is held by the agent of any
+            # other Ray instance on the machine (the session's), and a job needs this one
+            "dashboard_agent_listen_port": free_port()})
     try:
         address = f"http://127.0.0.1:{port}"
         wait_for_job_agent(address)

@@ -123,6 +123,7 @@ def test_node_death_is_survived_with_partial_recovery(three_nodes, data, tmp_pat
     assert recoveries[0]["node_before"]["node_id"] == victim.node_id
     events = [e["event"] for e in summary_events(out) if "partial recovery" in e["event"]]
     assert any(victim.node_id[:8] in e for e in events), events  # the event names the node
+    print("\n" + "\n".join(events))
     q = summary["queue"]  # every chunk completed, none twice
     assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0, q
     assert q["pending"] == 0 and q["completed"] == q["chunks"], q

@@ -14,7 +14,7 @@ from recsync.distributed.handle import DistributedRun
 from recsync.distributed.policy import Kind, decide
 from recsync.distributed.watch import watch
 from recsync.metrics import MetricsLog
-from recsync.placement import actor_nodes, placement_line
+from recsync.placement import actor_nodes, node_alive, placement_line
 
 
 def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path | None = None,
@@ -49,6 +49,9 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
             print(placement_line(record.placement), flush=True)
         statuses = watch(run, log)
         record.stop()
+        for rec in record.recoveries:  # the cluster may have marked a node dead since
+            if rec.get("node_before"):
+                rec["node_before_alive"] = node_alive(rec["node_before"]["node_id"])
         return {**run.finish(), "statuses": [s.as_dict() for s in statuses], "record": record}
     except BaseException as e:  # Ctrl-C, RunFailed, an actor's error: the summary needs it
         record.stop()

@@ -38,8 +38,7 @@ def main():
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one config key, e.g. --set train.batch_size=1024 (repeatable).")
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Directory for config.toml, metrics.jsonl, summary.json, training.png "
-                   "(or a URL: s3://bucket/path, docs/cluster.md).")
+              help="Directory (or URL, docs/cluster.md) for config.toml, summary.json, ...")
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
               help="Go on with the crashed run in this directory (its --out) from its newest "

@@ -17,7 +17,7 @@ import tomli_w
 from pydantic import Field, ValidationError, model_validator
 
 from recsync.config_sections import (ClusterConfig, ConfigError, DataConfig, EmulationConfig,
-                                     FaultsConfig, GPU_MODES,
+                                     FaultsConfig,
                                      KillConfig, ModelConfig, NetworkConfig, OutputConfig,
                                      RecoveryConfig, Section, StragglerConfig, TrainConfig)
 
@@ -165,10 +165,6 @@ class RunConfig(Section):
                 raise ValueError(f"faults.kills[{i}].index = {k.index}: indexes of "
                                  f"{k.target} run from 0 to {count - 1} ({key} = "
                                  f"{count})")
-        if self.cluster.worker_gpus > 0 and self.mode not in GPU_MODES:
-            raise ValueError(f"cluster.worker_gpus = {self.cluster.worker_gpus:g}: mode "
-                             f"{self.mode!r} trains on the CPU; GPU workers run modes "
-                             f"{', '.join(GPU_MODES)}")
         if self.switching.enabled and self.mode not in ("sync", "gba"):
             raise ValueError(f"switching: mode {self.mode!r} cannot switch; switching is "
                              f"between \"sync\" and \"gba\" (set mode to one of them)")

@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-GPU_MODES = ("sync", "hybrid", "async", "gba", "eager")  # whose workers run on a GPU
 DEFAULT_WARMUP_STEPS = 100  # train.dense_warmup_steps = -1: this, at most a tenth of the run
 
 

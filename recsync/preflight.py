@@ -40,6 +40,7 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
     if cfg.output.tensorboard:
         from recsync.tb_sink import require_tensorboard
         require_tensorboard()
+    check_gpu_mode(cfg)
     ds = open_data(cfg)
     for split in ("train", "eval"):
         ds.parts(split)  # every part file's header against meta.json, here and not in an actor
@@ -56,6 +57,18 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
         print(f"preflight: {e.directory}: {_size(free)} free, the run writes about "
               f"{_size(e.nbytes)} ({e.what})", file=sys.stderr)
     return ds
+
+
+def check_gpu_mode(cfg: RunConfig) -> None:
+    """``cluster.worker_gpus`` only where the mode's workers can compute on a GPU."""
+    from recsync.modes import MODES
+    if cfg.cluster.worker_gpus <= 0:
+        return
+    mode = MODES.get(cfg.mode)
+    if mode is None or not mode.gpu_workers:
+        able = ", ".join(name for name, m in MODES.items() if m.gpu_workers)
+        raise ValueError(f"cluster.worker_gpus = {cfg.cluster.worker_gpus:g}: mode {cfg.mode!r} "
+                         f"trains on the CPU; GPU workers run modes {able}")
 
 
 def open_data(cfg: RunConfig) -> Dataset:

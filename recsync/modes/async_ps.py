@@ -62,6 +62,7 @@ class ApplyNow(ShardRule):
 
 class Async(Mode):
     name = "async"
+    gpu_workers = True
     worker = AsyncWorker
     dense_on_ps = True
 

@@ -168,6 +168,7 @@ class Mode:
     reports_waits: ClassVar[bool] = False  # per-step pull and push waits in metrics.jsonl
     shadow_thread: ClassVar[bool] = False  # a background thread synchronizes the workers
     summary_key: ClassVar[str | None] = None  # its section of summary.json
+    gpu_workers: ClassVar[bool] = False  # its workers can compute on a GPU (recsync/device.py)
 
     @classmethod
     def needs_group(cls, cfg) -> bool:

@@ -101,6 +101,7 @@ class EagerWorker(AsyncWorker):
 
 class Eager(Mode):
     name = "eager"
+    gpu_workers = True
     worker = EagerWorker
     dense_on_ps = True
     reports_waits = True

@@ -74,6 +74,7 @@ class GlobalBatch(ShardRule):
 
 class GBA(Mode):
     name = "gba"
+    gpu_workers = True
     worker = GBAWorker
     dense_on_ps = True
     summary_key = "gba"

@@ -186,6 +186,7 @@ class StepBarrier(ShardRule):
 
 class Sync(Mode):
     name = "sync"
+    gpu_workers = True
     worker = SyncWorker
     lockstep = True
     pauses_for_checkpoint = True

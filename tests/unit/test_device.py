@@ -36,6 +36,9 @@ def test_groups_of_gpu_workers_use_nccl():
 
 
 def test_modes_that_train_on_the_cpu_refuse_gpus():
-    from recsync.config_sections import ConfigError
-    with pytest.raises(ConfigError, match="mode 'shadow' trains on the CPU"):
-        load_config(None, ['mode="shadow"', "cluster.worker_gpus=1"])
+    from recsync.preflight import check_gpu_mode
+    for mode in ("shadow", "foreground", "local"):
+        with pytest.raises(ValueError, match=f"mode '{mode}' trains on the CPU; GPU workers "
+                                             f"run modes sync, async, gba, eager, hybrid"):
+            check_gpu_mode(load_config(None, [f'mode="{mode}"', "cluster.worker_gpus=1"]))
+    check_gpu_mode(load_config(None, ['mode="hybrid"', "cluster.worker_gpus=1"]))

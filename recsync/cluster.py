@@ -142,12 +142,16 @@ def runtime_env_for(cluster: ClusterConfig, model_name: str) -> dict:
     """The runtime environment a run that joins a cluster gives its processes:
     ``cluster.runtime_env``, plus the user's model module (``model.name`` =
     "package.module:builder" or "file.py:builder") in ``py_modules`` where it is not installed,
-    so that every node imports it. Under ``ray job submit`` the job's own environment holds
-    (its ``--working-dir``/``--py-modules``): nothing is added."""
+    so that every node imports it, and the driver's RECSYNC_STAGING (storage.py: every process
+    must name a URL's staging folder alike). Under ``ray job submit`` the job's own environment
+    holds (its ``--working-dir``/``--py-modules``/``env_vars``): nothing is added."""
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
     env = dict(cluster.runtime_env)
     if RAY_JOB_CONFIG_JSON_ENV_VAR in os.environ:
         return env
+    if "RECSYNC_STAGING" in os.environ:
+        env["env_vars"] = {"RECSYNC_STAGING": os.environ["RECSYNC_STAGING"],
+                           **env.get("env_vars", {})}
     path = user_module_path(model_name)
     if path is not None:
         modules = list(env.get("py_modules", []))

@@ -87,6 +87,7 @@ def test_a_users_model_module_that_is_not_installed_is_shipped(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    monkeypatch.delenv("RECSYNC_STAGING", raising=False)
     assert user_module_path("mymodels:build") == package
     assert user_module_path("single.py:build") == tmp_path / "single.py"
     assert user_module_path("dlrm") is None
@@ -95,6 +96,9 @@ def test_a_users_model_module_that_is_not_installed_is_shipped(tmp_path, monkeyp
                              'cluster.runtime_env={pip=["x"], py_modules=["other"]}'])
     assert runtime_env_for(cfg.cluster, cfg.model.name) == {
         "pip": ["x"], "py_modules": ["other", str(package)]}
+    monkeypatch.setenv("RECSYNC_STAGING", "/scratch/recsync")  # every process names it alike
+    assert runtime_env_for(cfg.cluster, cfg.model.name)["env_vars"] == {
+        "RECSYNC_STAGING": "/scratch/recsync"}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # under ray job submit
     assert runtime_env_for(cfg.cluster, cfg.model.name) == {"pip": ["x"],
                                                            "py_modules": ["other"]}

@@ -172,6 +172,11 @@ def where() -> dict:
             "pid": os.getpid()}
 
 
+def node_label(node: dict, down: bool = False) -> str:
+    """"10.0.0.2 (1a2b3c4d)": a node's address and the start of its id (", down" added)."""
+    return f"{node['node_ip']} ({node['node_id'][:8]}{', down' if down else ''})"
+
+
 def node_of(answer: dict | None) -> dict | None:
     """{node_id, node_ip} of an actor's ``where`` (or a shard's ``incarnation``) answer."""
     if not answer or "node_id" not in answer:
@@ -212,7 +217,7 @@ def placement_line(p: dict) -> str:
     by_node: dict[str, list[str]] = {}
     for kind, short in (("shards", "shard"), ("standbys", "standby"), ("workers", "worker")):
         for i, a in enumerate(p[kind]):
-            by_node.setdefault(f"{a['node_ip']} ({a['node_id'][:8]})", []).append(
+            by_node.setdefault(node_label(a), []).append(
                 f"{short} {i}")
     return (f"placement ({p['strategy']}, {len(p['nodes'])} node(s)): "
             + "; ".join(f"{node}: {', '.join(what)}" for node, what in by_node.items()))

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from recsync.bench.report import _table
+
 DIMS = (8, 16, 32, 64)
 OPTIMIZERS = ("adagrad", "sgd")
 ROWS = 1_000_000
@@ -54,7 +56,10 @@ def store_rss(dim: int, rows: int, optimizer: str) -> dict:
 
 def _measure_store(dim: int, rows: int, optimizer: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "recsync.bench.sizing", str(dim), str(rows),
-                          optimizer], capture_output=True, text=True, check=True)
+                          optimizer], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"measuring a store of {rows:,} rows of dim {dim} ({optimizer}) "
+                           f"failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -129,12 +134,6 @@ def run(out: Path, scale: float) -> dict:
         "arms": arms, "ratios": ratios, "per_million_rows": per_million, "wall_s": wall_s,
         "configs": {"the run": job["config"]},
     }
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # one store measurement, in a process of its own

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from recsync.placement import node_alive
+from recsync.placement import node_alive, node_label
 from recsync.checkpoint import files, job
 from recsync.distributed.downtime import downtime_starts
 from recsync.distributed.errors import RunFailed
@@ -125,10 +125,7 @@ def log_partial_recovery(run, s: ShardStatus, elapsed_s: float) -> None:
 
 def _on(node: dict | None, alive: bool | None = None) -> str:
     """" on node 10.0.0.2 (1a2b3c4d)", with ", down" where the cluster lists it dead."""
-    if not node:
-        return ""
-    down = ", down" if alive is False else ""
-    return f" on node {node['node_ip']} ({node['node_id'][:8]}{down})"
+    return f" on node {node_label(node, down=alive is False)}" if node else ""
 
 
 def full_recovery(run, shard: int, elapsed_s: float) -> None:

@@ -141,8 +141,9 @@ class PSShard:
     async def incarnation(self) -> dict:
         """This process's pid, when it was ready, the checkpoint it reloaded if Ray restarted
         it or it took a dead shard over, and when it served its first pull (since it started,
-        or since a rollback)."""
-        return {**self.node, "restored": self.restored, "version": self.core.version,
+        or since a rollback). A standby that holds no shard yet has version None."""
+        version = self.core.version if self.core is not None else None
+        return {**self.node, "restored": self.restored, "version": version,
                 "ready_unix": self.ready_unix, "first_pull_unix": self.first_pull_unix}
 
     async def where(self) -> dict:

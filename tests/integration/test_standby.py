@@ -95,6 +95,7 @@ def test_a_dead_standby_is_passed_over_and_a_new_one_takes_over(ray_cluster, dat
     ray.get(shards[0].checkpoint.remote())
     ray.get(shards[0].checkpoints_written.remote())
     (standby,) = ray.get(directory.standby_handles.remote())
+    assert ray.get(standby.incarnation.remote())["version"] is None  # holds no shard yet
     killed(standby)
     killed(shards[0])
     new = ray.get(directory.current.remote(0))

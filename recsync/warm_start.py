@@ -126,3 +126,24 @@ def apply_local(model, files: ModelFiles, cfg) -> None:
     flat = flat_optimizer_state(files, cfg, parameters_to_vector(params).numel())
     if flat is not None:
         model.dense_optimizer.load_state_dict(from_flat(flat, [p.shape for p in params]))
+
+
+def install(run) -> None:
+    """A distributed run (recsync.distributed.handle) takes ``run.warm``, before training
+    starts: every shard its rows, shard 0 the dense optimizer state where it holds the dense
+    parameters."""
+    import ray
+
+    from recsync.embedding.row_optim import make_row_optimizer
+
+    t = run.cfg.train
+    row_optimizer = make_row_optimizer(t.embedding_optimizer, t.embedding_lr)
+    n = len(run.shards)
+    ray.get([s.warm_start.remote(rows_snapshot(run.warm, i, n, row_optimizer))
+             for i, s in enumerate(run.shards)])
+    dense = run.initial_dense()
+    flat = flat_optimizer_state(run.warm, run.cfg, len(dense))
+    if run.facts.dense_on_ps and flat is not None:
+        ray.get(run.shards[0].install_dense.remote(
+            dense, t.dense_optimizer, t.dense_lr, flat, t.dense_weight_decay,
+            t.dense_warmup_steps))

@@ -28,7 +28,6 @@ from recsync.distributed.policy import recovery_kind
 from recsync.distributed.downtime import downtime_ends
 from recsync import storage, warm_start
 from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
-from recsync.embedding.row_optim import make_row_optimizer
 from recsync.evaluate import evaluate
 from recsync.local_run import CHUNK_BATCHES, LocalModel
 from recsync.model.setup import model_for
@@ -113,22 +112,6 @@ class DistributedRun:
             return None
         return {"params": self.initial_dense(), "optimizer": warm_start.flat_optimizer_state(
             self.warm, self.cfg, len(self.initial_dense()))}
-
-    def warm_start(self) -> None:
-        """train.init_from, before training starts: every shard takes its rows of the model
-        directory, shard 0 its dense optimizer state where it holds the dense parameters."""
-        if self.warm is None:
-            return
-        t = self.cfg.train
-        row_optimizer = make_row_optimizer(t.embedding_optimizer, t.embedding_lr)
-        n = len(self.shards)
-        ray.get([s.warm_start.remote(warm_start.rows_snapshot(self.warm, i, n, row_optimizer))
-                 for i, s in enumerate(self.shards)])
-        flat = warm_start.flat_optimizer_state(self.warm, self.cfg, len(self.initial_dense()))
-        if self.facts.dense_on_ps and flat is not None:
-            ray.get(self.shards[0].install_dense.remote(
-                self.initial_dense(), t.dense_optimizer, t.dense_lr, flat,
-                t.dense_weight_decay, t.dense_warmup_steps))
 
     # -- workers -------------------------------------------------------------------------
     def start_workers(self, ranks: list[int], dense_state: dict | None = None,

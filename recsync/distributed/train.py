@@ -13,6 +13,7 @@ from recsync.distributed.actions import carry_out
 from recsync.distributed.handle import DistributedRun
 from recsync.distributed.policy import Kind, decide
 from recsync.distributed.watch import watch
+from recsync import warm_start
 from recsync.metrics import MetricsLog
 from recsync.placement import actor_nodes, node_alive, placement_line
 
@@ -39,7 +40,8 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
         if start.kind is Kind.ROLL_BACK:
             carry_out(run, start, [], 0.0, resume=resume)
         else:
-            run.warm_start()
+            if run.warm is not None:  # train.init_from
+                warm_start.install(run)
             if run.checkpoint_dir is not None:  # round 0: a rollback or resume before the first
                 run.rounds.log(run.rounds.take(), 0.0, training=False)
             run.start_workers(list(range(cfg.cluster.workers)), run.start_dense())

@@ -27,7 +27,8 @@ from recsync.distributed.spawn import spawn_workers
 from recsync.distributed.policy import recovery_kind
 from recsync.distributed.downtime import downtime_ends
 from recsync import storage, warm_start
-from recsync.distributed.status import ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus
+from recsync.distributed.status import (ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus,
+                                        counts_of_dead)
 from recsync.evaluate import evaluate
 from recsync.local_run import CHUNK_BATCHES, LocalModel
 from recsync.model.setup import model_for
@@ -138,7 +139,7 @@ class DistributedRun:
             try:
                 s = WorkerStatus.from_dict(ray.get(ref, timeout=30))
             except ACTOR_GONE:
-                s = WorkerStatus(rank=r, state=DEAD, **self.last[r])
+                s = WorkerStatus(rank=r, state=DEAD, **self.dead_counts(r))
             self.last[r] = {"samples": s.samples, "steps": s.steps}
             out.append(replace(s, samples=s.samples + self.done_before[r]["samples"],
                                steps=s.steps + self.done_before[r]["steps"]))
@@ -150,13 +151,20 @@ class DistributedRun:
         for r in ranks:
             try:
                 self.taken[r] += ray.get(self.workers[r].taken_chunks.remote(), timeout=5)
+                s = ray.get(self.workers[r].status.remote(), timeout=5)
+                self.last[r] = {k: s[k] for k in ("samples", "steps")}
             except ACTOR_GONE:
-                pass
+                self.last[r] = self.dead_counts(r)
             self.done_before[r] = {k: self.done_before[r][k] + self.last[r][k] for k in
                                    ("samples", "steps")}
             self.last[r] = {"samples": 0, "steps": 0}
             ray.kill(self.workers[r], no_restart=True)
             ray.get(self.queue.release.remote(r))
+
+    def dead_counts(self, r: int) -> dict:
+        done = ray.get(self.queue.summary.remote())["by_worker"].get(str(r), {"samples": 0})
+        return counts_of_dead(self.last[r], self.done_before[r], done["samples"],
+                              self.cfg.train.batch_size)
 
     def restart(self, ranks: list[int], dense_state: dict | None = None,
                 step_index: int = 0) -> None:

@@ -70,3 +70,14 @@ class ShardStatus:
     first_pull_unix: float | None = None
     node: dict | None = None  # {node_id, node_ip} of its process (placement.where)
     node_before: dict | None = None  # of the process before, when ``restarted``
+
+
+def counts_of_dead(last: dict, before: dict, completed: int, batch_size: int) -> dict:
+    """A dead worker's counts ({samples, steps}): ``last``, its process's at the driver's last
+    poll, or where more, the rows of the chunks the queue saw its rank complete
+    (``completed``) less what its rank's earlier processes were counted (``before``): a
+    process may complete chunks after the last poll that saw it alive."""
+    more = completed - before["samples"] - last["samples"]
+    if more <= 0:
+        return last
+    return {"samples": last["samples"] + more, "steps": last["steps"] + round(more / batch_size)}

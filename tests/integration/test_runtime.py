@@ -128,6 +128,9 @@ def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster,
     chunks = len(Dataset(data).chunks("train", 2 * B))
     assert queue["completed"] == 3 * chunks and queue["completed_more_than_once"] == 0
     assert queue["pending"] == 0 and queue["leased"] == 0
+    # every row trained once at least (a chunk the dead worker had started, again): its
+    # chunks completed after the driver's last poll of it count
+    assert summary["samples"] >= 3 * Dataset(data).rows("train")
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 
 

@@ -146,6 +146,9 @@ class OutputConfig(Section):
     """write the trained model to OUT/model/ at the end of a completed run (docs/serving.md)"""
     save_optimizer_state: bool = False
     """OUT/model/ also keeps the rows' and the dense optimizer's state (to train on from it)"""
+    upload_every_s: float = Field(60.0, gt=0)
+    """with `--out` at a URL: how often metrics.jsonl goes up while the run lasts (checkpoints
+    go up as they are written, the other outputs when the run ends)"""
 
 
 class ClusterConfig(Section):

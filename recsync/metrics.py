@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
+
+from recsync import storage
 
 EPS = 1e-7  # probabilities are clipped to [EPS, 1 - EPS] for the log loss
 
@@ -65,21 +69,45 @@ def _clean(value):
 class MetricsLog:
     """Appends one JSON object per line to ``metrics.jsonl``, flushed at once (crash-safe);
     with ``tensorboard`` (a directory), also TensorBoard event files of the same records
-    (recsync/tb_sink.py)."""
+    (recsync/tb_sink.py). A file in a URL's staging folder (recsync/storage.py) goes up at
+    most every ``upload_every_s`` (``output.upload_every_s``) as it grows, so that a run whose
+    machine is lost leaves its record at the URL up to then (``--resume`` elsewhere appends
+    to it)."""
 
-    def __init__(self, path: Path, tensorboard: Path | None = None):
+    def __init__(self, path: Path, tensorboard: Path | None = None,
+                 upload_every_s: float = 60.0):
         self.path = Path(path)
         self._f = open(self.path, "a", buffering=1)
         self._tb = None
         if tensorboard is not None:
             from recsync.tb_sink import TensorBoardSink
             self._tb = TensorBoardSink(tensorboard)
+        self.url = storage.remote_of(self.path)
+        self.upload_every_s = upload_every_s
+        self.uploaded = time.monotonic()  # the run's start pushed config.toml just now
+        self.upload_error: str | None = None  # the last upload's, if it failed
 
     def write(self, record: dict) -> None:
         record = _clean(record)
         self._f.write(json.dumps(record) + "\n")
         if self._tb is not None:
             self._tb.write(record)
+        if self.url is not None and time.monotonic() - self.uploaded >= self.upload_every_s:
+            self.upload()
+
+    def upload(self) -> None:
+        """The file to its URL now. A failure is said once (the run goes on; the end of the
+        run uploads every output again) and tried again at the next interval."""
+        self.uploaded = time.monotonic()
+        try:
+            storage.push([self.path])
+        except Exception as e:  # noqa: BLE001 - any filesystem's error: the run goes on
+            if self.upload_error is None:
+                print(f"warning: could not upload {self.path.name} to {self.url} ({e}); "
+                      f"trying again every {self.upload_every_s:.0f} s", file=sys.stderr)
+            self.upload_error = str(e)
+        else:
+            self.upload_error = None
 
     def final_eval(self, ev: dict | None, samples: int) -> None:
         """The final evaluation (summary.json's ``eval``): TensorBoard's ``final/...``."""

@@ -94,8 +94,8 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     with catch_signals() as signals:
         log = None
         try:
-            log = MetricsLog(out / "metrics.jsonl",
-                             out / "tb" if cfg.output.tensorboard else None)
+            log = MetricsLog(out / "metrics.jsonl", out / "tb" if cfg.output.tensorboard else None,
+                             upload_every_s=cfg.output.upload_every_s)
             try:
                 if cfg.mode == "local":
                     result = run_local(cfg, ds, log, started, warm)

@@ -1,7 +1,7 @@
 """Data, checkpoints and outputs on an S3-compatible server (moto's, started here on
-127.0.0.1): a run reads its data set from s3://, writes its checkpoints and outputs there, is
-stopped (SIGTERM) and resumed from the URL alone by a process with an empty staging folder (as
-on another machine), and completes."""
+127.0.0.1): a run reads its data set from s3://, writes its checkpoints and outputs there
+(metrics.jsonl while it trains), is stopped (SIGTERM) and resumed from the URL alone by a
+process with an empty staging folder (as on another machine), and completes."""
 
 import json
 import logging
@@ -57,14 +57,17 @@ def test_remote_storage_run_is_stopped_and_resumed_from_s3(s3, data, tmp_path):
     url = f"s3://{BUCKET}/run"
     overrides = [f'data.path="s3://{BUCKET}/data"', *SMALL, 'mode="async"',
                  "cluster.workers=2", "cluster.ps_shards=2", "cluster.object_store_mb=128",
-                 'recovery.kind="full"', "recovery.checkpoint_every_s=1.0", "train.epochs=30"]
+                 'recovery.kind="full"', "recovery.checkpoint_every_s=1.0", "train.epochs=30",
+                 "output.upload_every_s=1"]
     first = _train(tmp_path / "staging-a", "--out", url,
                    *[x for o in overrides for x in ("--set", o)])
     job = f"{BUCKET}/run/checkpoints/job"
     deadline = time.time() + 180
     staged = tmp_path / "staging-a" / "s3" / BUCKET / "run"
-    while not (trained(staged)  # training, and a job checkpoint of it is up
-               and sum(p.endswith(".json") for p in _files(s3, job)) >= 2):
+    metrics = f"{BUCKET}/run/metrics.jsonl"
+    while not (trained(staged)  # training, and a job checkpoint of it and metrics are up
+               and sum(p.endswith(".json") for p in _files(s3, job)) >= 2
+               and _files(s3, metrics)):
         assert first.poll() is None and time.time() < deadline, first.stdout.read()[-3000:]
         time.sleep(0.5)
     first.send_signal(signal.SIGTERM)
@@ -72,6 +75,7 @@ def test_remote_storage_run_is_stopped_and_resumed_from_s3(s3, data, tmp_path):
     assert first.returncode != 0 and "interrupted by SIGTERM" in log, log[-3000:]
     stopped = json.loads(s3.cat(f"{BUCKET}/run/summary.json"))  # uploaded however it ended
     assert stopped["status"] == "interrupted" and 0 < stopped["samples"] < 30 * 4096
+    first_lines = s3.cat(metrics).decode().splitlines()
 
     second = _train(tmp_path / "staging-b", "--resume", url)  # nothing of the run here
     log, _ = second.communicate(timeout=400)
@@ -83,6 +87,8 @@ def test_remote_storage_run_is_stopped_and_resumed_from_s3(s3, data, tmp_path):
     assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0, q
     names = {p.rpartition("/")[2] for p in _files(s3, f"{BUCKET}/run")}
     assert {"config.toml", "metrics.jsonl", "summary.json", "model.json"} <= names, names
+    lines = s3.cat(metrics).decode().splitlines()  # the resumed run appended to the record
+    assert lines[:len(first_lines)] == first_lines and len(lines) > len(first_lines)
     assert (tmp_path / "staging-b" / "s3" / BUCKET / "data" / "meta.json").exists()
     print(f"\nstopped at {stopped['samples']:,} samples; resumed and completed: "
           f"{summary['samples']:,} samples, {len(names)} files in {url}")

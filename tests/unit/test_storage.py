@@ -76,3 +76,27 @@ def test_checkpoints_go_up_as_written_and_are_removed_there_when_pruned(staging,
         f.unlink()
     storage.pull_dir(directory)
     assert files.latest(directory).meta == {"i": 2}
+
+
+def test_metrics_at_a_url_go_up_as_the_run_writes_them(staging, monkeypatch, capsys):
+    from recsync.metrics import MetricsLog
+
+    folder = storage.local("memory://b/run")
+    folder.mkdir(parents=True)
+    log = MetricsLog(folder / "metrics.jsonl", upload_every_s=0.0)
+    log.write({"samples": 1})
+    log.write({"samples": 2})
+    fs = fsspec.filesystem("memory")
+    assert fs.cat("/b/run/metrics.jsonl").decode().splitlines() == ['{"samples": 1}',
+                                                                    '{"samples": 2}']
+    # an upload that fails: said once, the run goes on, the next one catches up
+    monkeypatch.setattr(storage, "push", lambda paths: (_ for _ in ()).throw(OSError("down")))
+    log.write({"samples": 3})
+    log.write({"samples": 4})
+    assert capsys.readouterr().err.count("could not upload metrics.jsonl") == 1
+    monkeypatch.undo()
+    monkeypatch.setenv("RECSYNC_STAGING", str(staging))
+    log.write({"samples": 5})
+    log.close()
+    assert len(fs.cat("/b/run/metrics.jsonl").decode().splitlines()) == 5
+    assert log.upload_error is None

@@ -9,7 +9,8 @@ a push that is about to change a row not copied yet saves that row's old value f
 began, whatever was pushed meanwhile, and the store's caller is held only while a slice is
 copied or a pushed row is saved, never for the whole copy.
 Rows first touched after the copy began are not in it: they were at their initial values then,
-which a restore gives them again.
+which a restore gives them again. Each row saved is written into its place in arrays allocated
+once per table (in ascending row order, no sort): the copy takes its rows' bytes once.
 """
 
 from __future__ import annotations
@@ -43,17 +44,31 @@ class RowsCopy:
                 pending = torch.zeros_like(init)
                 pending.index_fill_(0, rows[t][init.index_select(0, rows[t])], True)
             self.pending.append(pending)
-        self.pieces: list[list[tuple]] = [[] for _ in self.pending]
+        # per table, from its first row saved: the rows the copy holds (local indices,
+        # ascending) and their weights and state, each row written into its place
+        self.out: list[tuple | None] = [None for _ in self.pending]
         self.rows = 0  # rows saved (known once ``run`` has run)
         self.held_s = 0.0  # time writers waited for the copy (the lock, saving old rows)
         self.saved_early = 0  # rows saved by a writer before the thread reached them
         self.copy_s = 0.0  # the thread's time from start to the last slice
 
+    def _held(self, table: int) -> tuple:
+        """(rows, weights, state) of ``table``'s copy, allocated at its first row saved: what
+        is pending then is every row it will hold (pending only shrinks), ascending."""
+        if self.out[table] is None:
+            rows = self.pending[table].nonzero().squeeze(1)
+            w, s = self.store.weights[table], self.store.state[table]
+            self.out[table] = (rows, torch.empty((len(rows), w.shape[1]), dtype=w.dtype),
+                               torch.empty((len(rows), s.shape[1]), dtype=s.dtype))
+        return self.out[table]
+
     def _take(self, table: int, local: torch.Tensor) -> int:
-        """Save rows ``local`` of ``table`` (pending ones; the lock is held)."""
+        """Save rows ``local`` of ``table`` (pending ones; the lock is held) into their places."""
         if len(local):
-            self.pieces[table].append((local, self.store.weights[table].index_select(0, local),
-                                       self.store.state[table].index_select(0, local)))
+            rows, weights, state = self._held(table)
+            at = torch.searchsorted(rows, local)
+            weights[at] = self.store.weights[table].index_select(0, local)
+            state[at] = self.store.state[table].index_select(0, local)
             self.pending[table].index_fill_(0, local, False)
         return len(local)
 
@@ -97,20 +112,14 @@ class RowsCopy:
                 if self.store.copying is self:
                     self.store.copying = None
         out = {}
-        for t, pieces in enumerate(self.pieces):
-            if self.keep[t] is not None:  # rows saved early that were not chosen
-                pieces = [(p[0][m], p[1][m], p[2][m]) for p in pieces
-                          if (m := self.keep[t].index_select(0, p[0])).any()]
-            if pieces:
-                local = torch.cat([p[0] for p in pieces])
-                order = torch.argsort(local)
-                out[f"t{t}.local"] = local[order].numpy()
-                out[f"t{t}.weights"] = torch.cat([p[1] for p in pieces])[order].numpy()
-                out[f"t{t}.state"] = torch.cat([p[2] for p in pieces])[order].numpy()
-            else:
-                out[f"t{t}.local"] = np.zeros(0, dtype=np.int64)
-                out[f"t{t}.weights"] = np.zeros((0, self.store.weights[t].shape[1]), np.float32)
-                out[f"t{t}.state"] = np.zeros((0, self.store.state[t].shape[1]), np.float32)
-            self.rows += len(out[f"t{t}.local"])
+        for t in range(len(self.pending)):
+            rows, weights, state = self._held(t)  # nothing pending now: empty if not yet made
+            self.out[t] = None
+            if self.keep[t] is not None:  # rows saved before the choice that were not chosen
+                kept = self.keep[t].index_select(0, rows)
+                rows, weights, state = rows[kept], weights[kept], state[kept]
+            out.update({f"t{t}.local": rows.numpy(), f"t{t}.weights": weights.numpy(),
+                        f"t{t}.state": state.numpy()})
+            self.rows += len(rows)
         self.copy_s = time.perf_counter() - begin
         return out

@@ -38,8 +38,8 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PRE
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
     """Refuse to mix a new run into an earlier one's outputs, unless told to replace them, or
     unless the earlier run ended before it trained anything (its outputs hold nothing)."""
-    existing = [f for f in (*RUN_FILES, "checkpoints") if (out / f).exists()]
-    if existing and not overwrite and not _trained_nothing(out):
+    existing = _run_files(out)
+    if existing and not overwrite and not _trained_nothing(_text(out / "summary.json")):
         raise FileExistsError(f"{out} already holds the outputs of a run ({', '.join(existing)}); "
                               f"choose another --out or pass --overwrite to replace them")
     for f in existing:
@@ -50,12 +50,23 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _trained_nothing(out: Path) -> bool:
-    """The run in ``out`` failed or was stopped before its first step: nothing of it is lost
-    by starting again there (a checkpoint it wrote holds the untrained model)."""
+def _run_files(out: Path) -> list[str]:
+    return [f for f in (*RUN_FILES, "checkpoints") if (out / f).exists()]
+
+
+def _text(path: Path) -> str | None:
     try:
-        summary = json.loads((out / "summary.json").read_text())
-    except (OSError, ValueError):
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _trained_nothing(summary_text: str | None) -> bool:
+    """The run whose summary.json this is failed or was stopped before its first step: nothing
+    of it is lost by starting again there (a checkpoint it wrote holds the untrained model)."""
+    try:
+        summary = json.loads(summary_text or "")
+    except ValueError:
         return False
     return summary.get("status") != "completed" and not summary.get("samples")
 
@@ -184,16 +195,26 @@ def checkpoint_root(cfg: RunConfig, out: Path) -> Path:
 
 
 def check_remote_out(out: Path, overwrite: bool, resume: bool) -> None:
-    """--out URL: a resumed run fetches the run's folder first; a new one refuses a URL that
-    holds an earlier run's outputs (with ``overwrite``: removes them there)."""
+    """--out URL: a resumed run fetches the run's folder first. A new one refuses a URL that
+    holds an earlier run's outputs, as a local --out does (with ``overwrite``, or where that
+    run trained nothing: removes them there), and a staging folder holding outputs that are
+    not at the URL (an upload that failed: its files are the only copy)."""
     if resume:
         storage.pull_dir(out)
         return
+    url = storage.remote_of(out)
     earlier = storage.remote_names(out) & {*RUN_FILES, "checkpoints"}
-    if earlier and not overwrite:
-        raise FileExistsError(f"{storage.remote_of(out)} already holds the outputs of a run "
+    if earlier and not overwrite and not _trained_nothing(storage.remote_text(
+            out / "summary.json")):
+        raise FileExistsError(f"{url} already holds the outputs of a run "
                               f"({', '.join(sorted(earlier))}); choose another --out or pass "
                               f"--overwrite to replace them")
+    staged = _run_files(out)
+    if (staged and not earlier and not overwrite
+            and not _trained_nothing(_text(out / "summary.json"))):
+        raise FileExistsError(f"{out} (the staging folder of {url}) holds the outputs of a run "
+                              f"that are not at the URL ({', '.join(staged)}): an upload "
+                              f"failed? Upload or move them, or pass --overwrite to replace them")
     storage.remove_tree(out, earlier)
     if out.exists():  # the staging folder of an earlier run there: a copy, now stale
         shutil.rmtree(out)

@@ -189,6 +189,18 @@ def remote_names(path: str | Path) -> set[str]:
         return set()
 
 
+def remote_text(path: str | Path) -> str | None:
+    """The text of the staging file ``path``'s URL, read there (None where it has none)."""
+    url = remote_of(path)
+    if url is None:
+        return None
+    fs, target = _fs(url)
+    try:
+        return fs.cat_file(target).decode()
+    except FileNotFoundError:
+        return None
+
+
 def remove_tree(path: str | Path, names: set[str]) -> None:
     """Delete these names (files or folders) at the top of the staging folder ``path``'s URL."""
     url = remote_of(path)

@@ -100,3 +100,33 @@ def test_metrics_at_a_url_go_up_as_the_run_writes_them(staging, monkeypatch, cap
     log.close()
     assert len(fs.cat("/b/run/metrics.jsonl").decode().splitlines()) == 5
     assert log.upload_error is None
+
+
+def test_a_new_run_at_a_url_refuses_an_earlier_runs_outputs_as_a_local_out_does(staging):
+    from recsync.run import check_remote_out
+
+    fs = fsspec.filesystem("memory")
+    out = storage.local("memory://b/run")
+    fs.pipe({"/b/run/summary.json": b'{"status": "completed", "samples": 4096}',
+             "/b/run/metrics.jsonl": b"{}\n"})
+    with pytest.raises(FileExistsError, match=r"memory://b/run already holds .*--overwrite"):
+        check_remote_out(out, overwrite=False, resume=False)
+    assert fs.exists("/b/run/summary.json")  # nothing removed
+    # an earlier run that trained nothing (stopped before its first step) is replaced
+    fs.pipe({"/b/run/summary.json": b'{"status": "interrupted", "samples": 0}'})
+    check_remote_out(out, overwrite=False, resume=False)
+    assert not fs.exists("/b/run/summary.json") and not fs.exists("/b/run/metrics.jsonl")
+
+
+def test_outputs_only_in_the_staging_folder_are_not_thrown_away(staging):
+    """An upload that failed leaves the run's outputs in the staging folder only."""
+    from recsync.run import check_remote_out
+
+    out = storage.local("memory://b/run")
+    out.mkdir(parents=True)
+    (out / "summary.json").write_text('{"status": "completed", "samples": 4096}')
+    with pytest.raises(FileExistsError, match=r"staging folder of memory://b/run.*not at the URL"):
+        check_remote_out(out, overwrite=False, resume=False)
+    assert (out / "summary.json").exists()
+    check_remote_out(out, overwrite=True, resume=False)
+    assert not out.exists()

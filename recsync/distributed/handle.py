@@ -162,6 +162,7 @@ class DistributedRun:
             ray.get(self.queue.release.remote(r))
 
     def dead_counts(self, r: int) -> dict:
+        """Rank ``r``'s dead process's counts, corrected by the queue (status.counts_of_dead)."""
         done = ray.get(self.queue.summary.remote())["by_worker"].get(str(r), {"samples": 0})
         return counts_of_dead(self.last[r], self.done_before[r], done["samples"],
                               self.cfg.train.batch_size)

@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+# --durations: the slowest tests in every CI log (the suite should stay fast: see which grew)
+exec .venv/bin/python -m pytest -q --durations=15 "$@"

@@ -136,11 +136,14 @@ class ThreadGroup:
         self.bufs, self.lock = {}, threading.Lock()
 
     def all_reduce(self, buf, group=None):
+        me = threading.get_ident()
         with self.lock:
-            self.bufs[threading.get_ident()] = buf.clone()
+            self.bufs[me] = buf.clone()
         self.barrier.wait()
         total = sum(self.bufs.values())
         self.barrier.wait()
+        with self.lock:  # gone before the next round: its threads may have other idents
+            del self.bufs[me]
         buf.copy_(total)
 
 

@@ -20,6 +20,7 @@ from recsync.config_sections import (ClusterConfig, ConfigError, DataConfig, Emu
                                      FaultsConfig,
                                      KillConfig, ModelConfig, NetworkConfig, OutputConfig,
                                      RecoveryConfig, Section, StragglerConfig, TrainConfig)
+from recsync.safe_names import printable
 
 __all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EagerConfig", "FaultsConfig",
            "EmulationConfig", "GBAConfig", "HybridConfig", "KillConfig", "ModelConfig",
@@ -261,6 +262,25 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+MAX_DEPTH = 32  # tables and arrays within each other, in a config
+
+
+def _check_depth(tree: dict, source: str) -> None:
+    """ConfigError naming ``source`` where tables or arrays nest more than MAX_DEPTH deep
+    (what reads the config later, e.g. a checkpoint's copy of it, recurses)."""
+    stack = [(tree, 1, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{printable(source, 200)}: {where or 'the config'} is nested "
+                              f"more than {MAX_DEPTH} levels deep")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(value, (dict, list)):
+                name = f"{where}.{key}" if isinstance(node, dict) else f"{where}[{key}]"
+                stack.append((value, depth + 1, name.lstrip(".")[:120]))
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value); the value is read as TOML, else as a string."""
     key, sep, raw = item.partition("=")
@@ -270,6 +290,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare word such as a path
+    except RecursionError:
+        raise ConfigError(f"--set {key.strip()}: the value is nested too deeply (at most "
+                          f"{MAX_DEPTH} levels)") from None
     return [p.strip() for p in key.split(".")], value
 
 
@@ -302,9 +325,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
             raise ConfigError(f"{path}: cannot read the config file ({e.strerror})") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: tables or arrays nested too deeply (at most "
+                              f"{MAX_DEPTH} levels)") from None
     if overrides:
         source += " with --set " + " ".join(overrides)
     tree = apply_overrides(tree, list(overrides))
+    _check_depth(tree, source)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as e:

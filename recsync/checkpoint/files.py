@@ -14,6 +14,14 @@ temporary file or a data file without a manifest, which loading ignores. Loading
 raises CheckpointError naming the file and the problem; ``latest`` then falls back to the
 newest older checkpoint that is complete, and says what it skipped.
 
+A checkpoint folder may come from elsewhere (``--resume URL``, a standby fetching a shard's
+checkpoints), so nothing in a manifest is trusted: its data file must be this checkpoint's own,
+``ckpt-NNNNNN.npz`` of the manifest's sequence, a regular file in the same folder (a symlink
+leading out, ``../x``, ``/dev/zero`` or a FIFO is refused before anything is opened or hashed),
+of the size the manifest says before it is hashed; the meta is covered by ``meta_sha256``
+(SHA-256 of its canonical JSON; manifests written before it lack it and are accepted), and its
+fields are type-checked (meta_check.py), a missing one said when a reader needs it (``Meta``).
+
 A partial checkpoint (CPR-MFU, CPR-SSU: only some rows) names the full checkpoint it applies to
 in ``meta["base"]``; restoring it means the base, then every checkpoint after the base up to it,
 in order (``chain``). ``prune`` keeps every checkpoint a retained one needs.
@@ -25,21 +33,49 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from recsync.checkpoint import meta_check
+from recsync.safe_names import UnsafeName, inside, printable, regular_file
+
 FORMAT = "recsync-checkpoint"
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^ckpt-(\d{6,})\.json$")
+_NAME = re.compile(r"^ckpt-([0-9]{6,18})\.json$", re.ASCII)
+MAX_MANIFEST_BYTES = 256 << 20  # a manifest is JSON of a few MB at most (the data position)
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, partial or corrupt; the message names the file and why."""
+
+
+class Meta(dict):
+    """A checkpoint's meta: a key a reader needs and the manifest lacks is a CheckpointError
+    naming the manifest and the key, not a KeyError deep inside the reader."""
+
+    where = "checkpoint manifest"
+
+    def __missing__(self, key):
+        raise CheckpointError(f"{self.where}: meta lacks {printable(key)!r} (written by "
+                              f"another recsync version, or edited?)")
+
+
+def _meta(meta: dict, where: str) -> Meta:
+    out = Meta(meta)
+    out.where = where
+    return out
+
+
+def meta_digest(meta) -> str:
+    """SHA-256 of ``meta``'s canonical JSON (sorted keys, no spaces), as read back from a
+    manifest."""
+    text = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -75,11 +111,79 @@ def _write_atomically(path: Path, write) -> None:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+        return _sha256_of(f)
+
+
+def _sha256_of(f) -> str:
+    h = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
     return h.hexdigest()
+
+
+def _open_regular(path: Path, shown: Path, what: str, limit: int | None = None):
+    """``path`` (resolved, inside its folder) opened for reading if it is a regular file of at
+    most ``limit`` bytes: a FIFO or device is refused, never read (stat before opening; fstat
+    after, of a file opened without waiting for a writer). Returns (file, size);
+    FileNotFoundError where it is missing."""
+    try:  # stat first (a device is not even opened), then fstat what was opened (no race)
+        regular_file(path, where=str(shown), what=what)
+    except UnsafeName:
+        raise CheckpointError(f"{shown}: the {what} is not a regular file") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise CheckpointError(f"{shown}: cannot read the {what} ({e.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{shown}: the {what} is not a regular file")
+    if limit is not None and info.st_size > limit:
+        os.close(fd)
+        raise CheckpointError(f"{shown}: the {what} is {info.st_size} bytes, more than a "
+                              f"manifest can be ({limit})")
+    return os.fdopen(fd, "rb"), info.st_size
+
+
+def _inside(folder: Path, name: str, where: Path, what: str) -> Path:
+    try:
+        return inside(folder, name, where=str(where), what=what, plain=True)
+    except UnsafeName as e:
+        raise CheckpointError(str(e)) from None
+    except (RuntimeError, OSError) as e:  # a symlink loop
+        raise CheckpointError(f"{where}: the {what} {name} cannot be resolved "
+                              f"({printable(str(e), 200)})") from None
+
+
+def read_manifest(path: str | Path) -> dict:
+    """A manifest's JSON object, read safely (a regular file in its folder, at most
+    MAX_MANIFEST_BYTES, nested at most meta_check.MAX_DEPTH deep); CheckpointError naming
+    it otherwise."""
+    path = Path(path)
+    real = _inside(path.parent, path.name, path, "checkpoint manifest")
+    try:
+        f, _ = _open_regular(real, path, "manifest", MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint manifest") from None
+    with f:
+        raw = f.read()
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, too many digits
+        raise CheckpointError(f"{path}: the manifest is not valid JSON "
+                              f"({printable(str(e), 200)}); the checkpoint is partial or "
+                              f"corrupt") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: the manifest is nested too deeply") from None
+    if not meta_check.depth_ok(manifest):
+        raise CheckpointError(f"{path}: the manifest is nested more than "
+                              f"{meta_check.MAX_DEPTH} levels deep")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a recsync checkpoint manifest")
+    return manifest
 
 
 def manifest_path(directory: str | Path, sequence: int) -> Path:
@@ -101,9 +205,10 @@ def write(directory: str | Path, sequence: int, arrays: dict[str, np.ndarray],
     _write_atomically(data, lambda f: np.savez(f, **arrays))
     if before_manifest is not None:
         before_manifest()
+    plain = json.loads(json.dumps(meta))  # as a reader will see it (e.g. int keys: str)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "sequence": sequence,
                 "data_file": data.name, "bytes": data.stat().st_size, "sha256": _sha256(data),
-                "created_unix": time.time(), "meta": meta}
+                "created_unix": time.time(), "meta": plain, "meta_sha256": meta_digest(plain)}
     _write_atomically(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     return path
 
@@ -111,39 +216,70 @@ def write(directory: str | Path, sequence: int, arrays: dict[str, np.ndarray],
 def load(manifest_path: str | Path) -> Checkpoint:
     """Load one checkpoint, checking it whole; raises CheckpointError naming what is wrong."""
     path = Path(manifest_path)
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such checkpoint manifest") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: the manifest is not valid JSON ({e}); the checkpoint "
-                              f"is partial or corrupt") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a recsync checkpoint manifest")
+    manifest = read_manifest(path)
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format version "
-                              f"{manifest.get('format_version')}, this recsync reads "
-                              f"{FORMAT_VERSION}")
+                              f"{printable(manifest.get('format_version'))}, this recsync "
+                              f"reads {FORMAT_VERSION}")
     missing = [k for k in ("sequence", "data_file", "bytes", "sha256", "meta")
                if k not in manifest]
     if missing:
         raise CheckpointError(f"{path}: the manifest lacks {', '.join(missing)}")
-    data = path.parent / manifest["data_file"]
-    if not data.exists():
-        raise CheckpointError(f"{data}: the data file of checkpoint {path.name} is missing")
-    size = data.stat().st_size
-    if size != manifest["bytes"]:
-        raise CheckpointError(f"{data}: {size} bytes, the manifest says {manifest['bytes']} "
-                              f"(truncated or overwritten)")
-    if _sha256(data) != manifest["sha256"]:
-        raise CheckpointError(f"{data}: checksum mismatch (SHA-256 differs from the "
-                              f"manifest's): the file is corrupt")
+    sequence, size_said = manifest["sequence"], manifest["bytes"]
+    named = _NAME.match(path.name)
+    if type(sequence) is not int or not 0 <= sequence <= meta_check.MAX_INT \
+            or (named and int(named.group(1)) != sequence):
+        raise CheckpointError(f"{path}: the manifest's sequence is {printable(sequence)}, not "
+                              f"the one its name says")
+    own = f"ckpt-{sequence:06d}.npz"
+    if manifest["data_file"] != own:
+        raise CheckpointError(f"{path}: data_file is {printable(manifest['data_file'])}, not "
+                              f"{own} (this checkpoint's own, in its folder)")
+    if type(size_said) is not int or size_said < 0:
+        raise CheckpointError(f"{path}: bytes is {printable(size_said)}, not a size")
+    if not _is_digest(manifest["sha256"]) or ("meta_sha256" in manifest
+                                              and not _is_digest(manifest["meta_sha256"])):
+        raise CheckpointError(f"{path}: sha256 and meta_sha256 must be SHA-256 hex digests")
+    meta = manifest["meta"]
+    if "meta_sha256" in manifest and meta_digest(meta) != manifest["meta_sha256"]:
+        raise CheckpointError(f"{path}: the meta does not match meta_sha256 (edited or "
+                              f"corrupt)")
     try:
-        with np.load(data, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (ValueError, OSError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{data}: cannot be read as numeric arrays ({e})") from None
-    return Checkpoint(manifest["sequence"], arrays, manifest["meta"], path)
+        meta_check.check(meta, sequence, str(path))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    shown = path.parent / own
+    real = _inside(path.parent, own, path, "data file")  # a symlink leading out: refused
+    try:
+        f, size = _open_regular(real, shown, f"data file of checkpoint {path.name}")
+    except FileNotFoundError:
+        raise CheckpointError(f"{shown}: the data file of checkpoint {path.name} is "
+                              f"missing") from None
+    with f:  # the size first: never hash what cannot be the file
+        if size != size_said:
+            raise CheckpointError(f"{shown}: {size} bytes, the manifest says {size_said} "
+                                  f"(truncated or overwritten)")
+        if _sha256_of(f) != manifest["sha256"]:
+            raise CheckpointError(f"{shown}: checksum mismatch (SHA-256 differs from the "
+                                  f"manifest's): the file is corrupt")
+        f.seek(0)
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except Exception as e:  # noqa: BLE001 - bytes from elsewhere: any parse failure
+            raise CheckpointError(f"{shown}: cannot be read as numeric arrays "
+                                  f"({printable(str(e), 200)})") from None
+    if "tables" in meta:  # a shard checkpoint: its rows as restoring reads them
+        try:
+            meta_check.check_rows(arrays, meta, str(path))
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+    return Checkpoint(sequence, arrays, _meta(meta, str(path)), path)
+
+
+def _is_digest(value) -> bool:
+    return (isinstance(value, str) and len(value) == 64 and value.isascii()
+            and all(c in "0123456789abcdef" for c in value))
 
 
 def manifests(directory: str | Path) -> list[Path]:
@@ -156,17 +292,26 @@ def manifests(directory: str | Path) -> list[Path]:
 
 
 def _base(meta: dict, sequence: int) -> int:
-    """The full checkpoint a checkpoint applies to (itself if it is full)."""
-    return int(meta.get("base", sequence))
+    """The full checkpoint a checkpoint applies to (itself if it is full; load checked that
+    ``base`` is an integer in [1, sequence])."""
+    return meta.get("base", sequence)
 
 
 def chain(directory: str | Path, sequence: int) -> list[Checkpoint]:
     """Checkpoint ``sequence`` with what restoring it needs: [its base, the partial ones after
     the base, ..., it] (just [it] if it is full). Raises CheckpointError if any fails to load."""
+    if type(sequence) is not int or not 0 <= sequence <= meta_check.MAX_INT:
+        raise CheckpointError(f"{directory}: checkpoint {printable(sequence)} cannot exist")
     last = load(manifest_path(directory, sequence))
     base = _base(last.meta, sequence)
-    out = [load(manifest_path(directory, s)) for s in range(base, sequence)]
-    return out + [last]
+    out = [load(manifest_path(directory, s)) for s in range(base, sequence)] + [last]
+    if out[0].meta.get("partial"):
+        raise CheckpointError(f"{out[0].manifest_path}: a partial checkpoint where the chain "
+                              f"of checkpoint {sequence} needs a full one")
+    if len({c.meta.get("tables") for c in out}) > 1:
+        raise CheckpointError(f"{last.manifest_path}: its chain's checkpoints hold different "
+                              f"numbers of tables")
+    return out
 
 
 def latest(directory: str | Path) -> Checkpoint | None:
@@ -182,7 +327,8 @@ def interrupted(directory: str | Path) -> list[int]:
     directory = Path(directory)
     found = manifests(directory)
     newest = int(_NAME.match(found[0].name).group(1)) if found else 0
-    data = [int(p.stem.split("-")[1]) for p in directory.glob("ckpt-*.npz")] \
+    data = [int(m.group(1)) for p in directory.glob("ckpt-*.npz")
+            if (m := re.match(r"^ckpt-([0-9]{6,18})\.npz$", p.name, re.ASCII))] \
         if directory.is_dir() else []
     return sorted(s for s in data if s > newest)
 
@@ -221,11 +367,13 @@ def prune(directory: str | Path, keep: int, keep_from: int | None = None) -> lis
     else:
         found_kept = found[:keep]
     for path in found_kept:
+        sequence = int(_NAME.match(path.name).group(1))
         try:
-            meta = json.loads(path.read_text())["meta"]
-        except (OSError, ValueError, KeyError, TypeError):
+            meta = read_manifest(path)["meta"]
+            meta_check.check(meta, sequence, str(path))
+        except (ValueError, KeyError):  # CheckpointError too
             continue  # a broken one needs nothing; loading it will say what is wrong
-        needed = min(needed, _base(meta, int(_NAME.match(path.name).group(1))))
+        needed = min(needed, _base(meta, sequence))
     for path in found[keep:]:
         if int(_NAME.match(path.name).group(1)) >= needed:
             continue

@@ -20,6 +20,7 @@ the others a version only measures staleness, which fresh workers read anew.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
@@ -38,7 +39,7 @@ def resolve_chain(chain: list[Snapshot]) -> Snapshot:
         raise ValueError("a chain of snapshots starts with a full one")
     if len(chain) == 1:
         return chain[0]
-    arrays, meta = dict(chain[-1][0]), dict(chain[-1][1])
+    arrays, meta = dict(chain[-1][0]), copy.copy(chain[-1][1])  # a files.Meta stays one
     for t in range(meta["tables"]):
         # newest first: np.unique keeps the first occurrence, i.e. the latest save
         local = np.concatenate([a[f"t{t}.local"] for a, _ in reversed(chain)])
@@ -57,7 +58,7 @@ def load_resolved(sources: list[tuple[str, int]]) -> Iterator[Snapshot]:
     """Each old shard's checkpoint chain, resolved, one at a time: ``sources`` are (its
     checkpoint directory, the sequence a job checkpoint names) in old shard order."""
     for directory, sequence in sources:
-        chain = files.chain(directory, sequence)
+        chain = files.chain(directory, sequence)  # rows checked (meta_check.check_rows)
         yield resolve_chain([(c.arrays, c.meta) for c in chain])
 
 

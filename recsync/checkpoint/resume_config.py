@@ -34,6 +34,9 @@ def check_resume_config(saved: dict, now: dict, where: str) -> list[str]:
     ``where``: the config file, for messages. Returns the changes made ("key: old -> new");
     ValueError names the first key that may not change. Keys only one side has (another
     recsync version's) are not compared."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"{where}: the checkpointed run's config is not a table (the job "
+                         f"checkpoint's meta is corrupt)")
     old, new = flatten(saved), flatten(now)
     changes = []
     for key in sorted(old.keys() & new.keys()):

@@ -229,3 +229,151 @@ def test_a_snapshot_from_before_the_shard_rules_is_refused_with_a_clear_error():
     old = {k: v for k, v in meta.items() if k not in ("rule", "mode")}
     with pytest.raises(ValueError, match="before the modes' shard rules"):
         core("adagrad").restore(arrays, {**old, "gba_counts": {}, "easgd_pushes": 0})
+
+
+# -- a checkpoint folder from elsewhere (issue 29): nothing in a manifest is trusted ----------
+
+class Hang(BaseException):
+    """Not an Exception: no ``except Exception`` in the code under test takes it."""
+
+
+def _within(seconds, fn):
+    """``fn()``, failed (Hang) if it runs longer than ``seconds``: a hang fails."""
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _edit(manifest, edit, keep_digest=False):
+    """Rewrite a manifest's JSON with ``edit(dict)`` (dropping meta_sha256 unless told: as
+    an older recsync's manifest, or one whose editor knew to drop it)."""
+    m = json.loads(manifest.read_text())
+    edit(m)
+    if not keep_digest:
+        m.pop("meta_sha256", None)
+    manifest.write_text(json.dumps(m))
+
+
+def _refused(manifest, *needles):
+    with pytest.raises(CheckpointError) as e:
+        _within(5, lambda: files.load(manifest))
+    assert "\n" not in str(e.value)
+    for needle in (manifest.name, *needles):
+        assert needle in str(e.value), (needle, str(e.value))
+    return str(e.value)
+
+
+@pytest.mark.parametrize("data_file", ["/dev/zero", "../other/ckpt-000002.npz",
+                                       "ckpt-000001.npz", "/etc/passwd", "sub/ckpt-000002.npz"])
+def test_a_data_file_other_than_the_checkpoints_own_is_refused_at_once(tmp_path, data_file):
+    data, manifest = _two_checkpoints(tmp_path)
+    _edit(manifest, lambda m: m.update(data_file=data_file, bytes=0))  # /dev/zero: 0 bytes
+    began = time.perf_counter()
+    _refused(manifest, "data_file", "not ckpt-000002.npz")
+    assert time.perf_counter() - began < 1.0
+    assert files.latest(tmp_path).sequence == 1
+
+
+def test_a_data_file_symlink_leading_out_is_refused_and_what_it_names_never_opened(tmp_path):
+    folder, other = tmp_path / "ckpt", tmp_path / "other"
+    other.mkdir()
+    data, manifest = _two_checkpoints(folder)
+    copy = other / "ckpt-000002.npz"  # a valid copy: the old loader read it and accepted it
+    copy.write_bytes(data.read_bytes())
+    data.unlink()
+    data.symlink_to(copy)
+    _refused(manifest, "leads outside")
+    fifo = other / "fifo"  # opening it would block: refused before any open
+    os.mkfifo(fifo)
+    data.unlink()
+    data.symlink_to(fifo)
+    _refused(manifest, "leads outside")
+    data.unlink()
+    data.symlink_to(data)  # a loop
+    _refused(manifest, "cannot be resolved")
+
+
+def test_a_fifo_or_folder_in_place_of_a_data_file_or_manifest_is_refused_without_blocking(
+        tmp_path):
+    data, manifest = _two_checkpoints(tmp_path)
+    size = data.stat().st_size
+    data.unlink()
+    os.mkfifo(data)
+    _edit(manifest, lambda m: m.update(bytes=0), keep_digest=True)
+    _refused(manifest, "not a regular file")
+    data.unlink()
+    data.mkdir()
+    _refused(manifest, "not a regular file")
+    assert size > 0
+    manifest.unlink()
+    os.mkfifo(manifest)
+    _refused(manifest, "not a regular file")
+    assert _within(5, lambda: files.latest(tmp_path)).sequence == 1
+    _within(5, lambda: files.prune(tmp_path, keep=1))  # reads manifests too
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda m: m.update(meta=[]), "meta is [], not an object"),
+    (lambda m: m["meta"].update(base={}), "meta['base'] is {}"),
+    (lambda m: m["meta"].update(base=5), "meta['base'] is 5, not an integer in [1, 2]"),
+    (lambda m: m["meta"].update(shard_sequences="12"), "meta['shard_sequences']"),
+    (lambda m: m["meta"].update(shard_sequences=[1, "2"]), "meta['shard_sequences'] [1]"),
+    (lambda m: m["meta"].update(final="no"), "meta['final'] is no, not true or false"),
+    (lambda m: m["meta"].update(config=[]), "meta['config']"),
+    (lambda m: m["meta"].update(queue={"pending": []}), "meta['queue'] lacks 'leased'"),
+    (lambda m: m["meta"].update(tables=10**30), "meta['tables']"),
+    (lambda m: m["meta"].update(partial="mfu"), "has no 'base'"),
+    (lambda m: m.update(sequence=1), "sequence is 1, not the one its name says"),
+    (lambda m: m.update(meta={"a\x1b[2J": 1, "staleness": {"\x07": 1}}),
+     "has key \\x07, not a decimal number"),
+])
+def test_a_meta_field_of_the_wrong_type_is_one_line_naming_the_manifest_and_key(
+        tmp_path, edit, needle):
+    data, manifest = _two_checkpoints(tmp_path)
+    _edit(manifest, edit)
+    message = _refused(manifest, needle)
+    assert "\x1b" not in message and "\x07" not in message
+
+
+def test_a_meta_edited_after_it_was_written_no_longer_matches_its_checksum(tmp_path):
+    data, manifest = _two_checkpoints(tmp_path)
+    _edit(manifest, lambda m: m["meta"].update(note="edited"), keep_digest=True)
+    _refused(manifest, "the meta does not match meta_sha256")
+    _edit(manifest, lambda m: None)  # an older recsync's manifest: no meta_sha256, accepted
+    assert files.load(manifest).meta == {"note": "edited"}
+
+
+def _job_run(tmp_path):
+    from recsync.checkpoint import job
+    from recsync.config import RunConfig
+    cfg = RunConfig(mode="gba", recovery={"checkpoint_every_s": 1.0})
+    root = tmp_path / "checkpoints"
+    files.write(job.shard_dir(root, 0), 1, {"x": np.zeros(1, np.float32)}, {})
+    manifest = files.write(job.job_dir(root), 1, {}, {"final": False, "shard_sequences": [1],
+                                                       "config": cfg.model_dump(mode="json")})
+    return cfg, manifest
+
+
+def test_resume_refuses_a_job_checkpoint_whose_config_was_deleted(tmp_path):
+    from recsync.run import resume_point
+    cfg, manifest = _job_run(tmp_path)
+    _edit(manifest, lambda m: m["meta"].pop("config"), keep_digest=True)
+    with pytest.raises(ValueError, match=r"no complete job checkpoint to resume from .*"
+                                         r"ckpt-000001\.json: the meta does not match "
+                                         r"meta_sha256") as e:
+        resume_point(cfg, tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_resume_of_a_job_checkpoint_without_final_is_one_line_naming_it(tmp_path):
+    from recsync.run import resume_point
+    cfg, manifest = _job_run(tmp_path)
+    _edit(manifest, lambda m: m["meta"].pop("final"))  # and its checksum: an older manifest
+    with pytest.raises(CheckpointError, match=r"job/ckpt-000001\.json: meta lacks 'final'"):
+        resume_point(cfg, tmp_path)

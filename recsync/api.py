@@ -84,10 +84,11 @@ def train(config: RunConfig | str | Path | None = None, out: str | Path = "runs/
 
 def convert(inputs, out: str | Path, *, schema: str | Path | None = None,
             preset: str | None = None, strict: bool = False, overwrite: bool = False,
-            progress: bool = True):
+            progress: bool = True, allow_empty_train: bool = False):
     """Convert CSV/TSV/Parquet files into a data set (`recsync data convert`): give a schema
     file or a shipped preset (criteo, avazu, movielens, taobao). Returns the conversion's
-    report."""
+    report. A conversion with no training rows is refused unless ``allow_empty_train`` (an
+    eval-only data set, to score)."""
     from recsync.data.convert import convert as run_convert
     from recsync.data.schema import load_schema
     if (schema is None) == (preset is None):
@@ -96,13 +97,16 @@ def convert(inputs, out: str | Path, *, schema: str | Path | None = None,
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
     return run_convert([str(p) for p in inputs], loaded, out, strict=strict,
-                       overwrite=overwrite, progress=progress)
+                       overwrite=overwrite, progress=progress,
+                       allow_empty_train=allow_empty_train)
 
 
-def load_model(path: str | Path):
+def load_model(path: str | Path, *, builder: str | None = None):
     """The trained model a run wrote (``OUT/model``) as a torch module
     (recsync.model_dir.trained.TrainedModel): ``score(rows)`` on raw rows, ``score_batch`` on
-    a data set's batch, ``forward`` on preprocessed tensors. Nothing is unpickled; ValueError
-    (one line, naming the file) if the directory cannot be used."""
+    a data set's batch, ``forward`` on preprocessed tensors. Nothing is unpickled and nothing
+    the directory names is imported; ValueError (one line, naming the file) if the directory
+    cannot be used. A user's model needs ``builder`` ("package.module:builder" or
+    "path/to/file.py:builder"): that code is imported and run, so pass only code you trust."""
     from recsync.model_dir.trained import load_model as load
-    return load(path)
+    return load(path, builder=builder)

@@ -4,11 +4,18 @@ injected faults). The modes' sections and RunConfig are in config.py."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from recsync.data.meta_checks import MAX_DIM, MAX_TABLE_ROWS
+
 DEFAULT_WARMUP_STEPS = 100  # train.dense_warmup_steps = -1: this, at most a tenth of the run
+# Bounds of model.* sizes (a model directory's model.json is checked against them too): generous,
+# but a mistyped or crafted width cannot ask for terabytes.
+MAX_WIDTH = MAX_DIM  # an MLP layer's width, model.embedding_dim: a schema's largest dim
+MAX_LAYERS = 64  # layers of one MLP, model.cross_layers
+Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
 
 
 class ConfigError(ValueError):
@@ -37,34 +44,28 @@ class ModelConfig(Section):
     """model: "dlrm" (DLRM, dot interaction), "dcn" (DCN-v2: cross network + deep MLP),
     "deepfm" (FM + deep MLP), "wide_deep" (Wide & Deep), "lr" (logistic regression), or your
     own builder, "package.module:builder" or "path/to/file.py:builder" (docs/models.md)"""
-    embedding_dim: int = Field(16, ge=1)
+    embedding_dim: int = Field(16, ge=1, le=MAX_WIDTH)
     """width of every embedding row where the schema gives none (lr and the first-order tables
     of deepfm and wide_deep use 1)"""
-    bottom_mlp: list[int] = [512, 256, 64]
+    bottom_mlp: list[Width] = Field([512, 256, 64], max_length=MAX_LAYERS)
     """dlrm: hidden sizes of the bottom MLP over dense features (its output is embedding_dim
     wide)"""
-    top_mlp: list[int] = [512, 256]
+    top_mlp: list[Width] = Field([512, 256], max_length=MAX_LAYERS)
     """dlrm: hidden sizes of the top MLP (its output is one logit)"""
-    deep_mlp: list[int] = [512, 256]
-    """dcn, deepfm, wide_deep: hidden sizes of the deep MLP (its output is one logit)"""
-    cross_layers: int = Field(3, ge=0)
+    deep_mlp: list[Width] = Field([512, 256], max_length=MAX_LAYERS)
+    """dcn, deepfm, wide_deep: hidden sizes of the deep MLP (its output is one logit). Every MLP:
+    at most 64 layers, each 1 to 65536 wide (as embedding_dim)"""
+    cross_layers: int = Field(3, ge=0, le=MAX_LAYERS)
     """dcn: full-rank cross layers x_{l+1} = x0 * (W x_l + b) + x_l"""
     dropout: float = Field(0.0, ge=0, lt=1)
     """dropout probability after every hidden layer of the built-in models' MLPs (0: off, the
     measured default, docs/models.md; > 0 makes sync differ from local by the dropout masks)"""
     params: dict[str, Any] = {}
     """[model.params]: keyword arguments of a user's builder (built-in models take none)"""
-    table_rows: int = Field(0, ge=0)
+    table_rows: int = Field(0, ge=0, le=MAX_TABLE_ROWS)
     """rows of every embedding table (0: each table as large as the data set says)"""
     embedding_init_scale: float = Field(0.15, gt=0)
     """embedding rows start uniform in [-scale, scale)"""
-
-    @model_validator(mode="after")
-    def _check_layers(self):
-        for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
-            if any(n < 1 for n in getattr(self, key)):
-                raise ValueError(f"{key}: layer sizes must be >= 1, got {getattr(self, key)}")
-        return self
 
 
 class TrainConfig(Section):

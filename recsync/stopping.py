@@ -150,10 +150,13 @@ def known_cause(e: BaseException) -> str | None:
     """One line for a failure whose cause is known (a full disk, an unwritable path, a
     diverging model, bad data), None for anything else (a bug: its traceback is kept)."""
     from recsync.data.format import DataFormatError
+    from recsync.model.loss import ModelContractError
     for err in _chain(e):
         if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
             where = f" at {err.filename}" if err.filename else ""
             return f"{DISK_ERRNOS[err.errno]}{where} ([Errno {err.errno}])"
+        if isinstance(err, ModelContractError):  # a user's model (also as an actor's error)
+            return _line_with(str(getattr(err, "cause", err)), "model.name = ")
         if isinstance(err, (NonFiniteLoss, DataFormatError)):
             return str(err).splitlines()[0] if str(err) else type(err).__name__
     text = str(e)
@@ -206,9 +209,20 @@ def remove_temp_files(out: Path, checkpoints: Path | None) -> list[Path]:
 def _alive(tmp: Path) -> bool:
     """Whether the process that writes ``tmp`` (``.NAME.tmp-PID``) still runs."""
     try:
-        os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
-    except (ValueError, ProcessLookupError):
+        return pid_alive(int(tmp.name.rsplit("-", 1)[1]))
+    except ValueError:
         return False
-    except PermissionError:
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (this process, a PID of another user's
+    process or one we cannot ask about counts as alive: its files are not ours to remove)."""
+    if pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # PermissionError: it runs, as another user
         return True
     return True

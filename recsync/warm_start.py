@@ -7,7 +7,9 @@ The model must be the same (``model.*`` but dropout and embedding_init_scale, th
 and dims, the dense parameters' names and shapes); a table may have grown (ids keep their
 meaning). Anything else is refused in one line naming the key or table and both values.
 
-The directory is read by recsync.model_dir.read (safetensors only: nothing is unpickled).
+The directory is read by recsync.model_dir.read (safetensors only: nothing is unpickled, every
+model.json field checked). The model is built from this run's own config (``model.*``), never
+from the directory's model.json: its ``model.name`` is only compared, never imported.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from recsync.model.optim import UPDATES, make_dense_optimizer
 from recsync.model_dir.read import ModelDirError, ModelFiles, read_model_dir
+from recsync.safe_names import printable
 
 # model keys that do not change the parameters' shapes or meaning
 MODEL_KEYS_MAY_DIFFER = ("dropout", "embedding_init_scale")
@@ -48,12 +51,12 @@ def check_compatible(files: ModelFiles, cfg, tables, module: torch.nn.Module,
     saved, now = files.meta["model"], cfg.model.model_dump(mode="json")
     for key in sorted(saved.keys() & now.keys()):
         if key not in MODEL_KEYS_MAY_DIFFER and saved[key] != now[key]:
-            raise ValueError(f"{where}: model.{key} is {json.dumps(saved[key])} in the model, "
-                             f"{json.dumps(now[key])} in this run")
+            raise ValueError(f"{where}: model.{key} is {printable(json.dumps(saved[key]))} in "
+                             f"the model, {printable(json.dumps(now[key]))} in this run")
     names = [t["name"] for t in files.meta["tables"]]
     if names != [t.name for t in tables]:
-        raise ValueError(f"{where}: the model's tables are {names}, this run's "
-                         f"{[t.name for t in tables]}")
+        raise ValueError(f"{where}: the model's tables are {printable(repr(names), 300)}, "
+                         f"this run's {printable(repr([t.name for t in tables]), 300)}")
     for spec, entry, (ids, rows, state) in zip(tables, files.meta["tables"], files.tables):
         if rows.shape[1:] != (spec.dim,):
             raise ValueError(f"{where}: table {spec.name} has dim {rows.shape[1]} in the "
@@ -64,8 +67,8 @@ def check_compatible(files: ModelFiles, cfg, tables, module: torch.nn.Module,
         if state is not None and state.shape[1:] != (state_dim,):
             raise ValueError(
                 f"{where}: table {spec.name}'s optimizer state has {state.shape[1]} values a "
-                f"row in the model ({files.meta['train']['embedding_optimizer']}), this run's "
-                f"train.embedding_optimizer = {cfg.train.embedding_optimizer!r} keeps "
+                f"row in the model ({files.meta['train'].get('embedding_optimizer')}), this "
+                f"run's train.embedding_optimizer = {cfg.train.embedding_optimizer!r} keeps "
                 f"{state_dim}")
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in files.dense_state.items()}
@@ -74,10 +77,16 @@ def check_compatible(files: ModelFiles, cfg, tables, module: torch.nn.Module,
             raise ValueError(f"{where}: dense parameter {key} is {got.get(key)} in the model, "
                              f"{expected.get(key)} in this run")
     if files.dense_optimizer_state is not None:
-        was = files.meta["train"]["dense_optimizer"]
+        was = files.meta["train"].get("dense_optimizer")
         if was != cfg.train.dense_optimizer:
             raise ValueError(f"{where}: the model's dense optimizer state is {was!r}'s, this "
                              f"run's train.dense_optimizer = {cfg.train.dense_optimizer!r}")
+        numel = sum(p.numel() for p in module.parameters())
+        for key, value in files.dense_optimizer_state["state"].get(0, {}).items():
+            if torch.is_tensor(value) and value.dim() and tuple(value.shape) != (numel,):
+                raise ValueError(f"{where}: the dense optimizer's state {printable(repr(key))} "
+                                 f"is {list(value.shape)}, this run's {numel} dense "
+                                 f"parameters need [{numel}]")
 
 
 def rows_snapshot(files: ModelFiles, shard: int, num_shards: int,

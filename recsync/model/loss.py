@@ -13,9 +13,25 @@ import torch
 import torch.nn.functional as F
 
 
+class ModelContractError(ValueError):
+    """A model's forward broke the contract (logits [B], floating point): a user's model, not
+    recsync, is at fault, so the one-line message is the whole story."""
+
+
 def logits(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:
-    """The model's logits [B] for ``batch`` (its dense features) and its looked-up rows."""
-    return model(on_model(model, batch.dense), embeddings)
+    """The model's logits [B] for ``batch`` (its dense features) and its looked-up rows;
+    ModelContractError naming the model if its forward breaks the contract (a user's model may: a
+    [B, 1] output would otherwise broadcast against the labels, integers would not train)."""
+    out = model(on_model(model, batch.dense), embeddings)
+    rows = batch.dense.shape[0]
+    if not isinstance(out, torch.Tensor) or out.shape != (rows,) or not out.is_floating_point():
+        got = (f"a {out.dtype} tensor of shape {list(out.shape)}"
+               if isinstance(out, torch.Tensor) else type(out).__name__)
+        name = getattr(model, "recsync_model_name", type(model).__name__)
+        raise ModelContractError(f"model.name = {name!r}: forward(dense, embeddings) returned "
+                                 f"{got}; the contract is floating-point logits of shape [B] = "
+                                 f"[{rows}] (recsync/model/inputs.py, docs/models.md)")
+    return out
 
 
 def loss(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:

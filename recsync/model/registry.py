@@ -5,7 +5,11 @@ tables it looks up (the contract: model/inputs.py).
 (imported from sys.path: PYTHONPATH or an installed package) or ``"path/to/file.py:builder"``
 (the file loaded by path, relative to the current directory). A user's builder is called as
 ``builder(inputs, **model.params)`` and returns a module (its tables are then
-``feature_tables(inputs)``) or ``(module, tables)``.
+``feature_tables(inputs)``) or ``(module, tables)``. Anything a builder does wrong, raising
+included (SystemExit too), is a ValueError of one line naming it and the contract (CONTRACT).
+
+A model directory's ``model.name`` never reaches this module's imports: loading one builds a
+built-in, or the builder its caller names (model_dir/trained.py).
 """
 
 from __future__ import annotations
@@ -26,9 +30,15 @@ from recsync.model.dlrm import build_dlrm
 from recsync.model.inputs import ModelInputs, feature_tables
 from recsync.model.lr import build_lr
 from recsync.model.wide_deep import build_wide_deep
+from recsync.safe_names import printable
 
 MODELS = {"dlrm": build_dlrm, "dcn": build_dcn, "deepfm": build_deepfm,
           "wide_deep": build_wide_deep, "lr": build_lr}
+CONTRACT = ("a builder is called as builder(inputs, **model.params) and returns a "
+            "torch.nn.Module, or (module, tables) with tables a list of TableSpec; forward("
+            "dense, embeddings) returns logits of shape [B] (recsync/model/inputs.py, "
+            "docs/models.md)")
+NAME_ATTR = "recsync_model_name"  # set on every built module: loss.py names it in errors
 
 
 def apply_table_rows(cfg, inputs: ModelInputs) -> ModelInputs:
@@ -45,12 +55,15 @@ def apply_table_rows(cfg, inputs: ModelInputs) -> ModelInputs:
     return replace(inputs, tables=tables, embedding_dim=cfg.embedding_dim)
 
 
-def build_model(cfg, inputs: ModelInputs) -> tuple[nn.Module, list[TableSpec]]:
+def build_model(cfg, inputs: ModelInputs, *, builder: str | None = None
+                ) -> tuple[nn.Module, list[TableSpec]]:
     """Build ``cfg.name`` (ModelConfig) for a data set's ``inputs`` (``apply_table_rows`` is
-    applied here; applying it before is harmless). ValueError: an unknown name (the message
-    lists the built-ins), a user model that cannot be imported or returns the wrong thing."""
+    applied here; applying it before is harmless). ``builder``: a user's builder to import and
+    call instead of ``cfg.name`` (a model directory's caller's). ValueError: an unknown name
+    (the message lists the built-ins), a user model that cannot be imported or returns the
+    wrong thing."""
     inputs = apply_table_rows(cfg, inputs)
-    if ":" not in cfg.name:
+    if builder is None and ":" not in cfg.name:
         if cfg.name not in MODELS:
             raise ValueError(f"model.name: unknown model {cfg.name!r}; built-in: "
                              f"{sorted(MODELS)}, or a builder of your own as "
@@ -59,22 +72,33 @@ def build_model(cfg, inputs: ModelInputs) -> tuple[nn.Module, list[TableSpec]]:
             raise ValueError(f"model.params is for a user's model; the built-in "
                              f"{cfg.name!r} takes its settings from model.* keys, got "
                              f"{sorted(cfg.params)}")
-        return MODELS[cfg.name](cfg, inputs)
-    builder = load_builder(cfg.name)
+        return _named(MODELS[cfg.name](cfg, inputs), cfg.name)
+    name = builder or cfg.name
+    key = f"model.name = {printable(repr(name))}" if builder is None else \
+        f"builder {printable(repr(name))}"
+    fn = load_builder(name, key)
     try:
-        built = builder(inputs, **cfg.params)
+        built = fn(inputs, **cfg.params)
     except TypeError as e:  # most often model.params naming an argument it lacks
-        raise ValueError(f"model.name = {cfg.name!r}: calling it with model.params "
-                         f"{sorted(cfg.params)} failed: {e}") from e
-    return _check_built(cfg.name, inputs, built)
+        raise ValueError(f"{key}: calling it with model.params {sorted(cfg.params)} failed: "
+                         f"{printable(str(e), 200)}; {CONTRACT}") from e
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the user's code may fail in any way, sys.exit included
+        raise ValueError(f"{key}: the builder raised {type(e).__name__}: "
+                         f"{printable(str(e), 200)}; {CONTRACT}") from e
+    return _check_built(key, inputs, built, name)
 
 
-def load_builder(name: str):
-    """The callable ``name`` ("module:attr" or "file.py:attr") names; ValueError if it cannot
-    be imported."""
+def load_builder(name: str, key: str | None = None):
+    """The callable ``name`` ("module:attr" or "file.py:attr") names; ValueError (starting
+    with ``key``) if it cannot be imported."""
+    key = key or f"model.name = {printable(repr(name))}"
+    if not isinstance(name, str):
+        raise ValueError(f"{key}: a user's model is \"package.module:builder\" or "
+                         f"\"path/to/file.py:builder\"")
     where, _, attr = name.rpartition(":")
-    key = f"model.name = {name!r}"
-    if not where or not attr:
+    if not where or not attr.isidentifier():
         raise ValueError(f"{key}: a user's model is \"package.module:builder\" or "
                          f"\"path/to/file.py:builder\"")
     if where.endswith(".py") and not Path(where).is_file():  # on a cluster's node, the file
@@ -83,11 +107,15 @@ def load_builder(name: str):
             where = Path(where).stem if importlib.util.find_spec(Path(where).stem) else where
     try:
         module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
-    except Exception as e:  # the user's module may fail in any way while it is imported
-        raise ValueError(f"{key}: cannot import {where!r} ({type(e).__name__}: {e})") from e
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the user's module may fail in any way while it is imported,
+        # sys.exit included: that must not end the process that loads it
+        raise ValueError(f"{key}: cannot import {printable(repr(where))} ({type(e).__name__}: "
+                         f"{printable(str(e), 200)})") from e
     builder = getattr(module, attr, None)
     if not callable(builder):
-        raise ValueError(f"{key}: {where!r} has no callable {attr!r}")
+        raise ValueError(f"{key}: {printable(repr(where))} has no callable {attr!r}")
     return builder
 
 
@@ -111,22 +139,33 @@ def _load_file(path: str):
     return module
 
 
-def _check_built(name: str, inputs: ModelInputs, built) -> tuple[nn.Module, list[TableSpec]]:
+def _named(built: tuple[nn.Module, list[TableSpec]], name: str):
+    """``built`` with its module tagged with the model's name (NAME_ATTR)."""
+    with contextlib.suppress(AttributeError, RuntimeError, TypeError):  # e.g. a ScriptModule
+        setattr(built[0], NAME_ATTR, name)
+    return built
+
+
+def _check_built(key: str, inputs: ModelInputs, built, name: str
+                 ) -> tuple[nn.Module, list[TableSpec]]:
+    if isinstance(built, tuple) and len(built) != 2:
+        raise ValueError(f"{key}: the builder returned a tuple of {len(built)}; {CONTRACT}")
     module, tables = (built if isinstance(built, tuple) else (built, None))
     if not isinstance(module, nn.Module):
-        raise ValueError(f"model.name = {name!r}: the builder returned {type(module).__name__}"
-                         f", not a torch.nn.Module or (module, tables)")
+        raise ValueError(f"{key}: the builder returned {type(module).__name__}, not a "
+                         f"torch.nn.Module or (module, tables); {CONTRACT}")
+    if tables is not None and not isinstance(tables, (list, tuple)):
+        raise ValueError(f"{key}: the builder returned (module, {type(tables).__name__}); "
+                         f"{CONTRACT}")
     tables = feature_tables(inputs) if tables is None else list(tables)
     sources = {t.name for t in inputs.tables}
     for t in tables:
         if not isinstance(t, TableSpec):
-            raise ValueError(f"model.name = {name!r}: tables must be TableSpec, got "
-                             f"{type(t).__name__}")
+            raise ValueError(f"{key}: tables must be TableSpec, got {type(t).__name__}; "
+                             f"{CONTRACT}")
         if t.source not in sources:
-            raise ValueError(f"model.name = {name!r}: table {t.name!r} reads data table "
-                             f"{t.source!r}, which the data set lacks (it has "
-                             f"{sorted(sources)})")
+            raise ValueError(f"{key}: table {t.name!r} reads data table {t.source!r}, which "
+                             f"the data set lacks (it has {sorted(sources)})")
     if len({t.name for t in tables}) != len(tables):
-        raise ValueError(f"model.name = {name!r}: table names repeat: "
-                         f"{[t.name for t in tables]}")
-    return module, tables
+        raise ValueError(f"{key}: table names repeat: {[t.name for t in tables]}")
+    return _named((module, tables), name)

@@ -21,8 +21,9 @@ class BuiltModel:
     inputs: ModelInputs
 
 
-def model_for(model_cfg, ds) -> BuiltModel:
-    """Build ``model_cfg`` (ModelConfig) for data set ``ds``; ValueError names a bad key."""
+def model_for(model_cfg, ds, *, builder: str | None = None) -> BuiltModel:
+    """Build ``model_cfg`` (ModelConfig) for data set ``ds``; ValueError names a bad key.
+    ``builder``: a user's builder to use instead of ``model_cfg.name`` (registry.py)."""
     inputs = inputs_of(ds, model_cfg)
-    module, tables = build_model(model_cfg, inputs)  # checks each table's source
+    module, tables = build_model(model_cfg, inputs, builder=builder)  # checks table sources
     return BuiltModel(module, tables, LookupPlan(ds.layout.features, tables), inputs)

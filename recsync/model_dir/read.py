@@ -1,6 +1,8 @@
 """Read a model directory (write.py) back: model.json checked, tensors loaded with safetensors
-only (nothing is unpickled, so a model directory cannot run code), shapes checked against
-model.json. Every problem is one line naming the file."""
+only (nothing is unpickled), shapes checked against model.json. Reading never imports or runs
+anything: model.json is untrusted input, so every field is type- and range-checked before use,
+every file it names must stay inside the directory after resolving symlinks, and NaN or
+infinite weights are refused. Every problem is one line naming the file (and key or tensor)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from recsync.model_dir.write import (DENSE_FILE, DENSE_OPTIMIZER_FILE, FORMAT_NAME,
-                                     FORMAT_VERSION, MODEL_JSON)
-
-
-class ModelDirError(ValueError):
-    """A model directory that cannot be used; the message names the file."""
+from recsync.model_dir.meta_fields import (MAX_MODEL_JSON_BYTES, ModelDirError, check_fields,
+                                           quoted)
+from recsync.model_dir.write import FORMAT_NAME, FORMAT_VERSION, MODEL_JSON
+from recsync.safe_names import UnsafeName, inside, printable, regular_file
 
 
 @dataclass
@@ -35,41 +35,63 @@ class ModelFiles:
 
 
 def read_meta(path: str | Path) -> dict:
-    """model.json of the model directory ``path``, checked."""
+    """model.json of the model directory ``path``, every field checked (meta_fields.py)."""
     root = Path(path)
     file = root / MODEL_JSON
     if not root.is_dir():
         raise ModelDirError(f"{root}: no such model directory (a run writes one as OUT/model)")
-    if not file.is_file():
+    real = member(root, MODEL_JSON, "file")
+    if not real.is_file():
         raise ModelDirError(f"{file}: missing; {root} is not a complete model directory")
+    if real.stat().st_size > MAX_MODEL_JSON_BYTES:
+        raise ModelDirError(f"{file}: {real.stat().st_size} bytes, more than a model.json "
+                            f"holds (at most {MAX_MODEL_JSON_BYTES})")
     try:
-        meta = json.loads(file.read_bytes())
+        meta = json.loads(real.read_bytes())
     except (ValueError, RecursionError) as e:
-        raise ModelDirError(f"{file}: not valid JSON ({e})") from None
+        raise ModelDirError(f"{file}: not valid JSON ({printable(str(e), 200)})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise ModelDirError(f"{file}: format is {got!r:.80}, expected {FORMAT_NAME!r}")
+        raise ModelDirError(f"{file}: format is {quoted(got)}, expected {FORMAT_NAME!r}")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ModelDirError(f"{file}: format_version {meta.get('format_version')!r:.40} is not "
-                            f"supported (this recsync reads version {FORMAT_VERSION})")
-    for key in ("model", "train", "data", "tables", "dense"):
-        if key not in meta:
-            raise ModelDirError(f"{file}: lacks {key!r}")
-    if not isinstance(meta["tables"], list):
-        raise ModelDirError(f"{file}: tables must be a list")
+        raise ModelDirError(f"{file}: format_version {quoted(meta.get('format_version'))} "
+                            f"is not supported (this recsync reads version {FORMAT_VERSION})")
+    check_fields(meta, file)
     return meta
 
 
-def load_tensors(file: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors; ModelDirError if it is missing or damaged."""
-    if not file.is_file():
+def member(root: Path, name, key: str) -> Path:
+    """The file ``name`` (model.json's ``key``) of directory ``root``, resolved: a plain name
+    that stays inside ``root`` after resolving symlinks, and no device or FIFO."""
+    where = str(root / MODEL_JSON)
+    try:
+        return regular_file(inside(root, name, where=where, what=key, plain=True),
+                            where=where, what=key)
+    except UnsafeName as e:
+        raise ModelDirError(str(e)) from None
+
+
+def load_tensors(file: Path, real: Path | None = None) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors (``real``: its resolved path, if already checked);
+    ModelDirError naming ``file`` if it is missing or damaged."""
+    real = file if real is None else real
+    if not real.is_file():
         raise ModelDirError(f"{file}: missing (named by model.json)")
     try:
-        return load_file(str(file))
+        return load_file(str(real))
     except (SafetensorError, OSError, ValueError) as e:
-        raise ModelDirError(f"{file}: cannot be read as safetensors "
-                            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        first = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelDirError(f"{file}: cannot be read as safetensors ({printable(first, 200)})"
                             ) from None
+
+
+def check_finite(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """ModelDirError naming the file and tensor if a floating-point tensor holds NaN or inf:
+    such a model would score every row NaN."""
+    for key, value in tensors.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ModelDirError(f"{file}: tensor {quoted(key)} holds NaN or infinite values "
+                                f"(the run diverged?); this model cannot score")
 
 
 def read_model_dir(path: str | Path) -> ModelFiles:
@@ -77,42 +99,40 @@ def read_model_dir(path: str | Path) -> ModelFiles:
     missing, damaged or does not match model.json."""
     root = Path(path)
     meta = read_meta(root)
-    dense_file = root / _name(root, meta["dense"].get("file", DENSE_FILE))
-    dense = load_tensors(dense_file)
+    dense_file = root / meta["dense"]["file"]
+    dense = load_tensors(dense_file, member(root, meta["dense"]["file"], "dense.file"))
     params = sum(int(v.numel()) for v in dense.values())
-    if params != meta["dense"].get("parameters"):
+    if params != meta["dense"]["parameters"]:
         raise ModelDirError(f"{dense_file}: {params} parameters, model.json says "
-                            f"{meta['dense'].get('parameters')}")
-    tables = [_read_table(root, t) for t in meta["tables"]]
+                            f"{meta['dense']['parameters']}")
+    check_finite(dense, dense_file)
+    tables = [_read_table(root, i, t) for i, t in enumerate(meta["tables"])]
     optimizer = None
     opt = meta.get("dense_optimizer")
-    if opt:
-        state = load_tensors(root / _name(root, opt.get("file", DENSE_OPTIMIZER_FILE)))
-        state.update(opt.get("scalars") or {})
+    if opt is not None:
+        opt_file = root / opt["file"]
+        state = load_tensors(opt_file, member(root, opt["file"], "dense_optimizer.file"))
+        check_finite(state, opt_file)
+        scalars = opt.get("scalars", {})
+        clash = state.keys() & scalars.keys()
+        if clash:
+            raise ModelDirError(f"{root / MODEL_JSON}: dense_optimizer.scalars repeat "
+                                f"tensors of {opt_file.name}: {quoted(sorted(clash))}")
+        state.update(scalars)
         optimizer = {"state": {0: state} if state else {}, "param_groups": opt["param_groups"]}
     return ModelFiles(root, meta, dense, tables, optimizer)
 
 
-def _name(root: Path, name) -> str:
-    """A file name from model.json: a plain name inside the directory, nothing else."""
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".",
-                                                                                      ".."):
-        raise ModelDirError(f"{root / MODEL_JSON}: bad file name {name!r:.80}")
-    return name
-
-
-def _read_table(root: Path, t: dict):
-    try:
-        name, rows, dim, trained = t["name"], int(t["rows"]), int(t["dim"]), t["trained_rows"]
-        file = root / _name(root, t["file"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelDirError(f"{root / MODEL_JSON}: a table entry lacks or has a bad {e}"
-                            ) from None
-    arrays = load_tensors(file)
+def _read_table(root: Path, index: int, t: dict):
+    """Table ``index``'s tensors, checked against its model.json entry ``t`` (whose fields
+    meta_fields.py checked)."""
+    name, rows, dim, trained = quoted(t["name"]), t["rows"], t["dim"], t["trained_rows"]
+    file = root / t["file"]
+    arrays = load_tensors(file, member(root, t["file"], f"tables[{index}].file"))
     ids, values = arrays.get("ids"), arrays.get("rows")
     if ids is None or values is None:
         raise ModelDirError(f"{file}: must hold tensors 'ids' and 'rows', has "
-                            f"{sorted(arrays)}")
+                            f"{quoted(sorted(arrays))}")
     if ids.dtype != torch.int64 or ids.shape != (trained,):
         raise ModelDirError(f"{file}: ids are {ids.dtype} {list(ids.shape)}, model.json says "
                             f"int64 [{trained}] (table {name})")
@@ -125,8 +145,10 @@ def _read_table(root: Path, t: dict):
                             f"(table {name})")
     state = arrays.get("state")
     if state is not None:
-        state_dim = int(t.get("state_dim", 0))
+        state_dim = t.get("state_dim", 0)
         if state.dtype != torch.float32 or state.shape != (trained, state_dim):
             raise ModelDirError(f"{file}: state is {state.dtype} {list(state.shape)}, "
                                 f"model.json says float32 [{trained}, {state_dim}]")
+    check_finite({k: v for k, v in (("rows", values), ("state", state)) if v is not None},
+                 file)
     return ids, values, state

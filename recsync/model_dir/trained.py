@@ -5,10 +5,17 @@ built it (model/setup.py), and its state loaded. Rows come from the saved traine
 training never touched is its initial value (embedding/store.py ``initial_rows`` with the saved
 seed and scale), computed when asked for. Lookups go through the run's own ``LookupPlan`` and
 ``PulledBatch`` (single-hot, multi-hot sum/mean), so scores are the training process's.
+
+Loading runs no code named by the directory: a built-in model is rebuilt by recsync; a user's
+model (``model.name`` "module:builder" or "file.py:builder") only from the builder the CALLER
+names (``load_model(path, builder=...)``), which is imported and run; model.json's name is
+never imported. The model is first built on the meta device (nothing allocated) and checked
+against the saved tensors, so model.json cannot make loading allocate more than its files hold.
 """
 
 from __future__ import annotations
 
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +25,10 @@ from recsync.data.format import Layout
 from recsync.data.reader import Batch
 from recsync.embedding.store import initial_rows
 from recsync.model.loss import logits
+from recsync.model_dir.meta_fields import model_config, quoted
 from recsync.model_dir.read import ModelDirError, ModelFiles, read_model_dir
 from recsync.model_dir.write import MODEL_JSON
+from recsync.safe_names import printable
 
 MATERIALISE_ROWS = 1 << 20  # rows computed at a time when a whole table is materialised
 
@@ -35,21 +44,79 @@ class _DataLayout:
         return self._base_rate
 
 
-def rebuild(meta: dict, where: Path):
-    """The model (model/setup.py BuiltModel) model.json describes, its tables checked."""
-    from recsync.config import ModelConfig
+def builder_for(name: str, builder: str | None, file: Path) -> str | None:
+    """The user's builder to build model.json's ``model.name`` with: None for a built-in;
+    ``builder`` (the caller's) for a user's model. ModelDirError where they do not go
+    together: model.json alone never names code to run."""
+    from recsync.model.registry import MODELS
+    if name in MODELS:
+        if builder is not None:
+            raise ModelDirError(f"{file}: model.name = {name!r} is a built-in model, which "
+                                f"recsync rebuilds itself: give no builder (got builder="
+                                f"{quoted(builder)})")
+        return None
+    if ":" not in name:
+        raise ModelDirError(f"{file}: model.name = {quoted(name)} is neither a built-in model "
+                            f"of this recsync ({', '.join(sorted(MODELS))}) nor a user's "
+                            f"builder")
+    if builder is None:
+        shown = printable(repr(name), 210)  # whole (names are at most 200 characters)
+        raise ModelDirError(f"{file}: model.name = {shown} is a user's model; loading it runs "
+                            f"that code: pass builder={shown} (recsync predict/export "
+                            f"--builder {printable(name, 210)}) if you trust it")
+    if not isinstance(builder, str):
+        raise TypeError(f"builder must be a string, \"package.module:builder\" or "
+                        f"\"path/to/file.py:builder\", got {type(builder).__name__}")
+    return builder
+
+
+def check_fits(module: torch.nn.Module, state: dict[str, torch.Tensor], file: Path) -> None:
+    """ModelDirError naming ``file`` and the first tensor unless ``state`` has exactly
+    ``module``'s tensor names and shapes."""
+    want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    for key in sorted(want.keys() | got.keys()):
+        if want.get(key) != got.get(key):
+            raise ModelDirError(f"{file}: does not fit the model model.json describes: tensor "
+                                f"{quoted(key)} is {got.get(key)} in the file, "
+                                f"{want.get(key)} in the model")
+
+
+def rebuild(meta: dict, where: Path, dense_state: dict[str, torch.Tensor],
+            builder: str | None = None):
+    """The model (model/setup.py BuiltModel) model.json describes, its tables and dense
+    tensors checked against the saved ones. It is built on the meta device first, so a
+    model.json describing a larger model than its files hold allocates nothing; a user's
+    builder that cannot build there is checked after its real build instead."""
     from recsync.model.setup import model_for
     file = where / MODEL_JSON
+    dense_file = where / meta["dense"]["file"]
+    model_cfg = model_config(meta, file)
+    use = builder_for(model_cfg.name, builder, file)
     try:
-        model_cfg = ModelConfig.model_validate(meta["model"])
-        built = model_for(model_cfg, _DataLayout(meta["data"]))
+        layout = _DataLayout(meta["data"])
+        try:
+            with torch.device("meta"):
+                sized = model_for(model_cfg, layout, builder=use).module
+        except Exception:
+            if use is None:
+                raise
+            sized = None
+        if sized is not None:
+            check_fits(sized, dense_state, dense_file)
+        built = model_for(model_cfg, layout, builder=use)
+    except ModelDirError:
+        raise
     except (ValueError, KeyError, TypeError) as e:
-        raise ModelDirError(f"{file}: cannot rebuild the model ({str(e).splitlines()[0]})"
-                            ) from None
+        raise ModelDirError(f"{file}: cannot rebuild the model "
+                            f"({printable(str(e).strip(), 600)})") from None
+    check_fits(built.module, dense_state, dense_file)
     saved = [(t["name"], t["rows"], t["dim"]) for t in meta["tables"]]
     built_tables = [(t.name, t.rows, t.dim) for t in built.tables]
-    if saved != built_tables:
-        raise ModelDirError(f"{file}: tables {saved} do not match the model's {built_tables}")
+    for i, (s, b) in enumerate(zip_longest(saved, built_tables)):
+        if s != b:
+            raise ModelDirError(f"{file}: tables[{i}] is {quoted(s)} (name, rows, dim), the "
+                                f"model built from model.json has {quoted(b)}")
     return built
 
 
@@ -69,17 +136,17 @@ class TrainedModel(torch.nn.Module):
     ...)`` and ``score_batch`` give click probabilities; ``score(rows)`` preprocesses raw rows
     first. Also a lookup (``pull``) for recsync.evaluate."""
 
-    def __init__(self, files: ModelFiles):
+    def __init__(self, files: ModelFiles, builder: str | None = None):
         super().__init__()
         meta = self.meta = files.meta
         self.path = files.path
-        built = rebuild(meta, files.path)
+        built = rebuild(meta, files.path, files.dense_state, builder)
         self.dense = built.module
         try:
             self.dense.load_state_dict(files.dense_state)
         except RuntimeError as e:
-            raise ModelDirError(f"{files.path / meta['dense'].get('file', 'dense')}: does not "
-                                f"fit the model ({str(e).splitlines()[0]})") from None
+            raise ModelDirError(f"{files.path / meta['dense']['file']}: does not fit the model "
+                                f"({printable(str(e).strip(), 200)})") from None
         self.dense.eval()
         self.plan, self.specs = built.plan, built.tables
         self.seed = int(meta["train"]["seed"])
@@ -174,7 +241,13 @@ def raw_rows_preprocessor():
     return preprocess_table
 
 
-def load_model(path: str | Path) -> TrainedModel:
+def load_model(path: str | Path, *, builder: str | None = None) -> TrainedModel:
     """The model in directory ``path`` (a run's OUT/model) as a TrainedModel; ModelDirError
-    (a ValueError, one line naming the file) if it cannot be read."""
-    return TrainedModel(read_model_dir(path))
+    (a ValueError, one line naming the file) if it cannot be read.
+
+    A built-in model loads without running code from anywhere. A user's model loads only with
+    ``builder`` ("package.module:builder" or "path/to/file.py:builder", relative to the
+    current directory), which is imported and run: pass it only for code you trust.
+    model.json's ``model.params`` are given to it as data. It is called twice: on the meta
+    device first, to size the model without allocating it (rebuild)."""
+    return TrainedModel(read_model_dir(path), builder)

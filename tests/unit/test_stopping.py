@@ -103,3 +103,19 @@ def test_temporary_files_of_unfinished_writes_are_removed_and_nothing_else(tmp_p
         p.write_text("x")
     assert sorted(remove_temp_files(tmp_path, tmp_path / "checkpoints")) == sorted(tmp)
     assert all(p.exists() for p in keep) and not any(p.exists() for p in tmp)
+
+
+def test_a_user_models_broken_forward_ends_in_its_one_line_also_from_an_actor():
+    from ray.exceptions import RayTaskError
+
+    from recsync.model.loss import ModelContractError
+    line = ("model.name = 'my.py:build': forward(dense, embeddings) returned a torch.int64 "
+            "tensor of shape [4]; the contract is floating-point logits of shape [B] = [4]")
+    assert known_cause(ModelContractError(line)) == line
+    try:
+        raise ModelContractError(line)
+    except ModelContractError as cause:  # as Ray hands an actor's error to the driver
+        from_actor = RayTaskError("Worker.run", "Traceback ...", cause).as_instanceof_cause()
+    assert isinstance(from_actor, ModelContractError)
+    status, cause, raised = ending(from_actor)
+    assert (status, cause) == ("failed", line) and "Traceback" not in str(raised)

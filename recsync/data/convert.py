@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from recsync.data.convert_csv import LineError, read_text_block
 from recsync.data.convert_fast import fast_block
 from recsync.data.convert_input import (ConvertError, Source, check_columns, open_source,
-                                        parquet_batches, text_blocks)
-from recsync.data.convert_parse import MAX_EXAMPLES, Parsed, Plan, merge_stats, parse, \
-    read_text_block
+                                        parquet_batches, parquet_types, text_blocks)
+from recsync.data.convert_parse import MAX_EXAMPLES, Parsed, Plan, check_types, merge_stats, parse
 from recsync.data.format import Feature, Layout, SplitWriter, Table, one_line, write_meta
 from recsync.data.output import check_target, staged_output
 from recsync.data.schema import Schema, load_schema
@@ -63,13 +63,14 @@ class ConvertReport:
 
 
 def convert(inputs, schema: Schema | str | os.PathLike, out_dir, *, strict: bool = False,
-            overwrite: bool = False, progress: bool = True,
-            block_bytes: int = BLOCK_BYTES) -> ConvertReport:
+            overwrite: bool = False, progress: bool = True, block_bytes: int = BLOCK_BYTES,
+            allow_empty_train: bool = False) -> ConvertReport:
     """Convert ``inputs`` (read in order, as one stream) as ``schema`` says into ``out_dir``.
 
     Raises ConvertError (one line naming the file, and the line and column where there is one)
     for a missing, unreadable or empty input, a column the schema names but an input lacks,
-    headers that differ between inputs, a bad row in strict mode, or no good row at all;
+    headers that differ between inputs, a bad row in strict mode, no good row at all, or no
+    train row unless ``allow_empty_train`` (an eval-only data set, to score);
     SchemaError for a bad schema; FileExistsError if ``out_dir`` holds a data set and not
     ``overwrite``, or anything that is not a data set. ``out_dir`` is complete or as it was.
     """
@@ -91,7 +92,7 @@ def convert(inputs, schema: Schema | str | os.PathLike, out_dir, *, strict: bool
         split_at = total - int(round(total * schema.split.fraction))
     fitted = run.fit(plan, split_at) if any(d[2] == "standardize" for d in plan.dense) else {}
     with staged_output(out, overwrite) as tmp:
-        report = run.write(tmp, plan, split_at, strict, fitted)
+        report = run.write(tmp, plan, split_at, strict, fitted, allow_empty_train)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -159,7 +160,7 @@ class _Run:
         return fitted
 
     def write(self, root: Path, plan: Plan, split_at: int | None, strict: bool,
-              fitted: dict) -> ConvertReport:
+              fitted: dict, allow_empty_train: bool = False) -> ConvertReport:
         """Parse and write every row (pass 3), then meta.json."""
         layout = layout_of(self.schema)
         writers = {k: SplitWriter(root, k, layout=layout, part_rows=PART_ROWS)
@@ -191,6 +192,10 @@ class _Run:
             e = examples[0]
             raise ConvertError(f"all {records:,} rows of {names} are bad; first: {e.where}: "
                                + (f"column {e.column}: " if e.column else "") + e.reason)
+        if infos["train"].rows == 0 and not allow_empty_train:
+            raise ConvertError(f"{names}: no train rows ({rows:,} eval rows, {bad:,} bad; "
+                               f"{_split_rule(self.schema)}); pass --allow-empty-train for an "
+                               f"eval-only data set (to score, not to train on)")
         preprocessing = {"schema": self.schema.model_dump(mode="json"), "hash": HASH_NAME,
                          "standardize": fitted}
         write_meta(root, layout=layout, splits=infos, preprocessing=preprocessing, source={
@@ -238,6 +243,7 @@ def pieces(src: Source, plan: Plan, delimiter: str, block_bytes: int = BLOCK_BYT
     """(job(eval_from) -> Parsed, location, records, bytes on disk) per piece of ``src``: a
     block of text lines (fast path, else pyarrow's CSV reader) or a batch of Parquet rows."""
     if src.kind == "parquet":
+        check_types(src.name, parquet_types(src), plan)
         for batch, group, row0, nbytes in parquet_batches(src, plan.columns(), BATCH_ROWS):
             def job(eval_from, batch=batch):
                 table = pa.Table.from_batches([batch])
@@ -251,12 +257,24 @@ def pieces(src: Source, plan: Plan, delimiter: str, block_bytes: int = BLOCK_BYT
                 return parse(fast, fast.invalid, block.lines, plan, eval_from, src.eval)
             try:
                 table, invalid = read_text_block(block.data, src.columns, plan, delimiter)
+            except LineError as e:
+                raise ConvertError(f"{src.name}:{block.line0 + e.index}: {e.why}") from None
             except pa.ArrowInvalid as e:
                 raise ConvertError(f"{src.name}:{block.line0}-"
                                    f"{block.line0 + block.lines - 1}: cannot be parsed "
                                    f"({one_line(e)})") from None
             return parse(table, invalid, block.lines, plan, eval_from, src.eval)
         yield job, block.line0, block.lines, block.read_bytes
+
+
+def _split_rule(schema: Schema) -> str:
+    """The schema's split, for messages."""
+    split = schema.split
+    if split.column:
+        return f"eval: split.column {split.column!r} in {split.values}"
+    if split.eval_files:
+        return f"eval: inputs matching split.eval_files {split.eval_files}"
+    return f"eval: the last {split.fraction:g} of the records (split.eval_fraction)"
 
 
 def place(src: Source, loc, i: int) -> str:

@@ -6,8 +6,10 @@ Parquet), its columns, and its records streamed in bounded pieces.
   nothing is written to disk and memory stays at a block.
 * Text is cut into blocks of whole lines (``block_bytes`` each, cut at a newline) that the
   parser reads independently, so the 1-based line number of every record is known exactly
-  (quoted fields must not contain newlines, as in pyarrow's default). Blank lines at the end of
-  a file are ignored; a blank line elsewhere is a bad row.
+  (a quoted field must not contain a line end: convert_csv refuses it). Blank lines at the end
+  of a file are ignored; a blank line elsewhere is a bad row. A line (or a run of blank lines)
+  longer than ``MAX_LINE_BYTES`` is refused: memory stays within a few times that bound and the
+  time linear in the file, whatever it holds.
 * Parquet is read a row group at a time (``iter_batches``), only the columns the schema reads.
 """
 
@@ -24,11 +26,18 @@ import pyarrow.parquet as pq
 
 from recsync.data.format import one_line
 from recsync.data.schema import Schema
+from recsync.safe_names import printable
+
+MAX_LINE_BYTES = 64 << 20  # docs/data.md "Inputs"; tests lower it
 
 
 class ConvertError(ValueError):
     """An input cannot be converted with this schema; one line naming the file (and the line
-    and column where there is one)."""
+    and column where there is one). Control characters of the message (a quoted value, a
+    file name) are escaped: what an input holds never reaches a terminal raw."""
+
+    def __init__(self, message: str):
+        super().__init__(printable(message, 4000))
 
 
 _MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\x28\xb5\x2f\xfd", "zstd"))
@@ -100,15 +109,18 @@ def _stream(src: Source):
 def _read_header(src: Source, schema: Schema) -> None:
     raw, stream = _stream(src)
     with raw, stream:
-        head = b""
-        while b"\n" not in head:
-            chunk = stream.read(1 << 16)
-            if not chunk:
+        pieces, size = [], 0
+        while True:
+            chunk = stream.read(1 << 20)
+            pieces.append(chunk)
+            size += len(chunk)
+            if not chunk or b"\n" in chunk:
                 break
-            head += chunk
-            if len(head) > 1 << 24:
-                raise ConvertError(f"{src.name}:1: no line end in the first 16 MB (not a CSV "
-                                   f"file?)")
+            if size > MAX_LINE_BYTES:
+                raise long_line(src.name, 1)
+        head = b"".join(pieces)
+    if head.find(b"\n") > MAX_LINE_BYTES:
+        raise long_line(src.name, 1)
     bom = 3 if head.startswith(b"\xef\xbb\xbf") else 0
     if not head[bom:].strip(b"\r\n"):
         raise ConvertError(f"{src.name}: empty file (no lines)")
@@ -122,7 +134,10 @@ def _read_header(src: Source, schema: Schema) -> None:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         raise ConvertError(f"{src.name}:1: the header is not UTF-8 text") from None
-    src.columns = next(csv.reader([text], delimiter=schema.input.delimiter))
+    try:
+        src.columns = next(csv.reader([text], delimiter=schema.input.delimiter))
+    except csv.Error as e:  # a field over the csv module's limit (128 KB)
+        raise ConvertError(f"{src.name}:1: the header cannot be read ({e})") from None
     src.header_bytes = end + 1 if end >= 0 else len(head)
     src.first_line = 2
 
@@ -165,6 +180,12 @@ def text_blocks(src: Source, block_bytes: int) -> Iterator[TextBlock]:
         raise ConvertError(f"{src.name}: cannot be read ({one_line(e)})") from e
 
 
+def long_line(name: str, line: int, what: str = "a line") -> ConvertError:
+    return ConvertError(f"{name}:{line}: {what} longer than {MAX_LINE_BYTES:,} bytes "
+                        f"(MAX_LINE_BYTES): not CSV or TSV text this reader can take (lines "
+                        f"end with \\n or \\r\\n)")
+
+
 def _text_blocks(src: Source, block_bytes: int) -> Iterator[TextBlock]:
     raw, stream = _stream(src)
     with raw, stream:
@@ -174,37 +195,60 @@ def _text_blocks(src: Source, block_bytes: int) -> Iterator[TextBlock]:
             if not got:
                 break
             skip -= got
-        carry, line, reported = b"", src.first_line, 0
+        # held: what follows the last block, kept as read (no copy per chunk: linear time):
+        # complete blank lines (`nl` of them), then an unfinished line of `tail` bytes
+        held: list[bytes] = []
+        size = nl = tail = 0
+        tail_blank, line, reported = True, src.first_line, 0
         while True:
             chunk = stream.read(block_bytes)
-            buf = carry + chunk if carry else chunk
             if not chunk:  # end of file: trailing blank lines are dropped
-                body = buf.rstrip(b"\r\n")
+                body = b"".join(held).rstrip(b"\r\n")
                 if body:
                     block = body + b"\n"
                     yield TextBlock(block, line, block.count(b"\n"), raw.tell() - reported)
                 return
-            cut = _cut(buf)
-            if cut == 0:  # no complete non-blank line yet: keep reading
-                carry = buf
+            last = chunk.rfind(b"\n")
+            if last < 0:  # the unfinished line goes on
+                held.append(chunk)
+                size, tail = size + len(chunk), tail + len(chunk)
+                tail_blank = tail_blank and chunk.count(b"\r") == len(chunk)
+                if tail > MAX_LINE_BYTES:
+                    raise long_line(src.name, line + nl)
                 continue
-            block, carry = buf[:cut], buf[cut:]
-            pos = raw.tell()
-            n = block.count(b"\n")
-            yield TextBlock(block, line, n, pos - reported)
-            line, reported = line + n, pos
+            if tail + chunk.find(b"\n") > MAX_LINE_BYTES:
+                raise long_line(src.name, line + nl)
+            cut = _cut(chunk)  # after the last non-blank line closing in the chunk, if any
+            if not cut and not tail_blank:  # the unfinished line, closed, is not blank
+                cut = chunk.find(b"\n") + 1
+            if not cut:  # only blank lines closed: held back, since at the end they are dropped
+                held.append(chunk)
+                size += len(chunk)
+                nl += chunk.count(b"\n")
+            else:
+                block = b"".join([*held, chunk[:cut]]) if held else chunk[:cut]
+                pos = raw.tell()
+                n = block.count(b"\n")
+                yield TextBlock(block, line, n, pos - reported)
+                line, reported = line + n, pos
+                held, size, nl = [chunk[cut:]], len(chunk) - cut, chunk.count(b"\n", cut)
+            tail = len(chunk) - last - 1
+            tail_blank = chunk.count(b"\r", last + 1) == tail
+            if size - tail > MAX_LINE_BYTES:
+                raise long_line(src.name, line, "a run of blank lines")
 
 
 def _cut(buf: bytes) -> int:
-    """Offset just after the last line end that closes a non-blank line (0 if none): blank
-    lines after it wait for the next block, since at the end of the file they are dropped."""
-    end = buf.rfind(b"\n")
-    while end >= 0:
-        start = buf.rfind(b"\n", 0, end) + 1
-        if buf[start:end].strip(b"\r"):
-            return end + 1
-        end = start - 1
-    return 0
+    """Offset just after the last line end that closes a non-blank line (0 if none; the first
+    line counts from offset 0): blank lines after it wait for the next block, since at the end
+    of the file they are dropped. A line is blank when it holds nothing but carriage returns."""
+    last = buf.rfind(b"\n")
+    if last <= 0:
+        return 0
+    if buf[last - 1] not in b"\r\n":  # the usual case: the last line is not blank
+        return last + 1
+    k = len(buf[:last].rstrip(b"\r\n"))  # buf[k - 1]: the last byte of a non-blank line
+    return buf.find(b"\n", k - 1) + 1 if k else 0
 
 
 def count_records(src: Source) -> int:
@@ -229,6 +273,14 @@ def count_records(src: Source) -> int:
                 else:
                     tail += chunk.count(b"\n")
         return newlines - tail + body
+    except READ_ERRORS as e:
+        raise ConvertError(f"{src.name}: cannot be read ({one_line(e)})") from e
+
+
+def parquet_types(src: Source) -> dict:
+    """Column name -> Arrow type of a Parquet input."""
+    try:
+        return {f.name: f.type for f in pq.ParquetFile(src.path).schema_arrow}
     except READ_ERRORS as e:
         raise ConvertError(f"{src.name}: cannot be read ({one_line(e)})") from e
 

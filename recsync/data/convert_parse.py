@@ -6,7 +6,8 @@ run on a small thread pool (pyarrow and numpy release the GIL).
 A row is bad (skipped and counted) when its field count differs from the header's, its label is
 missing, not a number or (without a threshold) not 0 or 1, its weight is missing or not a finite
 number >= 0, or a dense value is present but not a finite number. Categorical values are never
-bad: any text hashes. A multi-hot list longer than max_len is truncated, not bad.
+bad: any text hashes. A multi-hot list longer than max_len is truncated, not bad. (Text blocks
+are read into tables by convert_fast.py or convert_csv.py.)
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pcsv
 
 from recsync.data.convert_fast import FastBlock
+from recsync.data.convert_input import ConvertError
 from recsync.data.format import MAX_INT32_ROWS
 from recsync.data.schema import Schema
-from recsync.data.value_hash import valid_mask, hash_text, ids_of, to_ids
+from recsync.data.value_hash import hash_text, ids_of, to_ids, valid_mask
+from recsync.safe_names import printable
 
 MAX_EXAMPLES = 10  # bad rows reported per conversion
 # what pyarrow's string -> float64 cast accepts and a finite number needs (no inf, nan, 0x..)
@@ -101,39 +103,41 @@ class Parsed:
     stats: np.ndarray | None = None  # fit: [num dense, 3] (count, mean, M2) of train rows
 
 
-def read_text_block(data: bytes, names: list[str], plan: Plan, delimiter: str):
-    """A block of whole lines -> (table of the plan's columns, invalid records as
-    [(index, reason)]): rows whose field count is wrong are left out of the table.
+def check_types(source: str, types: dict, plan: Plan) -> None:
+    """Every column the plan reads has a type it can read (``types``: column -> Arrow type);
+    ConvertError naming ``source``, the column and its type otherwise."""
+    need = [(c, "number") for c in (plan.label, plan.weight, *(d[1] for d in plan.dense)) if c]
+    need += [(c[1], "text") for c in plan.cats] + [(m[1], "list") for m in plan.multi]
+    need += [(plan.split_column, "text")] if plan.split_column else []
+    for column, role in need:
+        t = types.get(column)
+        if t is not None and not _readable(t, role):
+            raise ConvertError(f"{source}: column {column!r} has type {t}, which recsync cannot "
+                               f"read; {_ROLES[role]}")
 
-    Numeric columns (label, weight, dense) are parsed as float64 by the CSV reader; if a value
-    in the block is not a number the block is read again with every column as bytes, and
-    :func:`parse` finds the bad rows. Other columns are bytes (hashed as they are)."""
-    numeric = plan.numeric_columns()
+
+_ROLES = {"number": "a label, weight or dense column holds numbers (or their text)",
+          "text": "a categorical or split column holds text or numbers (or dates or times, "
+                  "read as their text)",
+          "list": "a multi-hot column holds text (split at its separator) or a list of text or "
+                  "numbers"}
+
+
+def _readable(t: pa.DataType, role: str) -> bool:
+    """Whether parse() reads a column of type ``t`` in ``role``: the casts it makes exist."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if role == "list" and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        t, role = t.value_type, "text"
+    elif role == "list":
+        return pa.types.is_null(t) or any(f(t) for f in (
+            pa.types.is_string, pa.types.is_binary, pa.types.is_large_string,
+            pa.types.is_large_binary))
     try:
-        return _read_csv(data, names, plan, delimiter, numeric)
-    except pa.ArrowInvalid:
-        return _read_csv(data, names, plan, delimiter, ())
-
-
-def _read_csv(data: bytes, names: list[str], plan: Plan, delimiter: str, numeric):
-    invalid: list[tuple[int, str]] = []
-
-    def handler(row):
-        invalid.append((row.number - 1, f"expected {row.expected_columns} fields, got "
-                                         f"{row.actual_columns}"))
-        return "skip"
-
-    cols = plan.columns()
-    types = {c: pa.float64() if c in numeric else pa.binary() for c in cols}
-    table = pcsv.read_csv(
-        pa.py_buffer(data),
-        read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
-                                      block_size=len(data) + 1),  # one chunk
-        parse_options=pcsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=False,
-                                        invalid_row_handler=handler),
-        convert_options=pcsv.ConvertOptions(include_columns=cols, column_types=types,
-                                            null_values=[""], strings_can_be_null=True))
-    return table, invalid
+        pc.cast(pa.nulls(1, t), pa.float64() if role == "number" else pa.string())
+        return True
+    except pa.ArrowNotImplementedError:
+        return False
 
 
 def _numbers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -164,16 +168,20 @@ def _text(col: pa.Array, i: int) -> str:
     """Value i for a message: a number as such (the same whether the CSV reader parsed it or
     not), anything else quoted."""
     v = col[i].as_py()
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
+    if isinstance(v, bytes):  # bytes that are not UTF-8 shown as \xff, control characters escaped
+        v = v.decode("utf-8", "backslashreplace")
     try:
         return f"{float(v):g}"
     except (TypeError, ValueError):
-        return repr(v)[:40]
+        return f"'{printable(v, 38)}'" if isinstance(v, str) else printable(v, 40)
 
 
 def _combine(col) -> pa.Array:
-    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    """One array, a dictionary's values decoded, a column of only nulls as text."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    return pa.nulls(len(col), pa.string()) if pa.types.is_null(col.type) else col
 
 
 def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: Plan,

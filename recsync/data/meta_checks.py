@@ -9,10 +9,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+# The bounds a data set's meta.json must keep, here alone: the schema of `recsync data convert`
+# (recsync/data/schema.py) accepts exactly these, so nothing it converts is refused when read.
 MAX_TABLE_ROWS = 2**40  # ids are int64; memory is checked where tables are allocated
+MAX_DIM = 65_536  # a table's embedding width
+MAX_LIST_LEN = 1_000_000  # a multi-hot feature's max_len
+MAX_FEATURES = 100_000  # dense columns, sparse features, tables (each)
+MAX_NAME_CHARS = 200
 PART_NAME = re.compile(r"part-[0-9]{5,}")  # what part_name() makes; nothing else is opened
-NAME = re.compile(r"[^\x00-\x1f]{1,200}")  # printable, bounded
-MAX_FEATURES = 100_000
+NAME = re.compile(r"[^\x00-\x1f]{1,%d}" % MAX_NAME_CHARS)  # printable, bounded
 
 
 class DataFormatError(ValueError):
@@ -56,8 +61,8 @@ def check_meta(meta: dict, path: Path, splits: tuple[str, ...], poolings: tuple[
         if not _is_int(t.get("rows"), 1, MAX_TABLE_ROWS):
             bad(f"tables[{i}].rows", f"(table {t['name']!r}) must be an integer in "
                                      f"[1, {MAX_TABLE_ROWS}], got {t.get('rows')!r:.40}")
-        if t.get("dim") is not None and not _is_int(t["dim"], 1, 65_536):
-            bad(f"tables[{i}].dim", f"must be an integer in [1, 65536], got {t['dim']!r:.40}")
+        if t.get("dim") is not None and not _is_int(t["dim"], 1, MAX_DIM):
+            bad(f"tables[{i}].dim", f"must be an integer in [1, {MAX_DIM}], got {t['dim']!r:.40}")
     table_names = [t["name"] for t in tables]
     if len(set(table_names)) != len(table_names):
         bad("tables", "repeat a name")
@@ -74,8 +79,8 @@ def check_meta(meta: dict, path: Path, splits: tuple[str, ...], poolings: tuple[
             if f["pooling"] not in poolings:
                 bad(f"features[{i}].pooling", f"must be one of {', '.join(poolings)}, got "
                                               f"{f['pooling']!r:.40}")
-            if not _is_int(f.get("max_len"), 1, 1_000_000):
-                bad(f"features[{i}].max_len", f"must be an integer in [1, 1000000], got "
+            if not _is_int(f.get("max_len"), 1, MAX_LIST_LEN):
+                bad(f"features[{i}].max_len", f"must be an integer in [1, {MAX_LIST_LEN}], got "
                                               f"{f.get('max_len')!r:.40}")
     if meta.get("id_dtype") not in ("int32", "int64"):
         bad("id_dtype", f"must be \"int32\" or \"int64\", got {meta.get('id_dtype')!r:.40}")

@@ -5,24 +5,33 @@ So a data set directory is complete or absent (docs/design.md §4b): a conversio
 is interrupted (Ctrl-C included) leaves the target exactly as it was, and ``overwrite`` replaces
 an old data set only once the new one is whole. Nothing but an earlier data set is ever
 deleted: a target holding anything else (a user's ``.bak``, notes, other data) is refused.
+
+A conversion killed outright (SIGKILL, a power cut) cannot clean up: the next one into the same
+target removes what it left beside it (``.NAME.recsync-tmp-PID-N``, and ``.NAME.recsync-old-PID-N``
+once the target is back) when process PID is gone, and says so; a target it was killed while
+replacing is put back from its ``-old-`` directory.
 """
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from recsync.data.format import SPLITS
+from recsync.stopping import pid_alive
 
 # what the writers put in a data set directory (".tmp": a part or meta.json being written)
 _TOP_FILES = ("meta.json", "meta.json.tmp")
 _PART_FILE = re.compile(
     r"part-[0-9]{5,}\.(dense|sparse|label|weight|multi[0-9]+\.(values|offsets))\.npy(\.tmp)?")
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.recsync-(?P<kind>tmp|old)-(?P<pid>[0-9]+)-[0-9]+")
 
 
 def foreign_entry(out: Path) -> Path | None:
@@ -41,10 +50,38 @@ def foreign_entry(out: Path) -> Path | None:
     return None
 
 
+def remove_leftovers(out: str | Path) -> list[Path]:
+    """Clean up after conversions into ``out`` that were killed: remove their staging (and
+    replaced) directories beside it, or put back the data set one was replacing when killed;
+    each said on stderr. Only directories of a process that is gone, and holding nothing but
+    data set files, are touched. Returns the paths removed or put back."""
+    real = Path(os.path.realpath(out))
+    if not real.parent.is_dir():
+        return []
+    done = []
+    for p in sorted(real.parent.glob(f".{glob.escape(real.name)}.recsync-*")):
+        m = _LEFTOVER.fullmatch(p.name)
+        if (m is None or m["name"] != real.name or p.is_symlink() or not p.is_dir()
+                or pid_alive(int(m["pid"])) or foreign_entry(p) is not None):
+            continue
+        if m["kind"] == "old" and not real.exists() and not real.is_symlink():
+            os.rename(p, real)
+            print(f"put back {real} from {p}: a conversion (process {m['pid']}) was killed "
+                  f"while replacing it", file=sys.stderr)
+        else:
+            shutil.rmtree(p)
+            print(f"removed {p}, left by a conversion (process {m['pid']}) that was killed",
+                  file=sys.stderr)
+        done.append(p)
+    return done
+
+
 def check_target(out: Path, overwrite: bool) -> None:
-    """Refuse a target that holds anything but a data set, or a data set unless ``overwrite``.
+    """Refuse a target that holds anything but a data set, or a data set unless ``overwrite``
+    (after :func:`remove_leftovers`: a target a killed conversion was replacing is put back).
 
     Raises FileExistsError naming ``out`` (and the first foreign file)."""
+    remove_leftovers(out)
     if not out.exists():
         return
     if not out.is_dir():

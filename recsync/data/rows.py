@@ -30,7 +30,7 @@ import torch
 
 from recsync.data.convert import BLOCK_BYTES, HASH_NAME, BadRow, pieces, place, stop_at_first
 from recsync.data.convert_input import ConvertError, check_names, open_source
-from recsync.data.convert_parse import MAX_EXAMPLES, Parsed, Plan, parse
+from recsync.data.convert_parse import MAX_EXAMPLES, Parsed, Plan, check_types, parse
 from recsync.data.reader import Batch
 from recsync.data.schema import Schema
 
@@ -118,6 +118,7 @@ class RowPreprocessor:
         names = column_names(table)
         plan = self.plan_for(source, names, "columns")
         arrow = to_arrow(table, plan.columns(), source)
+        check_types(source, {c: arrow.column(c).type for c in arrow.column_names}, plan)
         p = parse(arrow, [], arrow.num_rows, plan, 2**62, False)
         where = lambda i: f"{source}: row {first_row + i}"  # noqa: E731
         if strict:

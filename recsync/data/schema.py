@@ -3,7 +3,9 @@ turned into numbers, and which rows are held out. A TOML file (or a shipped pres
 ``recsync/data/presets/NAME.toml``) read by :func:`load_schema`; docs/data.md lists every key.
 
 Strict like the run config: every key is known, a boolean is true or false, an integer is not
-2.0; an error names the file and the key.
+2.0; an error names the file and the key. Its bounds (table rows and dims, max_len, feature counts,
+names) are the data set reader's own (recsync/data/meta_checks.py): a schema accepted here never
+gives a data set that training refuses.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from recsync.data.format import MAX_TABLE_ROWS
+from recsync.data.meta_checks import (MAX_DIM, MAX_FEATURES, MAX_LIST_LEN, MAX_NAME_CHARS,
+                                      MAX_TABLE_ROWS, NAME)
+from recsync.safe_names import printable
 
 
 class SchemaError(ValueError):
@@ -30,7 +34,8 @@ class _Section(BaseModel):
 
 class Input(_Section):
     delimiter: str = Field(",", min_length=1, max_length=1)
-    """the field separator, one character: "," for CSV, "\\t" for TSV"""
+    """the field separator, one ASCII character other than a quote or a line end: "," for CSV,
+    "\\t" for TSV"""
     header: bool = True
     """the first line of every (text) file names the columns"""
     columns: list[str] = []
@@ -38,6 +43,9 @@ class Input(_Section):
 
     @model_validator(mode="after")
     def _columns(self):
+        if not self.delimiter.isascii() or self.delimiter in "\"\r\n":
+            raise ValueError(f"input.delimiter: '{printable(self.delimiter)}' cannot separate "
+                             f"fields (one ASCII character other than a quote or a line end)")
         if not self.header and not self.columns:
             raise ValueError("input.columns: name the columns (in file order) when "
                              "input.header = false")
@@ -82,7 +90,7 @@ class MultiHot(_Section):
     """the embedding table (default: name); may be a single-hot feature's table"""
     separator: str = Field(min_length=1)
     """what separates the elements of a list, e.g. "|"; empty elements are dropped"""
-    max_len: int = Field(ge=1)
+    max_len: int = Field(ge=1, le=MAX_LIST_LEN)
     """longer lists keep their first max_len elements (counted; --strict: an error)"""
     pooling: Literal["sum", "mean"] = "mean"
     """how the model combines the elements' embedding rows"""
@@ -91,7 +99,7 @@ class MultiHot(_Section):
 class TableSpec(_Section):
     rows: int = Field(ge=2, le=MAX_TABLE_ROWS)
     """rows of the table: values hash to ids 1..rows-1, row 0 is 'missing'"""
-    dim: int | None = Field(None, ge=1)
+    dim: int | None = Field(None, ge=1, le=MAX_DIM)
     """embedding width of this table (unset: the model's embedding_dim)"""
 
 
@@ -152,8 +160,23 @@ class Schema(_Section):
             if n in seen:
                 raise ValueError(f"feature name {n!r} is used twice")
             seen.add(n)
-        if not self.categorical and not self.multi_hot and not self.dense:
-            raise ValueError("no features: add [[dense]], [[categorical]] or [[multi_hot]]")
+        if not self.categorical and not self.multi_hot:
+            raise ValueError("no sparse features: add [[categorical]] or [[multi_hot]] (a data "
+                             "set has at least one embedding table)")
+        for kind in ("dense", "categorical", "multi_hot"):
+            features = getattr(self, kind)
+            if len(features) > MAX_FEATURES:
+                raise ValueError(f"{kind}: {len(features):,} features, more than {MAX_FEATURES:,}")
+            for i, f in enumerate(features):
+                for key in ("name", "table") if kind != "dense" else ("name",):
+                    value = getattr(f, key)
+                    if (value or key == "name") and not NAME.fullmatch(value):
+                        raise ValueError(f"{kind}.{i}.{key}: '{printable(value)}' must be 1 to "
+                                         f"{MAX_NAME_CHARS} characters, none a control "
+                                         f"character")
+        if len(self.categorical) + len(self.multi_hot) > MAX_FEATURES:
+            raise ValueError(f"categorical and multi_hot: more than {MAX_FEATURES:,} sparse "
+                             f"features")
         unused = set(self.tables) - set(self.table_names())
         if unused:
             raise ValueError(f"tables.{sorted(unused)[0]}: no feature uses this table")

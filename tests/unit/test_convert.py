@@ -104,7 +104,7 @@ def test_rows_ids_lists_and_split(tmp_path):
 
 def test_standardize_fits_on_train_rows_only(tmp_path):
     sch = '[label]\ncolumn = "y"\n[[dense]]\nname = "x"\ntransform = "standardize"\n' \
-          '[split]\neval_fraction = 0.5\n'
+          '[[categorical]]\nname = "c"\ncolumn = "x"\n[split]\neval_fraction = 0.5\n'
     r = run(tmp_path, "y,x\n1,1\n0,3\n1,\n0,1000\n1,-1000\n", sch)  # 3 train rows, one empty
     fitted = r.preprocessing["standardize"]["x"]
     assert (fitted["mean"], fitted["std"], fitted["count"]) == (2.0, 1.0, 2)

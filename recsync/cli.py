@@ -58,18 +58,15 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
                                    "outputs: leave out --config, --out and --overwrite (--set "
                                    "may change cluster.ps_shards, cluster.workers and the "
                                    "keys docs/recovery.md lists)")
-        if storage.is_url(resume_dir):  # its config.toml and checkpoints, fetched
-            storage.pull_dir(storage.local(resume_dir))
-        elif not Path(resume_dir).is_dir():
-            raise click.BadParameter(f"Directory {resume_dir!r} does not exist.",
-                                     param_hint="'--resume'")
-        config_path, out = str(storage.local(resume_dir) / "config.toml"), resume_dir
+        out = resume_dir
     elif not out:
         raise click.UsageError("Missing option '--out' (or --resume DIR).")
     if address:
         overrides = (*overrides, f"cluster.address={json.dumps(address)}")
-    shown = storage.local(out)  # where the outputs are here (a URL's staging folder)
     try:
+        shown = storage.local(out)  # where the outputs are here (a URL's staging folder)
+        if resume_dir:  # DIR, file://DIR or a URL (its config.toml and checkpoints fetched)
+            config_path = str(storage.resume_folder(resume_dir) / "config.toml")
         with catch_signals():  # also while the run is checked and set up
             cfg = load_config(config_path, overrides)
             summary = run(cfg, out, overwrite=overwrite, resume=bool(resume_dir))
@@ -261,7 +258,8 @@ def criteo(files, out, strict, table_size, eval_fraction, overwrite):
               help="Stop at the first bad row or over-long list instead of skipping it.")
 @click.option("--overwrite", is_flag=True,
               help="Replace a data set already in --out (once the new one is complete).")
-def convert(inputs, schema_path, preset, out, strict, overwrite):
+@click.option("--allow-empty-train", is_flag=True, help="Accept no train rows (eval only).")
+def convert(inputs, schema_path, preset, out, strict, overwrite, allow_empty_train):
     """Convert CSV/TSV (plain, gzip, bzip2, zstd) or Parquet files, as a schema describes them,
     into training shards."""
     from recsync.data.convert import convert as run_convert
@@ -270,7 +268,8 @@ def convert(inputs, schema_path, preset, out, strict, overwrite):
         raise click.UsageError("give one of --schema FILE or --preset NAME")
     with _conversion(out):
         schema = load_schema(schema_path) if schema_path else load_preset(preset)
-        r = run_convert(list(inputs), schema, out, strict=strict, overwrite=overwrite)
+        r = run_convert(list(inputs), schema, out, strict=strict, overwrite=overwrite,
+                        allow_empty_train=allow_empty_train)
     click.echo(f"converted {r.lines:,} lines of {len(inputs)} file(s) in {r.seconds:.1f} s "
                f"({r.lines / max(r.seconds, 1e-9):,.0f} lines/s): {r.train_rows:,} train + "
                f"{r.eval_rows:,} eval rows written to {out}, {r.bad_lines:,} bad lines skipped"
@@ -299,6 +298,10 @@ def plot(runs, out):
         _fail(e)
 
 
+BUILDER_HELP = ("Only for a model of your own code: its builder, package.module:NAME or "
+                "path/to/file.py:NAME, which is imported and run (name only code you trust).")
+
+
 @main.command()
 @click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False),
               help="A model directory (a run's OUT/model).")
@@ -312,20 +315,16 @@ def plot(runs, out):
 @click.option("--strict", is_flag=True,
               help="Raw files: stop at the first bad row (default: its score is null, and bad "
                    "rows are counted and the first ones named, as in conversion).")
-def predict(model_dir, inputs, out, split, batch_size, strict):
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out (never an input).")
+@click.option("--builder", metavar="BUILDER", help=BUILDER_HELP)
+def predict(model_dir, inputs, out, split, batch_size, strict, overwrite, builder):
     """Score rows with a trained model: a converted data set directory (a split, in its order)
     or raw CSV/TSV/Parquet files, preprocessed as the training data was (one score per row, in
     input order)."""
-    from recsync.model_dir.predict import predict as run_predict
+    from recsync.model_dir.commands import predict_command
     with _conversion(out):
-        r = run_predict(model_dir, list(inputs), out, split=split, batch_size=batch_size,
-                        strict=strict)
-    if r["bad"]:
-        click.echo(f"{r['bad']:,} bad rows scored null; first:", err=True)
-        for e in r["examples"]:
-            click.echo(f"  {e.where}: " + (f"column {e.column}: " if e.column else "")
-                       + e.reason, err=True)
-    click.echo(f"wrote {r['rows']:,} scores to {out} in {r['seconds']:.1f} s")
+        predict_command(model_dir, inputs, out, split=split, batch_size=batch_size,
+                        strict=strict, overwrite=overwrite, builder=builder)
 
 
 @main.command("export")
@@ -338,14 +337,15 @@ def predict(model_dir, inputs, out, split, batch_size, strict):
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="File to write.")
 @click.option("--max-bytes", type=int, default=2 * 2**30, show_default=True,
               help="Refuse when the tables, materialised in full, would exceed this.")
-def export_cmd(model_dir, fmt, out, max_bytes):
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+@click.option("--builder", metavar="BUILDER", help=BUILDER_HELP)
+def export_cmd(model_dir, fmt, out, max_bytes, overwrite, builder):
     """Write a trained model as one file that scores preprocessed rows with torch alone (no
     recsync): every table materialised in full (docs/serving.md)."""
-    from recsync.model_dir.export import export_model
+    from recsync.model_dir.commands import export_command
     with _conversion(out):
-        r = export_model(model_dir, out, fmt=fmt, max_bytes=max_bytes)
-    click.echo(f"wrote {out} ({r['bytes'] / 2**20:,.1f} MiB, tables "
-               f"{r['tables_bytes'] / 2**20:,.1f} MiB) in {r['seconds']:.1f} s")
+        export_command(model_dir, out, fmt=fmt, max_bytes=max_bytes, overwrite=overwrite,
+                       builder=builder)
 
 
 @main.command(epilog="\b\nScenarios:\n" + "\n".join(

@@ -10,8 +10,9 @@ beyond ``max_bytes`` are refused and stay in the model directory (docs/serving.m
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from recsync.data.format import Layout
 from recsync.model.inputs import FeatureEmbeddings
+from recsync.model_dir.outfile import check_output, remove_stale_temps, write_file
 from recsync.model_dir.trained import TrainedModel, load_model
 
 FORMATS = ("torchscript", "torch-export")
@@ -49,7 +51,8 @@ class ServingModel(nn.Module):
                 out.append(weight.index_select(0, sparse[:, column]))
             else:
                 values, offsets = multi[2 * j], multi[2 * j + 1]
-                out.append(F.embedding_bag(values, weight, offsets[:-1], mode=pooling))
+                out.append(F.embedding_bag(values, weight, offsets, mode=pooling,
+                                           include_last_offset=True))
         embeddings = (FeatureEmbeddings.of(torch.stack(out, dim=1)) if self.one_dim
                       else FeatureEmbeddings(out))
         return torch.sigmoid(self.dense(dense, embeddings))
@@ -97,37 +100,68 @@ def example_inputs(model: TrainedModel, batch: int = 3) -> tuple[torch.Tensor, .
 
 
 def export_model(model_dir: str | Path, out: str | Path, *, fmt: str = "torchscript",
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+                 max_bytes: int = DEFAULT_MAX_BYTES, overwrite: bool = False,
+                 builder: str | None = None) -> dict:
     """Write the model in ``model_dir`` to ``out`` as one file; returns {"path", "bytes",
-    "tables_bytes", "seconds"}. ValueError: tables over ``max_bytes``, an unknown format."""
+    "tables_bytes", "seconds"}. ValueError: tables over ``max_bytes``, an unknown format, a
+    model that does not export; FileExistsError: ``out`` exists and not ``overwrite``;
+    OSError "cannot write OUT": the disk refused it (no file is left). ``builder``: a user's
+    own model's builder, imported and run to rebuild it (recsync.load_model)."""
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
     begin = time.perf_counter()
-    model = load_model(model_dir)
+    out = check_output(out, overwrite=overwrite, inputs=[model_dir])
+    model = load_model(model_dir, **({"builder": builder} if builder is not None else {}))
     total = check_size(model, max_bytes)
     serving = ServingModel(model).eval()
     args = example_inputs(model)
-    out = Path(out)
-    tmp = out.with_name(f".{out.stem}.tmp-{os.getpid()}{out.suffix}")
     try:
         with torch.no_grad():
             if fmt == "torchscript":
-                torch.jit.save(torch.jit.trace(serving, args, check_trace=False), str(tmp))
+                program = torch.jit.trace(serving, args, check_trace=False)
             else:
-                program = torch.export.export(serving, args,
-                                              dynamic_shapes=_dynamic_shapes(model))
-                torch.export.save(program, str(tmp))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return {"path": str(out), "bytes": out.stat().st_size, "tables_bytes": total,
+                with _no_size_specialization():
+                    program = torch.export.export(serving, args,
+                                                  dynamic_shapes=_dynamic_shapes(model))
+    except Exception as e:  # noqa: BLE001 - torch's tracing errors span many types
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{model_dir}: --format {fmt} cannot export this model "
+                         f"({type(e).__name__}: {first})") from None
+    remove_stale_temps(out.parent)
+    size = write_file(out, lambda f: _save(program, fmt, f), overwrite=overwrite)
+    return {"path": str(out), "bytes": size, "tables_bytes": total,
             "seconds": time.perf_counter() - begin}
 
 
+def _save(program, fmt: str, file) -> None:
+    if fmt == "torchscript":
+        torch.jit.save(program, file)
+        return
+    with warnings.catch_warnings():  # about weights on a GPU; these are all on the CPU
+        warnings.filterwarnings("ignore", message="No complete tensor found")
+        torch.export.save(program, file)
+
+
+def _no_size_specialization():
+    """torch.export's option (experimental in torch 2.13, its export tutorial) not to assume
+    that a traced size is 0/1 or >= 2: without it embedding_bag's meta kernel guards the batch
+    to >= 2, and a multi-hot model's program refuses one row."""
+    try:
+        from torch.fx.experimental import _config as config
+    except ImportError:
+        return contextlib.nullcontext()
+    if not hasattr(config, "backed_size_oblivious"):
+        return contextlib.nullcontext()
+    return config.patch(backed_size_oblivious=True)
+
+
 def _dynamic_shapes(model: TrainedModel) -> tuple:
-    """torch.export: the batch (and each multi-hot feature's id count) may vary."""
+    """torch.export: the batch (and each multi-hot feature's id count) may vary. ``*multi``
+    takes one entry (a tuple of its tensors' shapes) only where the model has multi-hot
+    features: an empty ``*multi`` is no input to torch.export."""
     batch = torch.export.Dim("batch", min=1)
     multi: list = []
     for j in range(model.num_multi):
         multi += [{0: torch.export.Dim(f"nnz_{j}", min=0)}, {0: batch + 1}]
-    return ({0: batch}, {0: batch}, tuple(multi))  # forward(dense, sparse, *multi)
+    shapes = ({0: batch}, {0: batch})  # forward(dense, sparse, *multi)
+    return (*shapes, tuple(multi)) if multi else shapes

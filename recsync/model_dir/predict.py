@@ -1,6 +1,9 @@
 """`recsync predict`: score every row of an input with a model directory, streamed in batches,
 one ``score`` per row in input order (and ``label`` where the input has labels), written as
-Parquet or CSV (by the output's suffix). The output appears under its name only once complete.
+Parquet or CSV (by the output's suffix). The output appears under its name only once complete;
+it replaces an existing file only with ``overwrite`` and never one of the inputs (outfile.py).
+The data set must be the model's kind of data, hashed into its training data's table sizes
+(``check_layout``).
 
 Inputs: a converted data set's split (rows in the split's order), or raw CSV/TSV/Parquet files
 (plain or compressed) read and preprocessed exactly as ``recsync data convert`` read the
@@ -11,6 +14,7 @@ named file:line; ``strict`` stops at the first.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -22,7 +26,10 @@ import torch
 
 from recsync.data.format import Layout
 from recsync.data.reader import Chunk, Dataset
+from recsync.model_dir.outfile import (check_output, publish, remove_stale_temps,
+                                       temp_path)
 from recsync.model_dir.trained import TrainedModel, load_model
+from recsync.safe_names import printable
 from recsync.progress import progress
 
 OUTPUT_SUFFIXES = (".parquet", ".csv")
@@ -32,73 +39,118 @@ DEFAULT_BATCH = 8192
 class ScoreWriter:
     """Appends (score, label) columns to a Parquet or CSV file being built beside ``out``."""
 
-    def __init__(self, out: Path, with_label: bool):
-        suffix = out.suffix.lower()
-        if suffix not in OUTPUT_SUFFIXES:
-            raise ValueError(f"--out {out}: name it .parquet or .csv (the format follows the "
-                             f"suffix)")
-        self.out, self.tmp = out, out.with_name(f".{out.stem}.tmp-{os.getpid()}{out.suffix}")
+    def __init__(self, out: Path, with_label: bool, *, overwrite: bool = False):
+        suffix = check_suffix(out)
+        self.out, self.tmp, self.overwrite = out, temp_path(out), overwrite
         fields = [pa.field("score", pa.float32())]
         if with_label:
             fields.append(pa.field("label", pa.float32()))
         self.schema = pa.schema(fields)
-        if suffix == ".parquet":
-            import pyarrow.parquet as pq
-            self.writer = pq.ParquetWriter(str(self.tmp), self.schema)
-        else:
-            import pyarrow.csv as pacsv
-            self.writer = pacsv.CSVWriter(str(self.tmp), self.schema)
+        try:
+            with self._writing():
+                if suffix == ".parquet":
+                    import pyarrow.parquet as pq
+                    self.writer = pq.ParquetWriter(str(self.tmp), self.schema)
+                else:
+                    import pyarrow.csv as pacsv
+                    self.writer = pacsv.CSVWriter(str(self.tmp), self.schema)
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
         self.rows = 0
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """The disk refusing the scores (full, an I/O error): OSError "cannot write OUT:
+        REASON" in one line (pyarrow's are several)."""
+        try:
+            yield
+        except OSError as e:
+            reason = (os.strerror(e.errno) if e.errno else
+                      (str(e).strip().splitlines() or [type(e).__name__])[0])
+            raise OSError(e.errno, f"cannot write {self.out}: {reason}") from None
 
     def write(self, scores: np.ndarray, labels: np.ndarray | None) -> None:
         """NaN scores (bad raw rows) are written as nulls."""
         columns = [pa.array(scores, pa.float32(), mask=np.isnan(scores))]
         if len(self.schema) == 2:
             columns.append(pa.array(labels, pa.float32()))
-        self.writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))
+        with self._writing():
+            self.writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))
         self.rows += len(scores)
 
     def close(self) -> None:
-        self.writer.close()
-        os.replace(self.tmp, self.out)
+        with self._writing():
+            self.writer.close()
+        publish(self.tmp, self.out, overwrite=self.overwrite)
 
     def abort(self) -> None:
-        try:
+        """Remove the partial file (closing it may fail too, on a full disk: the first error
+        is the one to report)."""
+        with contextlib.suppress(Exception):
             self.writer.close()
-        finally:
-            self.tmp.unlink(missing_ok=True)
+        self.tmp.unlink(missing_ok=True)
+
+
+def check_suffix(out: Path) -> str:
+    suffix = out.suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        raise ValueError(f"--out {out}: name it .parquet or .csv (the format follows the "
+                         f"suffix)")
+    return suffix
 
 
 def check_layout(model: TrainedModel, ds: Dataset) -> None:
-    """The data set must hold the columns and features the model was trained on, with ids
-    inside its tables; ValueError naming the difference."""
+    """The data set must hold the columns and features the model was trained on, its ids
+    hashed into tables of the training data's sizes; ValueError naming the difference.
+
+    A table's size is part of its ids' meaning (a value's id is its hash modulo the size), so
+    a data set hashed into smaller or larger tables than the training data's holds other ids
+    for the same values: its scores would be wrong, in range or not. The sizes compared are
+    the training data set's (model.json ``data.tables``), not the model's tables, which
+    ``model.table_rows`` may have made larger than the data's (the ids stay those of the
+    data's sizes)."""
     trained = Layout.from_meta(model.meta["data"])
     where = f"{ds.root}/meta.json"
     if ds.layout.dense != trained.dense:
-        raise ValueError(f"{where}: dense columns {list(ds.layout.dense)} differ from the "
-                         f"model's {list(trained.dense)}")
+        raise ValueError(f"{where}: dense columns {printable(list(ds.layout.dense), 200)} "
+                         f"differ from the model's {printable(list(trained.dense), 200)}")
     if ds.layout.features != trained.features:
-        raise ValueError(f"{where}: sparse features {[f.name for f in ds.layout.features]} "
-                         f"differ from the model's {[f.name for f in trained.features]}")
+        raise ValueError(f"{where}: sparse features "
+                         f"{printable([f.name for f in ds.layout.features], 200)} differ from "
+                         f"the model's {printable([f.name for f in trained.features], 200)}")
+    sizes = {t.name: t.rows for t in trained.tables}
     for t in ds.layout.tables:
-        spec = next((s for s in model.specs if s.source == t.name), None)
-        if spec is not None and t.rows > spec.rows:
-            raise ValueError(f"{where}: table {t.name} has {t.rows:,} rows, the model's "
-                             f"{spec.rows:,}: ids would not fit")
+        if t.name in sizes and t.rows != sizes[t.name]:
+            raise ValueError(f"{where}: table {printable(t.name)} has {t.rows:,} rows, the model's "
+                             f"training data {sizes[t.name]:,}: its ids were hashed into "
+                             f"another size and would score wrongly; convert the data with "
+                             f"the training data's table sizes")
+    mine = (ds.meta.get("preprocessing") or {}).get("hash")
+    theirs = (model.meta["data"].get("preprocessing") or {}).get("hash")
+    if mine and theirs and mine != theirs:
+        raise ValueError(f"{where}: values hashed with {printable(mine)}, the model's "
+                         f"training data with {printable(theirs)}: its ids would score wrongly")
 
 
 def predict(model_dir: str | Path, inputs: list[str | Path], out: str | Path, *,
             split: str = "eval", batch_size: int = DEFAULT_BATCH, show_progress: bool = True,
-            strict: bool = False) -> dict:
+            strict: bool = False, overwrite: bool = False, builder: str | None = None) -> dict:
     """Score ``inputs`` (one data set directory, or raw files) into ``out``; returns {"rows",
-    "seconds", "out", "bad", "examples"} (bad raw rows: their count and the first ones)."""
+    "seconds", "out", "bad", "examples"} (bad raw rows: their count and the first ones).
+    ``out`` replaces an existing file only with ``overwrite``, and never one of the inputs
+    (outfile.check_output). ``builder``: a user's own model's builder, imported and run to
+    rebuild it (recsync.load_model)."""
     begin = time.perf_counter()
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     paths = [Path(p) for p in inputs]
     out = Path(out)
+    check_suffix(out)
+    check_output(out, overwrite=overwrite, inputs=[*paths, model_dir])
+    load = {"builder": builder} if builder is not None else {}  # only a user's own model
     if len(paths) == 1 and paths[0].is_dir():
-        model = load_model(model_dir)
+        model = load_model(model_dir, **load)
         ds = Dataset(paths[0])
         check_layout(model, ds)
         pieces = ((b, None) for b in _dataset_batches(ds, split, batch_size))
@@ -109,7 +161,7 @@ def predict(model_dir: str | Path, inputs: list[str | Path], out: str | Path, *,
                 raise ValueError(f"{p}: give one data set directory, or raw files")
             if not p.is_file():
                 raise FileNotFoundError(f"{p}: no such file")
-        model = load_model(model_dir)
+        model = load_model(model_dir, **load)
         from recsync.data.rows import RowPreprocessor
         prep = RowPreprocessor(model.meta["data"])  # a clear error where raw rows cannot be
         pieces = _raw_pieces(prep, paths, strict)  # scored (synthetic data)
@@ -117,7 +169,8 @@ def predict(model_dir: str | Path, inputs: list[str | Path], out: str | Path, *,
         labelled = first is not None and not bool(first[0].label.isnan().all())
         pieces = itertools.chain([first] if first is not None else [], pieces)
         total = None
-    writer = ScoreWriter(out, labelled)
+    remove_stale_temps(out.parent)
+    writer = ScoreWriter(out, labelled, overwrite=overwrite)
     bar = progress(total, "row", f"predict {out.name}", show_progress)
     bad, examples = 0, []
     try:

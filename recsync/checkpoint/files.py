@@ -18,9 +18,10 @@ A checkpoint folder may come from elsewhere (``--resume URL``, a standby fetchin
 checkpoints), so nothing in a manifest is trusted: its data file must be this checkpoint's own,
 ``ckpt-NNNNNN.npz`` of the manifest's sequence, a regular file in the same folder (a symlink
 leading out, ``../x``, ``/dev/zero`` or a FIFO is refused before anything is opened or hashed),
-of the size the manifest says before it is hashed; the meta is covered by ``meta_sha256``
-(SHA-256 of its canonical JSON; manifests written before it lack it and are accepted), and its
-fields are type-checked (meta_check.py), a missing one said when a reader needs it (``Meta``).
+of the size the manifest says before it is hashed, its members stored uncompressed; its meta's
+fields are type-checked (meta_check.py), a missing one said when a reader needs it (``Meta``);
+``meta_sha256`` (SHA-256 of the meta's canonical JSON; absent from manifests written before it)
+catches a meta edited or damaged by accident, and is no signature.
 
 A partial checkpoint (CPR-MFU, CPR-SSU: only some rows) names the full checkpoint it applies to
 in ``meta["base"]``; restoring it means the base, then every checkpoint after the base up to it,
@@ -35,6 +36,7 @@ import os
 import re
 import stat
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +148,17 @@ def _open_regular(path: Path, shown: Path, what: str, limit: int | None = None):
         raise CheckpointError(f"{shown}: the {what} is {info.st_size} bytes, more than a "
                               f"manifest can be ({limit})")
     return os.fdopen(fd, "rb"), info.st_size
+
+
+def _check_stored(f, size: int, shown: Path) -> None:
+    """np.savez writes its members uncompressed: a compressed member (which np.load would
+    inflate, a zip bomb from elsewhere) or members larger in all than the file are refused."""
+    with zipfile.ZipFile(f) as z:
+        members = z.infolist()
+    if any(m.compress_type != zipfile.ZIP_STORED for m in members) \
+            or sum(m.file_size for m in members) > size:
+        raise CheckpointError(f"{shown}: holds compressed or oversized members (a checkpoint's "
+                              f"arrays are stored uncompressed)")
 
 
 def _inside(folder: Path, name: str, where: Path, what: str) -> Path:
@@ -264,8 +277,12 @@ def load(manifest_path: str | Path) -> Checkpoint:
                                   f"manifest's): the file is corrupt")
         f.seek(0)
         try:
+            _check_stored(f, size, shown)
+            f.seek(0)
             with np.load(f, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
+        except CheckpointError:
+            raise
         except Exception as e:  # noqa: BLE001 - bytes from elsewhere: any parse failure
             raise CheckpointError(f"{shown}: cannot be read as numeric arrays "
                                   f"({printable(str(e), 200)})") from None

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 
+from recsync.data.meta_checks import MAX_MODEL_TABLES
 from recsync.safe_names import printable
 
 MAX_INT = 2**63 - 1   # what an int64 holds: counters, positions, sequences
 MAX_DEPTH = 64        # nesting of lists and objects in a manifest
-MAX_TABLES = 1 << 16  # embedding tables in one shard checkpoint
+MAX_TABLES = MAX_MODEL_TABLES  # embedding tables in one shard checkpoint: a model's
 
 
 class Bad(ValueError):
@@ -61,7 +62,9 @@ def _dict(v) -> dict:
     return v
 
 
-def _list(v, item=None, *, at_least: int = 0) -> list:
+def _list(v, item=None, *, at_least: int = 0, exactly: int | None = None) -> list:
+    if exactly is not None and (not isinstance(v, list) or len(v) != exactly):
+        raise Bad(f"is {printable(v)}, not a list of {exactly}")
     if not isinstance(v, list) or len(v) < at_least:
         raise Bad(f"is {printable(v)}, not a list" + (f" of at least {at_least}" if at_least
                                                       else ""))
@@ -94,7 +97,7 @@ def _optional(check):
 
 def _item(v) -> None:
     """A work-queue item: [epoch, split, part, start, stop] (worker/queue.py)."""
-    _list(v, at_least=5)
+    _list(v, exactly=5)
     for i, part_check in enumerate((_int, _str, _int, _int, _int)):
         _within(f"[{i}]", part_check, v[i])
 
@@ -106,7 +109,7 @@ def _lease(v) -> None:  # [item, batches trained, [worker, slot]]
 
 
 def _completed(v) -> None:  # [item, times]
-    _list(v, at_least=2)
+    _list(v, exactly=2)
     _within("[0]", _item, v[0])
     _within("[1]", _int, v[1])
 

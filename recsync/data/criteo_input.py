@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from recsync.data import convert_input  # MAX_LINE_BYTES: one bound for every text input
 from recsync.data.criteo_block_parser import PAD
 from recsync.data.criteo_rules import CSV_HEADER, CriteoFormatError, show_bytes
 from recsync.data.format import one_line
@@ -109,7 +110,7 @@ def blocks(fi: InputFile, block_bytes: int):
 def _blocks(fi: InputFile, block_bytes: int):
     carry = b""
     remaining = fi.end - fi.start
-    unreported = 0
+    unreported = done = 0  # done: bytes of whole lines yielded
     with open_input(fi.name, fi.path) as f:
         f.read(fi.start)  # the CSV header: a few bytes (a compressed stream cannot seek cheaply)
         while remaining > 0 or carry:
@@ -131,9 +132,15 @@ def _blocks(fi: InputFile, block_bytes: int):
                     break
             else:  # (a decompressing reader may return less than asked: same as a cut block)
                 cut = buf.rfind(b"\n", 0, end) + 1
-                if cut == 0:  # a line longer than a block: keep reading
+                if cut == 0:  # a line longer than a block: keep reading, up to the bound
+                    if end > convert_input.MAX_LINE_BYTES:
+                        raise CriteoFormatError(
+                            f"{fi.name}: a line at byte {fi.start + done:,} is longer than "
+                            f"{convert_input.MAX_LINE_BYTES:,} bytes (MAX_LINE_BYTES): not "
+                            f"Criteo text")
                     carry = bytes(buf[:end])
                     continue
+                done += cut
                 carry = bytes(buf[cut:end])
             yield buf, cut, unreported
             unreported = 0

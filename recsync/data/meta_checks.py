@@ -6,6 +6,7 @@ input: every key is checked here, and a failure is one line naming the file and 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ MAX_TABLE_ROWS = 2**40  # ids are int64; memory is checked where tables are allo
 MAX_DIM = 65_536  # a table's embedding width
 MAX_LIST_LEN = 1_000_000  # a multi-hot feature's max_len
 MAX_FEATURES = 100_000  # dense columns, sparse features, tables (each)
+MAX_MODEL_TABLES = 2 * MAX_FEATURES  # a model's tables: deepfm, wide_deep add one per table
 MAX_NAME_CHARS = 200
 PART_NAME = re.compile(r"part-[0-9]{5,}")  # what part_name() makes; nothing else is opened
 NAME = re.compile(r"[^\x00-\x1f]{1,%d}" % MAX_NAME_CHARS)  # printable, bounded
@@ -88,7 +90,33 @@ def check_meta(meta: dict, path: Path, splits: tuple[str, ...], poolings: tuple[
         bad("id_dtype", "is int32 but a table has more rows than int32 ids reach")
     if not isinstance(meta.get("weight", False), bool):
         bad("weight", f"must be true or false, got {meta.get('weight')!r:.40}")
+    _check_preprocessing(meta.get("preprocessing"), bad)
+    if not isinstance(meta.get("source"), (dict, type(None))):
+        bad("source", f"must be null or an object, got {meta.get('source')!r:.80}")
     _check_splits(meta.get("splits"), bad, splits)
+
+
+def _check_preprocessing(prep, bad) -> None:
+    """A conversion's preprocessing (null for synthetic and Criteo data): the types its readers
+    use (the schema itself is validated as a Schema where raw rows are read: data/rows.py)."""
+    if prep is None:
+        return
+    if not isinstance(prep, dict):
+        bad("preprocessing", f"must be null or an object, got {prep!r:.80}")
+    if not isinstance(prep.get("hash"), str) or not isinstance(prep.get("schema"), dict):
+        bad("preprocessing", "must hold a hash name and a schema object")
+    fitted = prep.get("standardize") or {}
+    if not isinstance(fitted, dict):
+        bad("preprocessing.standardize", f"must be an object, got {fitted!r:.80}")
+    for name, stats in fitted.items():
+        if not (isinstance(stats, dict) and _is_finite(stats.get("mean"))
+                and _is_finite(stats.get("std")) and stats["std"] > 0):
+            bad(f"preprocessing.standardize.{name!r:.40}", f"must be {{\"mean\": m, \"std\": s > "
+                                                          f"0}} (finite), got {stats!r:.80}")
+
+
+def _is_finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _check_splits(info_by_split, bad, splits: tuple[str, ...]) -> None:

@@ -107,9 +107,10 @@ class RowPreprocessor:
         self.plan.split_column, self.plan.split_values = "", []  # no split: rows are rows
         try:
             self.plan.set_fitted(prep.get("standardize") or {})
-        except KeyError as e:
-            raise ValueError(f"meta.json preprocessing.standardize: no statistics for the "
-                             f"standardize feature {e.args[0]!r}") from None
+        except (KeyError, TypeError) as e:
+            why = (f"no statistics for the standardize feature {e.args[0]!r}"
+                   if isinstance(e, KeyError) else "statistics of the wrong type")
+            raise ValueError(f"meta.json preprocessing.standardize: {why}") from None
 
     def __call__(self, table, *, source: str = "<rows>", strict: bool = True,
                  first_row: int = 0) -> tuple[Batch, RowsReport]:

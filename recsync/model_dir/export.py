@@ -127,7 +127,7 @@ def export_model(model_dir: str | Path, out: str | Path, *, fmt: str = "torchscr
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{model_dir}: --format {fmt} cannot export this model "
                          f"({type(e).__name__}: {first})") from None
-    remove_stale_temps(out.parent)
+    remove_stale_temps(out)
     size = write_file(out, lambda f: _save(program, fmt, f), overwrite=overwrite)
     return {"path": str(out), "bytes": size, "tables_bytes": total,
             "seconds": time.perf_counter() - begin}

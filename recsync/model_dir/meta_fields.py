@@ -13,13 +13,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from recsync.data.meta_checks import MAX_DIM, MAX_TABLE_ROWS  # as a data set's
+from recsync.data.meta_checks import MAX_DIM, MAX_MODEL_TABLES, MAX_TABLE_ROWS
 from recsync.data.meta_checks import MAX_NAME_CHARS as MAX_NAME
 from recsync.safe_names import printable
 
 MAX_MODEL_JSON_BYTES = 64 * 2**20  # a model.json of 100,000 features is a few MB
 MAX_STATE_DIM = 1024  # a row optimizer's state per row (adagrad: 1)
-MAX_TABLES = 200_000  # two per data table (deepfm, wide_deep) of up to 100,000
+MAX_TABLES = MAX_MODEL_TABLES
 MAX_PARAMETERS = 2**40
 MAX_INIT_SCALE = 1e38  # rows are float32: 2 x scale must stay finite
 
@@ -142,9 +142,6 @@ def _data(c: _Checker, data: dict) -> None:
     rate = data.get("base_rate")
     if rate is not None and not (_number(rate) and 0 <= rate <= 1):
         c.bad("data.base_rate", "must be null or a number in [0, 1]", rate)
-    for key in ("preprocessing", "source"):
-        if not isinstance(data.get(key), (dict, str, type(None))):
-            c.bad(f"data.{key}", "must be null, a string or an object", data[key])
 
 
 def _tables(c: _Checker, tables) -> list[str]:

@@ -5,7 +5,7 @@ only with ``overwrite``, and it may never be one of the command's inputs (a raw 
 inside the data set or model directory, the same file under another name): not even with
 ``overwrite``. It is built beside its name as ``.NAME.tmp-PID`` and appears under its name only
 once complete (``publish``); hidden temporary files that dead processes (a SIGKILL, a power
-cut) left in that folder are removed first (``remove_stale_temps``).
+cut) left for the same output are removed first (``remove_stale_temps``).
 
 torch's zip writer (torch.jit.save to a path; torch.export.save to a path or to a Python file)
 aborts the whole process with a C++ stack dump (exit 134) when a write fails, e.g. on a full
@@ -69,17 +69,20 @@ def temp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.tmp-{os.getpid()}")
 
 
-def remove_stale_temps(folder: Path) -> list[Path]:
-    """Remove the hidden temporary files (``.NAME.tmp-PID``, plain files) in ``folder`` whose
-    writer, process PID on this machine, is gone; returns those removed."""
+def remove_stale_temps(out: Path) -> list[Path]:
+    """Remove the hidden temporary files of ``out`` (``.NAME.tmp-PID``, and
+    ``.STEM.tmp-PID.SUFFIX`` as recsync named them before; plain files) whose writer, process
+    PID on this machine, is gone; returns those removed. Only ``out``'s own: other outputs'
+    temporary files in a shared folder may belong to a live process on another machine."""
     removed = []
-    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+    with contextlib.suppress(OSError), os.scandir(out.parent) as entries:
         for entry in entries:
             match = STALE_TEMP.match(entry.name)
             if match is None or not entry.is_file(follow_symlinks=False):
                 continue
-            pid = int(match.group(1))
-            if pid_alive(pid):
+            pid, suffix = match.group(1), match.group(2) or ""
+            if entry.name not in (f".{out.name}.tmp-{pid}", f".{out.stem}.tmp-{pid}{suffix}") \
+                    or (suffix and suffix != out.suffix) or pid_alive(int(pid)):
                 continue
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)

@@ -169,7 +169,7 @@ def predict(model_dir: str | Path, inputs: list[str | Path], out: str | Path, *,
         labelled = first is not None and not bool(first[0].label.isnan().all())
         pieces = itertools.chain([first] if first is not None else [], pieces)
         total = None
-    remove_stale_temps(out.parent)
+    remove_stale_temps(out)
     writer = ScoreWriter(out, labelled, overwrite=overwrite)
     bar = progress(total, "row", f"predict {out.name}", show_progress)
     bad, examples = 0, []

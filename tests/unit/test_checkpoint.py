@@ -329,6 +329,12 @@ def test_a_fifo_or_folder_in_place_of_a_data_file_or_manifest_is_refused_without
     (lambda m: m["meta"].update(queue={"pending": []}), "meta['queue'] lacks 'leased'"),
     (lambda m: m["meta"].update(tables=10**30), "meta['tables']"),
     (lambda m: m["meta"].update(partial="mfu"), "has no 'base'"),
+    (lambda m: m["meta"].update(queue={"pending": [[0, "train", 0, 0, 8, 9]], "leased": [],
+                                       "completed": [], "by_worker": {}}),
+     "[0, 'train', 0, 0, 8, 9], not a list of 5"),
+    (lambda m: m["meta"].update(queue={"pending": [], "leased": [], "by_worker": {},
+                                       "completed": [[[0, "train", 0, 0, 8], 1, 7]]}),
+     "not a list of 2"),
     (lambda m: m.update(sequence=1), "sequence is 1, not the one its name says"),
     (lambda m: m.update(meta={"a\x1b[2J": 1, "staleness": {"\x07": 1}}),
      "has key \\x07, not a decimal number"),
@@ -339,6 +345,18 @@ def test_a_meta_field_of_the_wrong_type_is_one_line_naming_the_manifest_and_key(
     _edit(manifest, edit)
     message = _refused(manifest, needle)
     assert "\x1b" not in message and "\x07" not in message
+
+
+def test_a_compressed_data_file_that_would_inflate_is_refused(tmp_path):
+    data, manifest = _two_checkpoints(tmp_path)
+    np.savez_compressed(data, x=np.zeros((2000, 2000), np.float32))  # 16 MB from a few KB
+    _edit(manifest, lambda m: m.update(bytes=data.stat().st_size,
+                                       sha256=hashlib.sha256(data.read_bytes()).hexdigest()),
+          keep_digest=True)
+    with pytest.raises(CheckpointError, match=r"ckpt-000002\.npz: holds compressed or "
+                                              r"oversized members"):
+        _within(5, lambda: files.load(manifest))
+    assert files.latest(tmp_path).sequence == 1
 
 
 def test_a_meta_edited_after_it_was_written_no_longer_matches_its_checksum(tmp_path):

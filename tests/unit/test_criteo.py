@@ -605,3 +605,33 @@ def test_real_paddlerec_sample_without_trailing_newline(tmp_path):
     rep = convert(path, tmp_path / "p", eval_fraction=0.1)
     assert (rep.lines, rep.rows_written, rep.bad_lines, rep.eval_rows) == (100, 100, 0, 10)
     assert int(load_all(tmp_path / "p")[2].sum()) == 29
+
+
+def test_a_line_longer_than_the_bound_is_refused_with_bounded_memory(tmp_path, monkeypatch):
+    """Issue 29: one long line grew the reader's carry without bound (quadratic copies). The
+    refusal's peak memory is the reader's fixed buffers, whatever the line's length."""
+    import gzip
+    import tracemalloc
+
+    from recsync.data import convert_input
+    bound = 1 << 20
+    monkeypatch.setattr(convert_input, "MAX_LINE_BYTES", bound)
+    good = "1" + "\t1" * 13 + "\t68fd1e64" * 26 + "\n"
+
+    def refuse(times: int) -> int:
+        path = tmp_path / f"day{times}.gz"
+        with gzip.open(path, "wt") as f:
+            f.write(good * 3 + "0\t" + "9" * (times * bound) + "\n" + good)
+        tracemalloc.start()
+        try:
+            with pytest.raises(CriteoFormatError, match=rf"day{times}\.gz: a line at byte "
+                                                        r"[\d,]+ is longer than 1,048,576 bytes"
+                               ) as e:
+                convert_criteo([path], tmp_path / f"out{times}", progress=False)
+            assert "\n" not in str(e.value)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    short, long = refuse(32), refuse(128)  # both past the scan's 16 MB reads
+    assert long < 1.25 * short + 4 * bound, (short, long)

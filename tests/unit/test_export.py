@@ -184,15 +184,17 @@ def test_leftovers_of_dead_exports_are_removed_and_a_live_ones_kept(single_hot, 
     dead.wait()
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        names = [f".m.pt.tmp-{dead.pid}", f".old.tmp-{dead.pid}.pt2",  # both namings
-                 f".m.pt.tmp-{live.pid}", ".notes.tmp-x", "keep.tmp-1"]
+        names = [f".m.pt.tmp-{dead.pid}", f".m.tmp-{dead.pid}.pt",  # both namings
+                 f".m.pt.tmp-{live.pid}", f".other.pt2.tmp-{dead.pid}", ".notes.tmp-x",
+                 "keep.tmp-1"]
         for name in names:
             (tmp_path / name).write_bytes(b"x" * 100)
         result = CliRunner().invoke(main, ["export", "--model", str(model_dir), "--out",
                                            str(tmp_path / "m.pt")])
         assert result.exit_code == 0, result.output
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            ["m.pt", f".m.pt.tmp-{live.pid}", ".notes.tmp-x", "keep.tmp-1"])
+            ["m.pt", f".m.pt.tmp-{live.pid}", f".other.pt2.tmp-{dead.pid}", ".notes.tmp-x",
+             "keep.tmp-1"])
     finally:
         live.kill()
         live.wait()

@@ -255,6 +255,10 @@ def _set(path: str, value):
                                                  r"is not a plain relative name"),
     ("data.features", 5, r"model\.json: data: features must list the sparse features"),
     ("data.base_rate", 7, r"data\.base_rate must be null or a number in \[0, 1\], got 7"),
+    ("data.preprocessing", "x", r"data: preprocessing must be null or an object, got 'x'"),
+    ("data.preprocessing", {"hash": "h", "schema": {}, "standardize": {"d0": [1]}},
+     r"data: preprocessing\.standardize\.'d0' must be \{\"mean\": m, \"std\": s > 0\}"),
+    ("data.source", "s", r"data: source must be null or an object, got 's'"),
 ])
 def test_crafted_fields_fail_in_one_line_naming_the_key(copy, key, value, message):
     edit(copy, _set(key, value))
@@ -321,3 +325,16 @@ def test_a_fifo_named_by_model_json_is_refused_without_blocking(copy):
     os.mkfifo(copy / "table-002.safetensors")
     with pytest.raises(ModelDirError, match=r"tables\[2\]\.file .* is not a regular file"):
         load_model(copy)
+
+
+def test_a_data_sets_crafted_preprocessing_is_one_line_naming_its_meta_json(data, tmp_path):
+    from recsync.data.format import DataFormatError
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["preprocessing"] = "x"  # predict and raw-row scoring read its fields
+    (copy / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataFormatError, match=r"meta\.json: preprocessing must be null or an "
+                                              r"object, got 'x'") as e:
+        Dataset(copy)
+    assert "\n" not in str(e.value)

@@ -122,9 +122,10 @@ def test_temporary_files_of_dead_predicts_are_removed(model_dir, data, tmp_path)
     dead.wait()
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        left = [f".scores.parquet.tmp-{dead.pid}", f".scores.tmp-{dead.pid}.parquet",
-                f".other.csv.tmp-{dead.pid}"]
-        kept = [f".scores.parquet.tmp-{live.pid}", "notes.tmp-1", ".x.tmp-", "data.csv"]
+        left = [f".scores.parquet.tmp-{dead.pid}", f".scores.tmp-{dead.pid}.parquet"]
+        # another output's temporary file may be a live process's on another machine
+        kept = [f".scores.parquet.tmp-{live.pid}", f".other.csv.tmp-{dead.pid}", "notes.tmp-1",
+                ".x.tmp-", "data.csv"]
         (tmp_path / f".dir.tmp-{dead.pid}").mkdir()  # not a file: not ours
         for name in left + kept:
             (tmp_path / name).write_bytes(b"partial")

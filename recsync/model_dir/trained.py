@@ -62,8 +62,9 @@ def builder_for(name: str, builder: str | None, file: Path) -> str | None:
     if builder is None:
         shown = printable(repr(name), 210)  # whole (names are at most 200 characters)
         raise ModelDirError(f"{file}: model.name = {shown} is a user's model; loading it runs "
-                            f"that code: pass builder={shown} (recsync predict/export "
-                            f"--builder {printable(name, 210)}) if you trust it")
+                            f"that code, so a model directory alone never does: if you know "
+                            f"and trust the model's code, name its builder yourself (builder= "
+                            f"in Python, --builder on the command line)")
     if not isinstance(builder, str):
         raise TypeError(f"builder must be a string, \"package.module:builder\" or "
                         f"\"path/to/file.py:builder\", got {type(builder).__name__}")

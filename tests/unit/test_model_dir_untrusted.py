@@ -123,8 +123,9 @@ def test_loading_a_directory_that_names_code_runs_none_of_it(copy, monkeypatch, 
             load(copy)
         assert one_line(e.value) == (
             f"{copy / 'model.json'}: model.name = {name!r} is a user's model; loading it runs "
-            f"that code: pass builder={name!r} (recsync predict/export --builder {name}) if "
-            f"you trust it")
+            f"that code, so a model directory alone never does: if you know and trust the "
+            f"model's code, name its builder yourself (builder= in Python, --builder on the "
+            f"command line)")
     assert not (copy / "PWNED").exists()
     assert had_this or "this" not in sys.modules
     assert "code.evil" not in sys.modules
@@ -180,7 +181,8 @@ def user_trained(data, tmp_path_factory):
 
 def test_a_users_model_loads_with_the_builder_its_caller_names(user_trained, data):
     model, path = user_trained
-    with pytest.raises(ModelDirError, match=rf"pass builder='{EXAMPLE}:build'") as e:
+    with pytest.raises(ModelDirError, match=r"is a user's model; .*name its builder "
+                                            r"yourself") as e:
         recsync.load_model(path)
     one_line(e.value)
     loaded = recsync.load_model(path, builder=f"{EXAMPLE}:build")

@@ -16,8 +16,8 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import Field, ValidationError, model_validator
 
-from recsync.config_sections import (ClusterConfig, ConfigError, DataConfig, EmulationConfig,
-                                     FaultsConfig,
+from recsync.config_sections import (AtPoint, ClusterConfig, ConfigError, DataConfig,
+                                     EmulationConfig, FaultsConfig,
                                      KillConfig, ModelConfig, NetworkConfig, OutputConfig,
                                      RecoveryConfig, Section, StragglerConfig, TrainConfig)
 from recsync.safe_names import printable
@@ -80,7 +80,7 @@ class EagerConfig(Section):
     "inverse" 1 / max(1, τ), "inverse_sqrt" 1 / sqrt(max(1, τ)), "none" 1"""
 
 
-class SwitchConfig(Section):
+class SwitchConfig(Section, AtPoint):
     to: Literal["sync", "gba"]
     """the mode to switch to"""
     at_s: float = Field(-1.0)
@@ -90,10 +90,7 @@ class SwitchConfig(Section):
 
     @model_validator(mode="after")
     def _check_when(self):
-        if (self.at_s >= 0) == (self.at_step >= 0):
-            raise ValueError(f"a switch to {self.to!r} needs exactly one of at_s and at_step "
-                             f"(>= 0), got at_s = {self.at_s}, at_step = {self.at_step}")
-        return self
+        return self.check_one_point(f"a switch to {self.to!r}")
 
 
 class SwitchingConfig(Section):

@@ -297,23 +297,52 @@ class StragglerConfig(Section):
         return self
 
 
-class KillConfig(Section):
+class AtPoint:
+    """A schedule entry due at a time or at a step (switching.schedule, faults.kills): its
+    section has ``at_s`` (seconds after training starts) and ``at_step`` (steps the most
+    advanced worker has done), exactly one of them >= 0."""
+
+    def reached(self, elapsed_s: float, step: int) -> bool:
+        """Whether the entry is due ``elapsed_s`` seconds into training, with the most advanced
+        worker at ``step`` steps."""
+        return 0 <= self.at_s <= elapsed_s or 0 <= self.at_step <= step
+
+    @property
+    def when(self) -> str:
+        """"at_s = 12.5" or "at_step = 40", as the config gives it."""
+        return f"at_s = {self.at_s:g}" if self.at_s >= 0 else f"at_step = {self.at_step}"
+
+    def check_one_point(self, what: str):
+        if (self.at_s >= 0) == (self.at_step >= 0):
+            raise ValueError(f"{what} needs exactly one of at_s and at_step (>= 0), got "
+                             f"at_s = {self.at_s}, at_step = {self.at_step}")
+        return self
+
+
+class KillConfig(Section, AtPoint):
     target: Literal["worker", "ps", "standby"]
     """a worker, a PS shard, or a waiting standby shard (recovery.standby_shards)"""
     index: int = Field(ge=0)
-    at_s: float = Field(ge=0)
-    """seconds after training starts"""
+    at_s: float = Field(-1.0)
+    """seconds after training starts (set this or at_step)"""
+    at_step: int = Field(-1)
+    """when the most advanced worker has done this many steps (set this or at_s)"""
     during: Literal["", "checkpoint_write"] = ""
-    """"checkpoint_write" (a PS shard, recovery on): the kill is armed at at_s and the shard
-    exits in the middle of its next checkpoint write, its data file written and its manifest
-    not (a crash while writing)"""
+    """"checkpoint_write" (a PS shard, recovery on): the kill is armed at at_s (or at_step) and
+    the shard exits in the middle of its next checkpoint write, its data file written and its
+    manifest not (a crash while writing)"""
+
+    @model_validator(mode="after")
+    def _check_when(self):
+        return self.check_one_point(f"a kill of {self.target} {self.index}")
 
 
 class FaultsConfig(Section):
     stragglers: list[StragglerConfig] = []
     """emulated slow workers"""
     kills: list[KillConfig] = []
-    """processes killed (os._exit) at given times"""
+    """processes killed (os._exit) at given times or steps, e.g.
+    [{ target = "ps", index = 1, at_s = 20.0 }, { target = "worker", index = 0, at_step = 40 }]"""
     kill_mean_s: float = Field(0.0, ge=0)
     """if > 0, also kill random processes of kill_target with this mean time between kills
     (seconds; exponential inter-arrival times)"""

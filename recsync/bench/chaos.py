@@ -99,10 +99,10 @@ def kill_schedule(scale: float) -> tuple[int, list[dict]]:
                                  f"cluster.ps_shards={SHARDS}", f"faults.kill_mean_s={KILL_MEAN_S}",
                                  'faults.kill_target="any"', f"faults.seed={seed}"])
         kept: list[dict] = []
-        for at, target, index in fault_schedule(cfg, horizon_s=1e6):
-            if at < FIRST_KILL_S or (kept and at - kept[-1]["at_s"] < MIN_GAP_S):
+        for k in fault_schedule(cfg, horizon_s=1e6):
+            if k.at_s < FIRST_KILL_S or (kept and k.at_s - kept[-1]["at_s"] < MIN_GAP_S):
                 continue
-            kept.append({"target": target, "index": index, "at_s": round(at, 1)})
+            kept.append({"target": k.target, "index": k.index, "at_s": round(k.at_s, 1)})
             if len(kept) == count:
                 break
         targets = [k["target"] for k in kept]

@@ -20,12 +20,10 @@ class Switcher:
 
     def due(self, mode: str, statuses, elapsed_s: float, step: int) -> tuple[str, str] | None:
         """(mode, cause) of a switch due now from mode ``mode``, or None."""
-        while self.schedule and ((0 <= self.schedule[0].at_s <= elapsed_s)
-                                 or (0 <= self.schedule[0].at_step <= step)):
+        while self.schedule and self.schedule[0].reached(elapsed_s, step):
             sw = self.schedule.pop(0)
             if sw.to != mode:
-                when = f"at_s = {sw.at_s:g}" if sw.at_s >= 0 else f"at_step = {sw.at_step}"
-                return sw.to, f"schedule: switching.schedule says {sw.to} {when}"
+                return sw.to, f"schedule: switching.schedule says {sw.to} {sw.when}"
         if self.controller is None:
             return None
         return self.controller.observe(elapsed_s, mode, [s.compute_s for s in statuses],

@@ -44,7 +44,7 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
             # a shard that Ray restarted: partial or full recovery (before the kills: the
             # versions just before an injected death are then known)
             settle(run, [], run.shard_statuses() if recovering else [], elapsed)
-            faults.inject_due(run, elapsed)
+            faults.inject_due(run, elapsed, record.steps)  # (the last line's step)
             statuses = run.poll()
             if any(s.state in (DEAD, "error") for s in statuses):
                 # is a shard gone too? (a restarting one is given time to come back)

@@ -205,3 +205,39 @@ def test_a_kill_during_a_checkpoint_write_needs_a_shard_and_recovery(target, rec
                                    "recovery": {"kind": "partial", "checkpoint_every_s": 1.0},
                                    "faults": {"kills": [{**kill, "target": "ps"}]}})
     assert ok.faults.kills[0].during == "checkpoint_write"
+
+
+# ------------------------------------------------------------------------------- kills at a step
+
+def test_a_kill_is_given_at_a_time_or_at_a_step(tmp_path):
+    cfg = run_config(kills=[{"target": "ps", "index": 1, "at_step": 40},
+                            {"target": "worker", "index": 0, "at_s": 12.5}])
+    assert [(k.at_s, k.at_step, k.when) for k in cfg.faults.kills] == [
+        (-1.0, 40, "at_step = 40"), (12.5, -1, "at_s = 12.5")]
+    assert load_config(write(tmp_path, cfg.to_toml())) == cfg
+    assert load_config(None, ['mode="async"', "cluster.ps_shards=2",
+                              'faults.kills=[{target="ps", index=1, at_step=0}]']
+                       ).faults.kills[0].when == "at_step = 0"
+
+
+@pytest.mark.parametrize("when", ["", "at_s = 1.0, at_step = 3", "at_s = -1.0",
+                                  "at_step = -2", "at_s = -0.5, at_step = -1"])
+def test_a_kill_needs_exactly_one_of_at_s_and_at_step(when):
+    kill = "{target = \"ps\", index = 1" + (f", {when}" if when else "") + "}"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ['mode="async"', "cluster.ps_shards=2", f"faults.kills=[{kill}]"])
+    line = str(e.value).splitlines()[-1]
+    assert line.startswith("  faults.kills.0: ")
+    assert "a kill of ps 1 needs exactly one of at_s and at_step (>= 0)" in line
+
+
+def test_a_kill_at_a_step_during_a_checkpoint_write():
+    ok = RunConfig.model_validate({
+        "mode": "async", "cluster": {"workers": 2, "ps_shards": 2},
+        "recovery": {"kind": "partial", "checkpoint_every_s": 1.0},
+        "faults": {"kills": [{"target": "ps", "index": 1, "at_step": 7,
+                              "during": "checkpoint_write"}]}})
+    assert ok.faults.kills[0].when == "at_step = 7"
+    with pytest.raises(ValueError, match=r"faults.kills\[0\].during"):
+        run_config(kills=[{"target": "ps", "index": 1, "at_step": 7,
+                           "during": "checkpoint_write"}])  # recovery off

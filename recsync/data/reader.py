@@ -13,21 +13,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from recsync.data.chunk import Chunk  # noqa: F401 (re-exported: it lived here)
 from recsync.data.format import DataFormatError, Layout, one_line, part_paths, read_meta
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Rows [start, stop) of one part of one split."""
-
-    split: str
-    part: int
-    start: int
-    stop: int
-
-    @property
-    def rows(self) -> int:
-        return self.stop - self.start
 
 
 def take_ragged(values: torch.Tensor, offsets: torch.Tensor,

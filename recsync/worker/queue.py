@@ -16,7 +16,7 @@ from collections import Counter, deque
 
 import ray
 
-from recsync.data.reader import Chunk
+from recsync.data.chunk import Chunk
 from recsync.stopping import ignore_interrupts
 
 Item = tuple[int, Chunk]  # (epoch, chunk)

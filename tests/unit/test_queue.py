@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from recsync.data.reader import Chunk
+from recsync.data import reader
+from recsync.data.chunk import Chunk
 from recsync.worker.queue import ChunkQueue
 
 
@@ -165,3 +170,19 @@ def test_summary_counts_items_never_completed():
     s = q.summary()
     assert s["pending"] == 0 and s["leased"] == 0 and s["completed_more_than_once"] == 0
     assert s["completed_never"] == 1 and s["chunks"] == 4
+
+
+def test_the_queue_module_does_not_import_torch():
+    """The queue actor's process stays small: Chunk lives apart from the reader."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", "import recsync.worker.queue as q, sys; "
+         "print(q.__file__); print('torch' in sys.modules)"],
+        cwd=root, capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert Path(out[0]).resolve().is_relative_to(root)  # this checkout's, not an installed one
+    assert out[1] == "False"
+
+
+def test_the_reader_still_hands_out_the_same_chunk():
+    assert reader.Chunk is Chunk
+    assert Chunk("train", 0, 3, 10).rows == 7

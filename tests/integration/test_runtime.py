@@ -232,6 +232,19 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(ray_cluster
     assert sum(e.startswith("checkpoint: ") for e in events) == rec["checkpoints"]
 
 
+# A shard killed at a step for the recovery runs, and their length. One epoch of the session's
+# data is 32 steps a worker (4,096 rows, batch 64, 2 workers). The kill is made at the driver's
+# poll (every 0.5 s) after the first metrics line at KILL_STEP or later: at the ~35 steps/s a
+# worker of a loaded 2-core machine, the second or third poll, 1.0-1.6 s of training, 35-55
+# steps. Every checkpoint the assertions need is there by then: the round at the start (shard
+# sequence 1, job checkpoint 1), perhaps the one at 1 s. A dead shard stops the workers at their
+# next pull, so the recovery happens whatever is left of the run, as long as the kill comes
+# before the last steps: 5 epochs (160 steps) leave 100 or more after it at 35 steps/s, 48 or
+# more at 70 (the kill at 3.0 s of 10 epochs was 33-39% into the run at 35 steps/s, 66-79% at
+# 70; now 22-35% and 44-70%).
+KILL_STEP, KILL_EPOCHS = 16, 5
+
+
 @pytest.mark.parametrize("mode, shard, standbys", [("async", 1, 1), ("shadow", 0, 0)])
 def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_on(
         ray_cluster, data, tmp_path, mode, shard, standbys):
@@ -239,10 +252,9 @@ def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_o
     restarts the shard's process)"""
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
                  'shadow.algorithm="easgd"',
-                 "train.epochs=10", 'recovery.kind="partial"',
+                 f"train.epochs={KILL_EPOCHS}", 'recovery.kind="partial"',
                  "recovery.checkpoint_every_s=1.0", f"recovery.standby_shards={standbys}",
-                 f'faults.kills=[{{target="ps", index={shard}, at_s=3.0}}]')  # (of training:
-    # after the checkpoint rounds at 0, 1 and 2 s)
+                 f'faults.kills=[{{target="ps", index={shard}, at_step={KILL_STEP}}}]')
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     rec = summary["recovery"]
@@ -256,7 +268,7 @@ def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_o
     assert [f["event"] for f in summary["failures"]] == [f"killed ps {shard}"]
     queue = summary["queue"]
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
-    assert summary["samples"] == 10 * Dataset(data).rows("train")
+    assert summary["samples"] == KILL_EPOCHS * Dataset(data).rows("train")
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 
 
@@ -283,8 +295,9 @@ def test_full_recovery_rolls_every_shard_and_the_data_back_and_completes(
     """async: shard 0 holds the dense parameters too, they roll back with the rest; sync: the
     dense replicas roll back to the job checkpoint's."""
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
-                 "train.epochs=10", 'recovery.kind="full"', "recovery.checkpoint_every_s=1.0",
-                 f'faults.kills=[{{target="ps", index={shard}, at_s=3.0}}]')
+                 f"train.epochs={KILL_EPOCHS}", 'recovery.kind="full"',
+                 "recovery.checkpoint_every_s=1.0",
+                 f'faults.kills=[{{target="ps", index={shard}, at_step={KILL_STEP}}}]')
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     rec = summary["recovery"]
@@ -297,8 +310,9 @@ def test_full_recovery_rolls_every_shard_and_the_data_back_and_completes(
     queue = summary["queue"]  # the data position rolled back: every chunk completed once
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
     chunks = len(Dataset(data).chunks("train", 16 * B))
-    assert queue["completed"] == 10 * chunks
-    assert summary["samples"] == 10 * Dataset(data).rows("train")  # the redone ones once
+    assert queue["completed"] == KILL_EPOCHS * chunks
+    assert summary["samples"] == KILL_EPOCHS * Dataset(data).rows("train")  # the redone
+    # ones once
     assert rec["final_job_checkpoint"] is not None
     assert 0.5 < summary["eval"]["auc"] <= 1.0
 
@@ -308,6 +322,7 @@ def test_partial_recovery_from_mfu_checkpoints_restores_a_chain(ray_cluster, dat
                  "train.epochs=10", 'recovery.kind="partial"', 'recovery.rows="mfu"',
                  "recovery.mfu_fraction=0.2", "recovery.full_every=4",
                  "recovery.checkpoint_every_s=1.0",  # full at 0 s, partial at 1 and 2 s
+                 # (a kill at a time: the chain it restores is of rounds taken by time)
                  'faults.kills=[{target="ps", index=1, at_s=3.0}]')
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"

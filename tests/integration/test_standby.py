@@ -126,14 +126,25 @@ def test_a_shard_killed_while_writing_a_checkpoint_comes_back_from_the_one_befor
     stop(directory)
 
 
-@pytest.mark.parametrize("kills, recoveries", [
-    ('[{target="standby", index=0, at_s=2.0}, {target="ps", index=1, at_s=3.0}]', [1]),
-    ('[{target="ps", index=0, at_s=3.0}, {target="ps", index=1, at_s=3.4}]', [0, 1]),
-    ('[{target="ps", index=1, at_s=2.0, during="checkpoint_write"}]', [1]),
+# A kill at a step is made at the driver's poll (every 0.5 s) after the first metrics line at
+# that step or later; one epoch is 32 steps a worker (test_runtime.py's KILL_STEP: when such a
+# kill comes, and why 5 epochs leave the recovery room). standby_killed_first: the standby at
+# step 16, the shard at 80, polls apart up to ~100 steps/s a worker (a line every 0.5-0.6 s
+# falls between them); at ~35 steps/s they come at 1.0-1.6 s and 2.8-3.4 s (steps 98-119, where
+# the at_s = 3.0 they replace came at 105-122), and 7 epochs (224 steps) leave 100 steps after
+# the shard's kill (60 at 70 steps/s). two_shards_within_a_second: steps 16 and 17, at the same
+# poll or the next one (that poll's line has the workers past 17), within a second either way.
+# killed_while_writing stays at a time: armed at a step, the kill would still wait for the next
+# checkpoint round, due every second of training, so the run has to outlive a time anyway (one
+# epoch less at most).
+@pytest.mark.parametrize("kills, recoveries, epochs", [
+    ('[{target="standby", index=0, at_step=16}, {target="ps", index=1, at_step=80}]', [1], 7),
+    ('[{target="ps", index=0, at_step=16}, {target="ps", index=1, at_step=17}]', [0, 1], 5),
+    ('[{target="ps", index=1, at_s=2.0, during="checkpoint_write"}]', [1], 10),
 ], ids=["standby_killed_first", "two_shards_within_a_second", "killed_while_writing"])
 def test_runs_with_standbys_complete_every_chunk_exactly_once(ray_cluster, data, tmp_path,
-                                                              kills, recoveries):
-    cfg = config(data, *RECOVERY, "train.epochs=10", f"faults.kills={kills}",
+                                                              kills, recoveries, epochs):
+    cfg = config(data, *RECOVERY, f"train.epochs={epochs}", f"faults.kills={kills}",
                  "recovery.keep=1000")  # every checkpoint kept: what a standby loaded is read
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
@@ -148,4 +159,4 @@ def test_runs_with_standbys_complete_every_chunk_exactly_once(ray_cluster, data,
             assert r["interrupted"] and min(r["interrupted"]) > r["sequence"]
     queue = summary["queue"]
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
-    assert summary["samples"] == 10 * Dataset(data).rows("train")
+    assert summary["samples"] == epochs * Dataset(data).rows("train")

@@ -12,6 +12,9 @@ to one ``Decision``. No Ray here; ``actions`` carries decisions out on the run.
   A lockstep mode's shards apply each step together, so one shard set back alone would stall
   the others: there it is rolled back with everything else, as full recovery does.
 - A shard is gone for good, a worker failed, a crash loop, no replica left: abort, saying why.
+- At the end of a run (``ending``: the workers are done, or a call of the end met a dead
+  actor) the same holds; a shard that is gone aborts even with every worker done, as the end
+  needs every shard (distributed/ending.py).
 """
 
 from __future__ import annotations
@@ -60,11 +63,12 @@ def recovery_kind(cfg) -> str:
 
 def decide(mode, cfg, workers: list[WorkerStatus], shards: list[ShardStatus], *,
            recovery: str | None = None, restarts: int = 0,
-           resuming: bool = False) -> Decision:
+           resuming: bool = False, ending: str = "") -> Decision:
     """The one thing to do now. ``mode``: the facts (a ``recsync.modes.base.Mode`` subclass)
     of the mode the run is in; ``recovery``: the recovery in force (default from ``cfg``);
     ``restarts``: workers restarted so far in this run; ``resuming``: the run starts from a
-    job checkpoint of an earlier run of it."""
+    job checkpoint of an earlier run of it; ``ending``: the moment of the run's end it is asked
+    at ("during the final evaluation"), which the abort's reason names."""
     recovery = recovery_kind(cfg) if recovery is None else recovery
     if resuming:
         return Decision(Kind.ROLL_BACK, reason="resume")
@@ -75,11 +79,11 @@ def decide(mode, cfg, workers: list[WorkerStatus], shards: list[ShardStatus], *,
         return Decision(Kind.ROLL_BACK, shards=restarted, reason="shard restarted")
     dead = [w.rank for w in workers if w.state == DEAD]
     errors = [w for w in workers if w.state == "error"]
+    gone = [s for s in shards if s.state != ALIVE]
+    if gone and (dead or errors or ending):
+        return _abort(_shard_gone(gone[0], recovery, ending))
     if not dead and not errors:
         return CONTINUE
-    gone = [s for s in shards if s.state != ALIVE]
-    if gone:
-        return _abort(_shard_gone(gone[0], recovery))
     if errors and not dead:
         return _abort(f"worker {errors[0].rank} failed: {errors[0].error}")
     failed = tuple(dead or [e.rank for e in errors])
@@ -102,8 +106,10 @@ def decide(mode, cfg, workers: list[WorkerStatus], shards: list[ShardStatus], *,
                      f"{REPLACE!r}, {REBUILD_GROUP!r}, {FROM_REPLICA!r}")
 
 
-def _shard_gone(s: ShardStatus, recovery: str) -> str:
+def _shard_gone(s: ShardStatus, recovery: str, moment: str = "") -> str:
     cause = s.cause or ("died" if s.state == DEAD else "does not answer")
+    if moment:
+        cause = f"{cause} {moment}"
     if recovery != "none":
         return (f"parameter-server shard {s.index} {cause} and did not come back from its "
                 f"checkpoint in time")

@@ -6,7 +6,8 @@
   ``actions`` carries a decision out.
 - ``checkpoints``, ``switching``, ``faults``: checkpoint rounds, switching modes at run time,
   injected failures.
-- ``train``: a run from start to end.
+- ``train``: a run from start to end; ``ending``: its end (final checkpoint, the trained rows
+  gathered, the final evaluation), covered by recovery.
 - ``status``, ``errors``: the typed statuses (no Ray) and RunFailed.
 
 The run's record (events, checkpoints, recoveries, modes) is recsync/record.py: a local run

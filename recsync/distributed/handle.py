@@ -1,8 +1,8 @@
 """``DistributedRun``: the actors of one distributed run (PS shards, a work queue, workers) and
 the few verbs the driver uses on them: start workers, poll them and the shards (typed
 statuses), pause and resume all, retire and restart workers, roll back to a job checkpoint,
-kill (fault injection), finish. What to do when, and why, is decided elsewhere (watch, policy,
-actions, checkpoints, switching)."""
+kill (fault injection). What to do when, and why, is decided elsewhere (watch, policy,
+actions, checkpoints, switching, ending: the end of the run)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from recsync.checkpoint import files, job, reshard
 from recsync.config import RunConfig
@@ -22,19 +22,16 @@ from recsync.data.reader import Dataset, chunk_order
 from recsync.distributed.checkpoints import CheckpointRounds
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import death_cause
-from recsync.distributed.gather import gathered_model_state
 from recsync.distributed.spawn import spawn_workers
 from recsync.distributed.policy import recovery_kind
 from recsync.distributed.downtime import downtime_ends
 from recsync import storage, warm_start
 from recsync.distributed.status import (ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus,
                                         counts_of_dead)
-from recsync.evaluate import evaluate
-from recsync.local_run import CHUNK_BATCHES, LocalModel
+from recsync.local_run import CHUNK_BATCHES
 from recsync.model.setup import model_for
 from recsync.modes import MODES
 from recsync.placement import node_of, on_driver_node
-from recsync.ps.client import PSClient
 from recsync.ps.standby import start_shards
 from recsync.record import RunRecord
 from recsync.worker.queue import WorkQueue
@@ -347,44 +344,3 @@ class DistributedRun:
         if target == "standby":
             return False
         return index in (self.killed_workers if target == "worker" else self.killed_at)
-
-    # -- the end ---------------------------------------------------------------------------
-    def finish(self) -> dict:
-        """After the workers are done: apply what the shards still hold, the final job
-        checkpoint (the trained model), the figures, and the trained model evaluated."""
-        for r, w in enumerate(self.workers):
-            self.taken[r] += ray.get(w.taken_chunks.remote())
-        self.shard_call("end")  # e.g. the last, partial global batch: nothing left unapplied
-        final_checkpoint = None
-        if self.checkpoint_dir is not None:  # the trained model, and a run that can be resumed
-            final_checkpoint = self.rounds.take(final=True)
-            self.rounds.close()
-        shard_stats = ray.get([s.stats.remote() for s in self.shards])
-        written = ray.get([s.checkpoints_written.remote() for s in self.shards])
-        mode_stats = ray.get([w.mode_stats.remote() for w in self.workers])
-        pacing = ray.get([w.pacing.remote() for w in self.workers])
-        final_dense = ray.get(self.shards[0].call.remote("model_dense"))
-        worker_state = None
-        if final_dense is None:  # the workers hold it (all replicas alike now, or worker 0's)
-            worker_state = self.dense_state(0, timeout=None)
-            final_dense = worker_state["params"]
-        with torch.no_grad():
-            vector_to_parameters(torch.tensor(final_dense),
-                                 list(self.dense_model.parameters()))
-        model_state = (gathered_model_state(self, worker_state) if self.cfg.output.save_model
-                       else None)
-        model = LocalModel(self.dense_model,
-                           PSClient(self.shards, self.plan), None)
-        final_eval = evaluate(model.dense, model.lookup, self.ds, self.ds.rows("eval"),
-                              self.cfg.train.eval_batch_size,
-                              keep_scores=self.cfg.output.save_predictions)
-        take_overs = ray.get(self.directory.report.remote()) if self.directory else []
-        return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,
-                "worker_pacing": pacing, "take_overs": [
-                    {**t, "asked_s": t["asked_unix"] - self.start_unix,
-                     "ready_s": t["ready_unix"] - self.start_unix} for t in take_overs],
-                "checkpoints_written": written, "checkpoint_dir": self.checkpoint_dir,
-                "final_checkpoint": final_checkpoint,
-                "queue": ray.get(self.queue.summary.remote()), "taken": self.taken,
-                "model_state": model_state,
-                "model": model}  # its lookup serves the trained rows while the session lasts

@@ -1,5 +1,5 @@
 """A distributed run from start to end: build the actors, start (or resume from a job
-checkpoint), watch until the workers are done, finish."""
+checkpoint), watch until the workers are done and the end is made (distributed/ending.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from recsync.checkpoint import files
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
 from recsync.distributed.actions import carry_out
+from recsync.distributed.ending import finish
 from recsync.distributed.handle import DistributedRun
 from recsync.distributed.policy import Kind, decide
 from recsync.distributed.watch import watch
@@ -49,12 +50,12 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
         record.event(0.0, placement_line(record.placement))
         if record.placement["strategy"] != "none" or len(record.placement["nodes"]) > 1:
             print(placement_line(record.placement), flush=True)
-        statuses = watch(run, log)
+        statuses, ended = watch(run, log, finish)
         record.stop()
         for rec in record.recoveries:  # the cluster may have marked a node dead since
             if rec.get("node_before"):
                 rec["node_before_alive"] = node_alive(rec["node_before"]["node_id"])
-        return {**run.finish(), "statuses": [s.as_dict() for s in statuses], "record": record}
+        return {**ended, "statuses": [s.as_dict() for s in statuses], "record": record}
     except BaseException as e:  # Ctrl-C, RunFailed, an actor's error: the summary needs it
         record.stop()
         e.record = record

@@ -25,8 +25,11 @@ POLL_S = 0.5
 WAIT_KEYS = ("pull_wait_s", "push_wait_s")
 
 
-def watch(run, log: MetricsLog) -> list[WorkerStatus]:
-    """Poll until every worker is done; write metrics; recover, or raise RunFailed."""
+def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
+    """Poll until every worker is done and ``end(run)`` (distributed/ending.py finish) has
+    ended the run; write metrics; recover, or raise RunFailed. Returns the workers' last
+    statuses and what ``end`` returned (None from it: a recovery at the end has the workers
+    training again, and the loop goes on)."""
     cfg, record = run.cfg, run.record
     t = cfg.train
     total = t.epochs * run.ds.rows("train")
@@ -66,7 +69,12 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
             if line["loss"] is not None:
                 bar.set_postfix(loss=f"{line['loss']:.4f}")
             if done:
-                return statuses
+                faults.inject_due(run, elapsed, line["step"])  # at the last step: as it ends
+                ended = end(run)
+                if ended is not None:
+                    return statuses, ended
+                record.train_end = None  # a recovery at the end: the workers train again
+                continue
             evals.start_if_due(line["samples"], line["time_s"])
             run.rounds.if_due(elapsed, any(s.samples for s in statuses))
             due = switcher.due(run.mode, statuses, elapsed, line["step"])
@@ -80,12 +88,13 @@ def watch(run, log: MetricsLog) -> list[WorkerStatus]:
 
 
 def settle(run, workers: list[WorkerStatus], shards: list[ShardStatus],
-           elapsed_s: float) -> Decision:
+           elapsed_s: float, ending: str = "") -> Decision:
     """Ask the policy and carry out its decision; after a partial recovery (logged only) ask
-    again about the rest. Returns the last decision."""
+    again about the rest. Returns the last decision. ``ending``: the moment of the run's end
+    (policy.decide)."""
     while True:
         d = decide(run.facts, run.cfg, workers, shards, recovery=run.recovery,
-                   restarts=run.restarts)
+                   restarts=run.restarts, ending=ending)
         carry_out(run, d, shards, elapsed_s)
         if d.kind is not Kind.RELOAD_SHARD:
             return d

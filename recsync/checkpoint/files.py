@@ -19,7 +19,8 @@ checkpoints), so nothing in a manifest is trusted: its data file must be this ch
 ``ckpt-NNNNNN.npz`` of the manifest's sequence, a regular file in the same folder (a symlink
 leading out, ``../x``, ``/dev/zero`` or a FIFO is refused before anything is opened or hashed),
 of the size the manifest says before it is hashed, its members stored uncompressed; its meta's
-fields are type-checked (meta_check.py), a missing one said when a reader needs it (``Meta``);
+fields are type-checked (meta_check.py), a missing one said when a reader needs it
+(``Meta``; the safe reading is manifest.py);
 ``meta_sha256`` (SHA-256 of the meta's canonical JSON; absent from manifests written before it)
 catches a meta edited or damaged by accident, and is no signature.
 
@@ -30,13 +31,10 @@ in order (``chain``). ``prune`` keeps every checkpoint a retained one needs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import stat
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,40 +42,13 @@ from pathlib import Path
 import numpy as np
 
 from recsync.checkpoint import meta_check
-from recsync.safe_names import UnsafeName, inside, printable, regular_file
+from recsync.checkpoint.manifest import (FORMAT, CheckpointError, as_meta, check_stored,
+                                         inside_folder, is_digest, meta_digest, open_regular,
+                                         read_manifest, sha256_of)
+from recsync.safe_names import printable
 
-FORMAT = "recsync-checkpoint"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-([0-9]{6,18})\.json$", re.ASCII)
-MAX_MANIFEST_BYTES = 256 << 20  # a manifest is JSON of a few MB at most (the data position)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, partial or corrupt; the message names the file and why."""
-
-
-class Meta(dict):
-    """A checkpoint's meta: a key a reader needs and the manifest lacks is a CheckpointError
-    naming the manifest and the key, not a KeyError deep inside the reader."""
-
-    where = "checkpoint manifest"
-
-    def __missing__(self, key):
-        raise CheckpointError(f"{self.where}: meta lacks {printable(key)!r} (written by "
-                              f"another recsync version, or edited?)")
-
-
-def _meta(meta: dict, where: str) -> Meta:
-    out = Meta(meta)
-    out.where = where
-    return out
-
-
-def meta_digest(meta) -> str:
-    """SHA-256 of ``meta``'s canonical JSON (sorted keys, no spaces), as read back from a
-    manifest."""
-    text = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -114,89 +85,7 @@ def _write_atomically(path: Path, write) -> None:
 
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        return _sha256_of(f)
-
-
-def _sha256_of(f) -> str:
-    h = hashlib.sha256()
-    for block in iter(lambda: f.read(1 << 20), b""):
-        h.update(block)
-    return h.hexdigest()
-
-
-def _open_regular(path: Path, shown: Path, what: str, limit: int | None = None):
-    """``path`` (resolved, inside its folder) opened for reading if it is a regular file of at
-    most ``limit`` bytes: a FIFO or device is refused, never read (stat before opening; fstat
-    after, of a file opened without waiting for a writer). Returns (file, size);
-    FileNotFoundError where it is missing."""
-    try:  # stat first (a device is not even opened), then fstat what was opened (no race)
-        regular_file(path, where=str(shown), what=what)
-    except UnsafeName:
-        raise CheckpointError(f"{shown}: the {what} is not a regular file") from None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise CheckpointError(f"{shown}: cannot read the {what} ({e.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise CheckpointError(f"{shown}: the {what} is not a regular file")
-    if limit is not None and info.st_size > limit:
-        os.close(fd)
-        raise CheckpointError(f"{shown}: the {what} is {info.st_size} bytes, more than a "
-                              f"manifest can be ({limit})")
-    return os.fdopen(fd, "rb"), info.st_size
-
-
-def _check_stored(f, size: int, shown: Path) -> None:
-    """np.savez writes its members uncompressed: a compressed member (which np.load would
-    inflate, a zip bomb from elsewhere) or members larger in all than the file are refused."""
-    with zipfile.ZipFile(f) as z:
-        members = z.infolist()
-    if any(m.compress_type != zipfile.ZIP_STORED for m in members) \
-            or sum(m.file_size for m in members) > size:
-        raise CheckpointError(f"{shown}: holds compressed or oversized members (a checkpoint's "
-                              f"arrays are stored uncompressed)")
-
-
-def _inside(folder: Path, name: str, where: Path, what: str) -> Path:
-    try:
-        return inside(folder, name, where=str(where), what=what, plain=True)
-    except UnsafeName as e:
-        raise CheckpointError(str(e)) from None
-    except (RuntimeError, OSError) as e:  # a symlink loop
-        raise CheckpointError(f"{where}: the {what} {name} cannot be resolved "
-                              f"({printable(str(e), 200)})") from None
-
-
-def read_manifest(path: str | Path) -> dict:
-    """A manifest's JSON object, read safely (a regular file in its folder, at most
-    MAX_MANIFEST_BYTES, nested at most meta_check.MAX_DEPTH deep); CheckpointError naming
-    it otherwise."""
-    path = Path(path)
-    real = _inside(path.parent, path.name, path, "checkpoint manifest")
-    try:
-        f, _ = _open_regular(real, path, "manifest", MAX_MANIFEST_BYTES)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such checkpoint manifest") from None
-    with f:
-        raw = f.read()
-    try:
-        manifest = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, too many digits
-        raise CheckpointError(f"{path}: the manifest is not valid JSON "
-                              f"({printable(str(e), 200)}); the checkpoint is partial or "
-                              f"corrupt") from None
-    except RecursionError:
-        raise CheckpointError(f"{path}: the manifest is nested too deeply") from None
-    if not meta_check.depth_ok(manifest):
-        raise CheckpointError(f"{path}: the manifest is nested more than "
-                              f"{meta_check.MAX_DEPTH} levels deep")
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a recsync checkpoint manifest")
-    return manifest
+        return sha256_of(f)
 
 
 def manifest_path(directory: str | Path, sequence: int) -> Path:
@@ -250,8 +139,8 @@ def load(manifest_path: str | Path) -> Checkpoint:
                               f"{own} (this checkpoint's own, in its folder)")
     if type(size_said) is not int or size_said < 0:
         raise CheckpointError(f"{path}: bytes is {printable(size_said)}, not a size")
-    if not _is_digest(manifest["sha256"]) or ("meta_sha256" in manifest
-                                              and not _is_digest(manifest["meta_sha256"])):
+    if not is_digest(manifest["sha256"]) or ("meta_sha256" in manifest
+                                              and not is_digest(manifest["meta_sha256"])):
         raise CheckpointError(f"{path}: sha256 and meta_sha256 must be SHA-256 hex digests")
     meta = manifest["meta"]
     if "meta_sha256" in manifest and meta_digest(meta) != manifest["meta_sha256"]:
@@ -262,9 +151,9 @@ def load(manifest_path: str | Path) -> Checkpoint:
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     shown = path.parent / own
-    real = _inside(path.parent, own, path, "data file")  # a symlink leading out: refused
+    real = inside_folder(path.parent, own, path, "data file")  # a symlink leading out: refused
     try:
-        f, size = _open_regular(real, shown, f"data file of checkpoint {path.name}")
+        f, size = open_regular(real, shown, f"data file of checkpoint {path.name}")
     except FileNotFoundError:
         raise CheckpointError(f"{shown}: the data file of checkpoint {path.name} is "
                               f"missing") from None
@@ -272,12 +161,12 @@ def load(manifest_path: str | Path) -> Checkpoint:
         if size != size_said:
             raise CheckpointError(f"{shown}: {size} bytes, the manifest says {size_said} "
                                   f"(truncated or overwritten)")
-        if _sha256_of(f) != manifest["sha256"]:
+        if sha256_of(f) != manifest["sha256"]:
             raise CheckpointError(f"{shown}: checksum mismatch (SHA-256 differs from the "
                                   f"manifest's): the file is corrupt")
         f.seek(0)
         try:
-            _check_stored(f, size, shown)
+            check_stored(f, size, shown)
             f.seek(0)
             with np.load(f, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
@@ -291,12 +180,7 @@ def load(manifest_path: str | Path) -> Checkpoint:
             meta_check.check_rows(arrays, meta, str(path))
         except ValueError as e:
             raise CheckpointError(str(e)) from None
-    return Checkpoint(sequence, arrays, _meta(meta, str(path)), path)
-
-
-def _is_digest(value) -> bool:
-    return (isinstance(value, str) and len(value) == 64 and value.isascii()
-            and all(c in "0123456789abcdef" for c in value))
+    return Checkpoint(sequence, arrays, as_meta(meta, str(path)), path)
 
 
 def manifests(directory: str | Path) -> list[Path]:

@@ -5,7 +5,7 @@ string where it counts, a list where it looks a key up, or a number too big for 
 Every field a reader uses is checked where it is present, by name, whichever checkpoint holds
 it: a job checkpoint's (job.py: ``final``, ``shard_sequences``, ``queue``, ``done``, ...) and a
 shard's (ps/core.py snapshot: ``version``, ``tables``, ``staleness``, ``rule``, ...). A field
-that a reader needs and the meta lacks is said when it is read (files.Meta): old checkpoints
+that a reader needs and the meta lacks is said when it is read (manifest.Meta): old checkpoints
 lack some, and which are needed depends on the reader. Other keys are left alone. Errors are
 one line naming the manifest and the key.
 """

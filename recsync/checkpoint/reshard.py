@@ -39,7 +39,7 @@ def resolve_chain(chain: list[Snapshot]) -> Snapshot:
         raise ValueError("a chain of snapshots starts with a full one")
     if len(chain) == 1:
         return chain[0]
-    arrays, meta = dict(chain[-1][0]), copy.copy(chain[-1][1])  # a files.Meta stays one
+    arrays, meta = dict(chain[-1][0]), copy.copy(chain[-1][1])  # a manifest.Meta stays one
     for t in range(meta["tables"]):
         # newest first: np.unique keeps the first occurrence, i.e. the latest save
         local = np.concatenate([a[f"t{t}.local"] for a, _ in reversed(chain)])

@@ -44,22 +44,17 @@ def _num(v) -> float:
     return v
 
 
-def _str(v) -> str:
-    if not isinstance(v, str):
-        raise Bad(f"is {printable(v)}, not a string")
-    return v
+def _typed(kind: type, said: str):
+    """A check that a value is a ``kind`` (its message: "is X, not ``said``")."""
+    def check(v):
+        if not isinstance(v, kind):
+            raise Bad(f"is {printable(v)}, not {said}")
+        return v
+    return check
 
 
-def _bool(v) -> bool:
-    if not isinstance(v, bool):
-        raise Bad(f"is {printable(v)}, not true or false")
-    return v
-
-
-def _dict(v) -> dict:
-    if not isinstance(v, dict):
-        raise Bad(f"is {printable(v)}, not an object")
-    return v
+_str, _bool, _dict = _typed(str, "a string"), _typed(bool, "true or false"), \
+    _typed(dict, "an object")
 
 
 def _list(v, item=None, *, at_least: int = 0, exactly: int | None = None) -> list:

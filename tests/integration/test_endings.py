@@ -1,32 +1,25 @@
-"""Every way a distributed run can end without finishing writes its summary and leaves no
-process: SIGINT (Ctrl-C, to the driver or the terminal's whole process group), SIGTERM, a
-diverging model (NaN loss in a worker), a disk that fills up mid-run.
+"""A distributed run ended by a signal writes its summary and leaves no process: SIGINT (Ctrl-C,
+to the driver or the terminal's whole process group) and SIGTERM, in a mode of each family. (A
+diverging model and a disk that fills up mid-run: tests/harness/test_endings_harness.py.)
 
 Run: .venv/bin/pytest -q tests/integration/test_endings.py
 """
 
 import json
 import os
-import shutil
 import signal
-import threading
 import time
 
 import pytest
 import ray  # noqa: F401  (before psutil: it puts the psutil it bundles on sys.path)
 import psutil
-from runs import config, train_cli, wait_gone, wait_trained
-
-from recsync.distributed.errors import RunFailed
-from recsync.run import run
+from runs import train_cli, wait_gone, wait_trained
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("mode, sig, to_group", [
-    ("sync", "SIGTERM", False),
     ("sync", "SIGINT", True),  # Ctrl-C in a terminal: every process of the group gets it
-    ("async", "SIGINT", False),
     ("async", "SIGTERM", False),
     ("shadow", "SIGTERM", False),  # 2 Hogwild threads, the shadow thread in its rounds
 ])
@@ -57,49 +50,3 @@ def test_a_signal_ends_the_run_with_its_summary_and_no_process_left(data, tmp_pa
     assert wait_gone(proc.pid) == []
     _, alive = psutil.wait_procs(tree, timeout=15)
     assert alive == [], [p.pid for p in alive]
-
-
-def test_a_diverging_model_stops_the_run_at_that_step_with_its_summary(ray_cluster, data,
-                                                                      tmp_path):
-    cfg = config(data, 'mode="sync"', "cluster.workers=2", "train.dense_lr=1e30",
-                 "train.embedding_lr=1e30")
-    with pytest.raises(RunFailed, match=r"loss is (nan|inf) at step \d+ of worker \d in mode "
-                                        r"'sync'") as failed:
-        run(cfg, tmp_path)
-    assert "\n" not in str(failed.value)  # one line, no traceback
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and "loss is" in summary["error"]
-
-
-@pytest.fixture
-def small_disk(mount_tmpfs):
-    return mount_tmpfs("size=20m")
-
-
-def test_a_disk_that_fills_mid_run_fails_with_no_space_left_and_no_temporary_files(
-        ray_cluster, data, small_disk):
-    """Checkpoints every half second; once training runs, a file fills the disk but for a few
-    kilobytes (room for the summary, not for a checkpoint)."""
-    out = small_disk / "run"
-    cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
-                 "train.epochs=1000", 'recovery.kind="partial"',
-                 "recovery.checkpoint_every_s=0.5")
-
-    def fill():
-        while not (out / "metrics.jsonl").exists() or not (out / "checkpoints").exists():
-            time.sleep(0.2)
-        time.sleep(1.0)
-        with open(small_disk / "filler", "wb") as f:
-            free = shutil.disk_usage(small_disk).free
-            f.write(b"\0" * max(0, free - 64 * 1024))
-
-    filler = threading.Thread(target=fill, daemon=True)
-    filler.start()
-    with pytest.raises(RunFailed, match="no space left") as failed:
-        run(cfg, out)
-    filler.join(timeout=5)
-    assert "\n" not in str(failed.value)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "failed" and "no space left" in summary["error"]
-    left = [p for p in out.rglob("*") if ".tmp" in p.name]
-    assert left == []

@@ -1,8 +1,8 @@
-"""Ray end to end: a PS shard killed at the last step of a run (as training ends, before the
-final checkpoint round, the gathering of the trained rows and the final evaluation) is
-recovered, once per mode family (async: partial recovery; sync, lock-step: full recovery), and
-without recovery the run fails in one line naming the shard and the moment (issue 30; the kills
-during the end's later calls: tests/unit/test_run_ending.py).
+"""Ray end to end, once: a PS shard killed at the last step of a run (as training ends, before
+the final checkpoint round, the gathering of the trained rows and the final evaluation) is
+recovered (async, partial recovery: the process Ray restarts). Every mode, full recovery, and
+the run that fails in one line without recovery: tests/harness/test_run_ending_runs_harness.py;
+the kills during the end's later calls: tests/unit/test_run_ending.py.
 
 One epoch of the session's data is 32 steps a worker (4,096 rows, batch 64, 2 workers: sync
 steps both workers together; async hands out chunks, so the most advanced worker reaches 32
@@ -10,12 +10,9 @@ in the last steps or at the end). A kill at the most advanced worker's step 32 i
 last steps or, at the latest, at the poll that sees every worker done (distributed/watch.py).
 """
 
-import json
-
 import pytest
 
 from recsync.data.reader import Dataset
-from recsync.distributed.errors import RunFailed
 from recsync.model_dir import read_model_dir
 from recsync.run import run
 from runs import config
@@ -23,7 +20,7 @@ from runs import config
 LAST_STEP = 32
 
 
-@pytest.mark.parametrize("mode, kind", [("async", "partial"), ("sync", "full")])
+@pytest.mark.parametrize("mode, kind", [("async", "partial")])
 def test_a_shard_killed_at_the_last_step_is_recovered_and_the_model_written(
         ray_cluster, data, tmp_path, mode, kind):
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
@@ -50,13 +47,3 @@ def test_a_shard_killed_at_the_last_step_is_recovered_and_the_model_written(
     assert 0.0 < summary["eval"]["auc"] <= 1.0
 
 
-def test_without_recovery_a_shard_killed_at_the_last_step_fails_the_run_in_one_line(
-        ray_cluster, data, tmp_path):
-    cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
-                 "train.epochs=1", f'faults.kills=[{{target="ps", index=1, at_step={LAST_STEP}}}]')
-    with pytest.raises(RunFailed, match="shard 1 died"):
-        run(cfg, tmp_path)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and "\n" not in summary["error"]
-    assert summary["error"].startswith("parameter-server shard 1 died")
-    assert 'recovery.kind = "none"' in summary["error"]

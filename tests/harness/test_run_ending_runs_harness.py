@@ -63,3 +63,22 @@ def test_without_recovery_a_shard_killed_at_the_last_step_fails_the_run_in_one_l
     assert summary["status"] == "failed" and "\n" not in summary["error"]
     assert summary["error"].startswith("parameter-server shard 1 died")
     assert 'recovery.kind = "none"' in summary["error"]
+
+
+@pytest.mark.parametrize("mode", ["async", "gba", "eager", "shadow", "foreground", "sync",
+                                  "hybrid"])
+def test_a_worker_killed_at_the_last_step_is_replaced_and_the_run_completes(
+        fake_ray, data, tmp_path, mode):
+    """The dead worker's leased chunk goes back to the queue and is trained by its successor
+    (or, in sync and hybrid, by the rebuilt group): every chunk completed exactly once."""
+    cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
+                 "train.epochs=1", f'faults.kills=[{{target="worker", index=1, '
+                                   f'at_step={LAST_STEP}}}]')
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed", summary["error"]
+    assert [f["event"] for f in summary["failures"]] == ["killed worker 1"]
+    queue = summary["queue"]
+    assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
+    assert queue["leased"] == 0
+    assert summary["samples"] >= Dataset(data).rows("train")
+    assert (tmp_path / "model").is_dir() and 0.0 < summary["eval"]["auc"] <= 1.0

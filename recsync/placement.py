@@ -177,13 +177,6 @@ def node_label(node: dict, down: bool = False) -> str:
     return f"{node['node_ip']} ({node['node_id'][:8]}{', down' if down else ''})"
 
 
-def node_of(answer: dict | None) -> dict | None:
-    """{node_id, node_ip} of an actor's ``where`` (or a shard's ``incarnation``) answer."""
-    if not answer or "node_id" not in answer:
-        return None
-    return {"node_id": answer["node_id"], "node_ip": answer["node_ip"]}
-
-
 def node_alive(node_id: str | None) -> bool | None:
     """Whether the node is alive in the cluster's view (None: unknown)."""
     if not node_id:

@@ -27,11 +27,11 @@ from recsync.distributed.policy import recovery_kind
 from recsync.distributed.downtime import downtime_ends
 from recsync import storage, warm_start
 from recsync.distributed.status import (ALIVE, DEAD, RESTARTING, ShardStatus, WorkerStatus,
-                                        counts_of_dead)
+                                        counts_of_dead, node_of)
 from recsync.local_run import CHUNK_BATCHES
 from recsync.model.setup import model_for
 from recsync.modes import MODES
-from recsync.placement import node_of, on_driver_node
+from recsync.placement import on_driver_node
 from recsync.ps.standby import start_shards
 from recsync.record import RunRecord
 from recsync.worker.queue import WorkQueue

@@ -177,13 +177,6 @@ def node_label(node: dict, down: bool = False) -> str:
     return f"{node['node_ip']} ({node['node_id'][:8]}{', down' if down else ''})"
 
 
-def node_of(answer: dict | None) -> dict | None:
-    """{node_id, node_ip} of an actor's ``where`` (or a shard's ``incarnation``) answer."""
-    if not answer or "node_id" not in answer:
-        return None
-    return {"node_id": answer["node_id"], "node_ip": answer["node_ip"]}
-
-
 def node_alive(node_id: str | None) -> bool | None:
     """Whether the node is alive in the cluster's view (None: unknown)."""
     if not node_id:
@@ -194,21 +187,22 @@ def node_alive(node_id: str | None) -> bool | None:
     return None
 
 
-def actor_nodes(run) -> dict:
-    """Where each of the run's actors is now: the strategy, the nodes ({id: address}) and, per
-    shard, standby and worker, its node and pid."""
+def actor_nodes(actors) -> dict:
+    """Where each of a run's actors (recsync.distributed.actors.RunActors) is now: the
+    strategy, the nodes ({id: address}) and, per shard, standby and worker, its node and
+    pid."""
     def listed(answers: list[dict]) -> list[dict]:
         return [{"node_id": a["node_id"], "node_ip": a["node_ip"], "pid": a["pid"]}
                 for a in answers]
-    shards = listed(ray.get([s.where.remote() for s in run.shards], timeout=60))
+    shards = listed(ray.get([s.where.remote() for s in actors.shards], timeout=60))
     standbys = []
-    if run.directory is not None:
-        handles = ray.get(run.directory.standby_handles.remote(), timeout=60)
+    if actors.directory is not None:
+        handles = ray.get(actors.directory.standby_handles.remote(), timeout=60)
         standbys = listed(ray.get([h.where.remote() for h in handles], timeout=60))
-    workers = listed(ray.get([w.where.remote() for w in run.workers if w is not None],
+    workers = listed(ray.get([w.where.remote() for w in actors.workers if w is not None],
                              timeout=60))
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
-    return {"strategy": run.placement.strategy, "nodes": nodes, "shards": shards,
+    return {"strategy": actors.placement.strategy, "nodes": nodes, "shards": shards,
             "standbys": standbys, "workers": workers}
 
 

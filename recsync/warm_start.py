@@ -137,22 +137,23 @@ def apply_local(model, files: ModelFiles, cfg) -> None:
         model.dense_optimizer.load_state_dict(from_flat(flat, [p.shape for p in params]))
 
 
-def install(run) -> None:
-    """A distributed run (recsync.distributed.handle) takes ``run.warm``, before training
-    starts: every shard its rows, shard 0 the dense optimizer state where it holds the dense
-    parameters."""
+def install(actors, model) -> None:
+    """A distributed run's shards (``actors``: recsync.distributed.actors.RunActors) take
+    ``model.warm`` (``model``: the driver's, recsync.distributed.driver_model), before
+    training starts: every shard its rows, shard 0 the dense optimizer state where it holds
+    the dense parameters."""
     import ray
 
     from recsync.embedding.row_optim import make_row_optimizer
 
-    t = run.cfg.train
+    t = actors.cfg.train
     row_optimizer = make_row_optimizer(t.embedding_optimizer, t.embedding_lr)
-    n = len(run.shards)
-    ray.get([s.warm_start.remote(rows_snapshot(run.warm, i, n, row_optimizer))
-             for i, s in enumerate(run.shards)])
-    dense = run.initial_dense()
-    flat = flat_optimizer_state(run.warm, run.cfg, len(dense))
-    if run.facts.dense_on_ps and flat is not None:
-        ray.get(run.shards[0].install_dense.remote(
+    n = len(actors.shards)
+    ray.get([s.warm_start.remote(rows_snapshot(model.warm, i, n, row_optimizer))
+             for i, s in enumerate(actors.shards)])
+    dense = model.initial_dense()
+    flat = flat_optimizer_state(model.warm, actors.cfg, len(dense))
+    if actors.facts.dense_on_ps and flat is not None:
+        ray.get(actors.shards[0].install_dense.remote(
             dense, t.dense_optimizer, t.dense_lr, flat, t.dense_weight_decay,
             t.dense_warmup_steps))

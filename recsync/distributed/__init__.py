@@ -1,6 +1,10 @@
 """A distributed run (PS shards, a work queue and workers on Ray) and the driver's side of it.
 
-- ``handle``: ``DistributedRun``, the actors of one run and the verbs the driver uses on them.
+- ``handle``: ``DistributedRun``, one run as its parts, each the one owner of what it knows:
+  ``actors`` (the actors and the verbs on them, the one part that speaks to Ray, with
+  ``spawn``), ``tallies`` (counts, restarts, rate, clock), ``shard_watch`` (the shards'
+  processes as the driver saw them, kills, downtime), ``driver_model`` (the driver's model);
+  ``recovery_math``: the arithmetic of recoveries (plain functions).
 - ``watch``: the one loop that polls them, writes metrics and carries out decisions.
 - ``policy``: what a failure means (a plain function from statuses to a ``Decision``, no Ray);
   ``actions`` carries a decision out.

@@ -1,16 +1,17 @@
 """Carrying out the policy's decisions (policy.py) on a DistributedRun, and logging them in the
 run's record: workers replaced, a group rebuilt, replicas restarted, a shard's partial recovery
-counted, everything rolled back to a job checkpoint (full recovery, or the driver resumed)."""
+counted, everything rolled back to a job checkpoint (full recovery, or the driver resumed). The
+arithmetic (the step a group restarts from, the work a recovery lost) is recovery_math.py's."""
 
 from __future__ import annotations
 
 import time
 
 from recsync.placement import node_alive, node_label
-from recsync.checkpoint import files, job
-from recsync.distributed.downtime import downtime_starts
+from recsync.checkpoint import files, job, reshard
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.policy import Decision, Kind
+from recsync.distributed.recovery_math import lost_work_s, partial_loss, rebuild_point
 from recsync.distributed.status import ShardStatus
 from recsync.modes import MODES
 
@@ -25,7 +26,7 @@ def carry_out(run, d: Decision, shards: list[ShardStatus], elapsed_s: float,
         raise RunFailed(d.reason)
     if d.kind is Kind.RELOAD_SHARD:
         for i in d.shards:
-            run.acknowledge(shards[i])
+            run.shard_watch.acknowledge(shards[i])
             log_partial_recovery(run, shards[i], elapsed_s)
         return
     if d.kind is Kind.ROLL_BACK:
@@ -33,11 +34,11 @@ def carry_out(run, d: Decision, shards: list[ShardStatus], elapsed_s: float,
             resume_from(run, resume)
             return
         for i in d.shards:
-            run.acknowledge(shards[i])
+            run.shard_watch.acknowledge(shards[i])
         for i in d.shards:
             full_recovery(run, i, elapsed_s)
         return
-    run.restarts += len(d.dead)
+    run.tallies.count_restarts(len(d.dead))
     dead = list(d.dead)
     if d.kind is Kind.REPLACE_WORKERS:
         what = replace_workers(run, d, dead)
@@ -47,7 +48,8 @@ def carry_out(run, d: Decision, shards: list[ShardStatus], elapsed_s: float,
         what = restart_from_replica(run, d, dead)
     else:
         raise ValueError(f"no action for {d.kind}")
-    run.record.event(time.time() - run.start_unix, what, dead=dead, restarted=list(d.ranks))
+    run.record.event(time.time() - run.tallies.start_unix, what, dead=dead,
+                     restarted=list(d.ranks))
 
 
 def replace_workers(run, d: Decision, dead: list[int]) -> str:
@@ -63,22 +65,18 @@ def replace_workers(run, d: Decision, dead: list[int]) -> str:
 def rebuild_group(run, d: Decision, dead: list[int]) -> str:
     """A live replica's dense state as of its current step and the one before; then no worker
     is left to push, the PS forgets the incomplete step, and the step it completed decides
-    which state the new group starts from."""
-    states = run.recovery_states(d.source)
+    which state the new group starts from (recovery_math.rebuild_point)."""
+    actors = run.actors
+    states = actors.recovery_states(d.source)
     run.retire(list(d.ranks))
-    run.shard_call("drop_incomplete")
-    # A worker that dies between its pushes to the shards leaves its last step complete on
-    # some shards only. The group goes on after that step (the dense replicas took it); the
-    # shards that missed it skip it, losing that step's row update.
-    versions = run.shard_versions()
-    step = max(versions)
-    if step not in states:
-        raise RunFailed(f"cannot rebuild the {run.mode} group: the PS completed step {step}, "
+    actors.shard_call("drop_incomplete")
+    step, lagging, known = rebuild_point(actors.shard_versions(), states)
+    if not known:
+        raise RunFailed(f"cannot rebuild the {actors.mode} group: the PS completed step {step}, "
                         f"worker {d.source}'s replica knows steps {sorted(states)}")
-    lagging = [i for i, v in enumerate(versions) if v < step]
-    run.advance_shards(step, lagging)
+    actors.advance_shards(step, lagging)
     run.start_workers(list(d.ranks), states[step], step)
-    return (f"worker(s) {dead} died; {run.mode} group rebuilt at step {step} from worker "
+    return (f"worker(s) {dead} died; {actors.mode} group rebuilt at step {step} from worker "
             f"{d.source}'s replica, chunks requeued"
             + (f"; shard(s) {lagging} had not completed step {step - 1} and skip its row "
                f"update" if lagging else ""))
@@ -87,7 +85,7 @@ def rebuild_group(run, d: Decision, dead: list[int]) -> str:
 def restart_from_replica(run, d: Decision, dead: list[int]) -> str:
     """The dense replicas restart from a live one's parameters (their optimizer state starts
     afresh)."""
-    params = run.dense_state(d.source, timeout=30)["params"]
+    params = run.actors.dense_state(d.source, timeout=30)["params"]
     ranks = list(d.ranks)
     run.restart(ranks, {"params": params, "optimizer": None})
     return (f"worker(s) {dead} died; worker(s) {ranks} restarted from worker {d.source}'s "
@@ -99,18 +97,19 @@ def log_partial_recovery(run, s: ShardStatus, elapsed_s: float) -> None:
     the checkpoint's version to the last version the driver saw, at most half a second before
     it died) are lost, each one update's samples: counted for PLS."""
     record, cfg, restored = run.record, run.cfg, s.restored
-    per_update = MODES[cfg.mode].samples_per_update(cfg)
-    lost_updates = max(0, s.version_before - restored["version"])
-    lost = lost_updates * per_update
-    killed = run.killed_at.pop(s.index, s.ready_unix)
+    lost_updates, lost = partial_loss(s.version_before, restored["version"],
+                                      MODES[cfg.mode].samples_per_update(cfg))
+    killed = run.shard_watch.recovered(s.index, s.ready_unix)
+    start_unix = run.tallies.start_unix
     rec = {"kind": "partial", "time_s": elapsed_s, "shard": s.index,
-           "ready_s": s.ready_unix - run.start_unix, "lost_updates": lost_updates,
+           "ready_s": s.ready_unix - start_unix, "lost_updates": lost_updates,
            "lost_samples": lost, "version_before": s.version_before, "lost_work_s": 0.0,
-           "standby": run.directory is not None, **restored,
+           "standby": run.actors.directory is not None, **restored,
            "node_before": s.node_before, "node": s.node,
            "node_before_alive": node_alive((s.node_before or {}).get("node_id"))}
     record.recoveries.append(rec)
-    downtime_starts(run, s.index, rec, killed, s.ready_unix, s.first_pull_unix)
+    run.shard_watch.downtime_starts(s.index, rec, killed, s.ready_unix, s.first_pull_unix,
+                                    start_unix)
     run.rounds.failed(elapsed_s)
     what = (f"checkpoint {restored['sequence']} (version {restored['version']})"
             if restored["sequence"] is not None else "nothing (no checkpoint yet: from scratch)")
@@ -132,42 +131,38 @@ def full_recovery(run, shard: int, elapsed_s: float) -> None:
     """A shard came back (Ray restarted it): roll every shard, the data position and the
     workers back to the newest job checkpoint that loads whole. The work since (from the later
     of that checkpoint and the previous rollback to the failure) is done again."""
-    record = run.record
+    record, tallies, checkpoint_dir = run.record, run.tallies, run.actors.checkpoint_dir
     run.rounds.flush()
-    ckpt, skipped = job.restorable(run.checkpoint_dir)
+    ckpt, skipped = job.restorable(checkpoint_dir)
     if ckpt is None:
         raise RunFailed(f"full recovery after shard {shard} died: no complete job checkpoint in "
-                        f"{run.checkpoint_dir}" + (f" ({'; '.join(skipped)})" if skipped else ""))
+                        f"{checkpoint_dir}" + (f" ({'; '.join(skipped)})" if skipped else ""))
     now = time.time()
-    killed = run.killed_at.pop(shard, now)
+    killed = run.shard_watch.recovered(shard, now)
     redone = max(0, record.samples - ckpt.meta["samples"])
-    # the work done again, priced at the training rate before the failure (the samples of a
-    # chunk that was leased at the checkpoint are redone too: more than the time since it)
-    before = [(t, n) for t, n in run.recent if t <= killed]
-    rate = ((before[-1][1] - before[0][1]) / (before[-1][0] - before[0][0])
-            if len(before) >= 2 and before[-1][0] > before[0][0] else 0.0)
-    lost_work_s = (redone / rate if rate > 0
-                   else max(0.0, killed - max(ckpt.meta["unix"], run.resumed_unix)))
+    lost_s = lost_work_s(redone, tallies.rate_before(killed), killed, ckpt.meta["unix"],
+                         tallies.resumed_unix)
     rolled_back = time.time()
-    loaded = run.rollback(ckpt)
-    run.resumed_unix = time.time()
-    run.recent.clear()
+    loaded = roll_back(run, ckpt)
+    tallies.resumed(time.time())
+    resumed_unix = tallies.resumed_unix
     record.samples, record.steps = ckpt.meta["samples"], ckpt.meta["steps"]
     rec = {"kind": "full", "time_s": elapsed_s, "shard": shard,
-           "ready_s": run.resumed_unix - run.start_unix, "job_sequence": ckpt.sequence,
-           "samples_redone": redone, "lost_samples": 0, "lost_work_s": lost_work_s,
+           "ready_s": resumed_unix - tallies.start_unix, "job_sequence": ckpt.sequence,
+           "samples_redone": redone, "lost_samples": 0, "lost_work_s": lost_s,
            "load_s": loaded["load_s"], "skipped": skipped,
-           "standby": run.directory is not None}
+           "standby": run.actors.directory is not None}
     record.recoveries.append(rec)
     # the workers train again when the shard serves its first pull after the rollback
-    downtime_starts(run, shard, rec, killed, run.resumed_unix, None, after_unix=rolled_back)
+    run.shard_watch.downtime_starts(shard, rec, killed, resumed_unix, None, tallies.start_unix,
+                                    after_unix=rolled_back)
     run.rounds.failed(elapsed_s)
     record.event(elapsed_s, (
         f"full recovery: shard {shard} restarted; every shard, the data position and the "
         f"workers rolled back to job checkpoint {ckpt.sequence} ({ckpt.meta['samples']:,} "
-        f"samples); ~{redone:,} samples ({lost_work_s:.1f} s of training at the rate before) "
+        f"samples); ~{redone:,} samples ({lost_s:.1f} s of training at the rate before) "
         f"to do again, "
-        f"{run.resumed_unix - killed:.1f} s without training")
+        f"{resumed_unix - killed:.1f} s without training")
         + (f"; skipped newer: {skipped}" if skipped else ""))
     print(f"full recovery: shard {shard} restarted; rolled back to job checkpoint "
           f"{ckpt.sequence} at {elapsed_s:.1f} s", flush=True)
@@ -176,17 +171,33 @@ def full_recovery(run, shard: int, elapsed_s: float) -> None:
 def resume_from(run, ckpt: files.Checkpoint) -> None:
     """The driver resumed: go on from job checkpoint ``ckpt`` of an earlier run of this
     config."""
-    record = run.record
-    loaded = run.rollback(ckpt)
+    record, actors = run.record, run.actors
+    loaded = roll_back(run, ckpt)
     record.samples, record.steps = ckpt.meta["samples"], ckpt.meta["steps"]
     record.train_s_before = ckpt.meta["train_s"]
     moved = ""
-    if loaded["resharded"] or loaded["workers_before"] != len(run.workers):
+    if loaded["resharded"] or loaded["workers_before"] != len(actors.workers):
         moved = (f" (written by {loaded['shards_before']} shard(s) and "
-                 f"{loaded['workers_before']} worker(s); now {len(run.shards)} and "
-                 f"{len(run.workers)})")
-    text = (f"resumed from job checkpoint {ckpt.sequence} of {run.checkpoint_dir}{moved}: "
+                 f"{loaded['workers_before']} worker(s); now {len(actors.shards)} and "
+                 f"{len(actors.workers)})")
+    text = (f"resumed from job checkpoint {ckpt.sequence} of {actors.checkpoint_dir}{moved}: "
             f"{record.samples:,} samples done, shards at versions {loaded['versions']}"
             + (f"; skipped newer: {ckpt.skipped}" if ckpt.skipped else ""))
-    record.event(time.time() - run.start_unix, text)
+    record.event(time.time() - run.tallies.start_unix, text)
     print(text, flush=True)
+
+
+def roll_back(run, ckpt: files.Checkpoint) -> dict:
+    """Full recovery and resume: every shard back to its checkpoint of job checkpoint
+    ``ckpt``, the data position and the counts too, and fresh workers from its dense state.
+    Returns the shards' versions and the slowest load (actors.roll_back)."""
+    loaded = run.actors.roll_back(ckpt)
+    workers = len(run.actors.workers)
+    run.tallies.rolled_back(reshard.fold_counts(ckpt.meta["done"], workers))
+    dense = job.dense_state(ckpt)
+    if loaded["resharded"]:  # at once a job checkpoint of these shards: the newest is theirs
+        run.rounds.log(run.rounds.take(resumed={
+            "queue": loaded["queue"], "done": run.tallies.done_before, "dense": dense}),
+            time.time() - run.tallies.start_unix, training=False)
+    run.start_workers(list(range(workers)), dense, ckpt.meta["step_index"])
+    return loaded

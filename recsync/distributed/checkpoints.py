@@ -21,7 +21,7 @@ import ray
 from recsync.checkpoint import job
 from recsync.checkpoint.interval import choose
 from recsync.checkpoint.writer import CheckpointWriter
-from recsync.modes import MODES
+from recsync.distributed.policy import recovery_kind
 
 # The interval is chosen again from the median blocked time of this many recent rounds, and a
 # round (not a failure) records a new choice only where the interval moves by more than this.
@@ -31,15 +31,33 @@ COST_ROUNDS, RECHOOSE_MOVE = 5, 0.1
 JOB_KEEP_EXTRA = 2
 
 
-class CheckpointRounds:
-    """The checkpoint rounds of one run (``run``: its DistributedRun): when they are due, taking
-    one, and what they cost (in the run's record)."""
+def completed_counts(counts: list[dict], by_worker: dict, batch_size: int) -> list[dict]:
+    """Each rank's counts ({samples, steps}) as a job checkpoint taken without pausing the
+    workers records them: the chunks the queue saw it complete (``by_worker``, the queue
+    state's), as a chunk leased at that moment is trained again from its start after a
+    rollback; its steps less those of the samples not completed."""
+    out = []
+    for r, c in enumerate(counts):
+        completed = by_worker.get(str(r), {}).get("samples", 0)
+        out.append({"samples": completed,
+                    "steps": c["steps"] - round((c["samples"] - completed) / batch_size)})
+    return out
 
-    def __init__(self, run):
-        self.run = run
-        r = run.cfg.recovery
-        self.writer = (None if run.checkpoint_dir is None else
-                       CheckpointWriter(job.job_dir(run.checkpoint_dir),
+
+class CheckpointRounds:
+    """The checkpoint rounds of one run: when they are due, taking one, and what they cost (in
+    the run's ``record``); and the recovery in force (``recovery``: "auto" chooses it at the
+    first round). What it uses of the run: ``actors`` (actors.RunActors), ``tallies``
+    (the counts and clock), ``watch`` (shard_watch.ShardWatch: which shard restarted) and
+    ``model`` (driver_model.DriverModel: the dense state before the workers start)."""
+
+    def __init__(self, cfg, record, actors, tallies, watch, model):
+        self.cfg, self.record, self.actors = cfg, record, actors
+        self.tallies, self.watch, self.model = tallies, watch, model
+        self.recovery = recovery_kind(cfg)  # the recovery in force ("auto": chosen later)
+        r = cfg.recovery
+        self.writer = (None if actors.checkpoint_dir is None else
+                       CheckpointWriter(job.job_dir(actors.checkpoint_dir),
                                         keep=r.keep + JOB_KEEP_EXTRA))
         # the shards' sequence numbers of the job checkpoints kept, oldest first: the shards
         # keep those checkpoints
@@ -78,72 +96,68 @@ class CheckpointRounds:
         wait). ``resumed``: a rollback onto other shards, before the workers start: the job
         checkpoint's data position, counts and dense state ({"queue", "done", "dense"}) with
         the new shards' checkpoints."""
-        run = self.run
+        actors = self.actors
         begin = time.perf_counter()
-        started = run.workers[0] is not None
-        paused = MODES[run.mode].pauses_for_checkpoint and not final and started
-        if paused and not run.pause_all("checkpoint"):
+        started = actors.workers[0] is not None
+        paused = actors.facts.pauses_for_checkpoint and not final and started
+        if paused and not actors.pause_all("checkpoint", self.watch):
             return None
         try:
             positions = {}
             if resumed is not None:
                 queue_state, counts = resumed["queue"], resumed["done"]
             elif paused:
-                for p in ray.get([w.positions.remote() for w in run.workers]):
+                for p in ray.get([w.positions.remote() for w in actors.workers]):
                     positions.update(p)
             if resumed is None:
-                counts = ([{"samples": s.samples, "steps": s.steps} for s in run.poll()]
-                          if started else [{"samples": 0, "steps": 0} for _ in run.workers])
+                counts = ([{"samples": s.samples, "steps": s.steps}
+                           for s in actors.poll(self.tallies)]
+                          if started else [{"samples": 0, "steps": 0} for _ in actors.workers])
                 # the data position before the shards' state: what completes in between is
                 # trained again after a rollback, never skipped
-                queue_state = ray.get(run.queue.state.remote(positions))
-            if not paused and resumed is None:  # leased chunks start again: only completed
-                # ones are done
-                completed = queue_state["by_worker"]
-                batch = run.cfg.train.batch_size
-                counts = [{"samples": completed.get(str(r), {}).get("samples", 0),
-                           "steps": c["steps"] - round((c["samples"] - completed.get(
-                               str(r), {}).get("samples", 0)) / batch)}
-                          for r, c in enumerate(counts)]
+                queue_state = ray.get(actors.queue.state.remote(positions))
+            if not paused and resumed is None:  # leased chunks start again
+                counts = completed_counts(counts, queue_state["by_worker"],
+                                          self.cfg.train.batch_size)
             # keep what the job checkpoints kept after this round name (this one drops the
             # oldest once the driver keeps as many as it may)
             named = list(self.named)[1 - self.named.maxlen:]
             floor = [min(r[i] for r in named) if named else None
-                     for i in range(len(run.shards))]
-            refs = [s.checkpoint.remote(floor[i]) for i, s in enumerate(run.shards)]
+                     for i in range(len(actors.shards))]
+            refs = [s.checkpoint.remote(floor[i]) for i, s in enumerate(actors.shards)]
             done = []
             for ref in refs:
                 try:
                     done.append(ray.get(ref, timeout=120))
                 except ray.exceptions.RayActorError:
-                    if run.cfg.recovery.kind == "none":
+                    if self.cfg.recovery.kind == "none":
                         raise
                     done.append(None)
             dense = resumed["dense"] if resumed is not None else self._dense_for_job(started)
         finally:
             if paused:
-                run.resume_all()
+                actors.resume_all()
         taken = [d for d in done if d is not None]
         sequences = [d and d["sequence"] for d in done]
         # A shard that Ray restarted since the driver last looked answers too (calls wait for
         # the restart), with the state it reloaded: such a round mixes old and new states, so
         # it makes no job checkpoint (full recovery rolls back to the one before).
-        restarted = [i for i, d in enumerate(done) if d is not None and i in run.shard_seen
-                     and d["pid"] != run.shard_seen[i]["pid"]]
+        restarted = [i for i, d in enumerate(done)
+                     if d is not None and self.watch.moved(i, d["pid"])]
         job_sequence = None
         if len(taken) == len(done) and not restarted:
             self.named.append(sequences)
             job_sequence = self.writer.save(job.dense_arrays(dense), {
-                "final": final, "mode": run.mode, "shard_sequences": sequences,
-                "step_index": (max(d["version"] for d in done) if MODES[run.mode].lockstep
+                "final": final, "mode": actors.mode, "shard_sequences": sequences,
+                "step_index": (max(d["version"] for d in done) if actors.facts.lockstep
                                else 0),
                 "queue": queue_state, "unix": time.time(),
                 "done": [{"samples": c["samples"], "steps": c["steps"]} for c in counts],
                 "samples": sum(c["samples"] for c in counts),
                 "steps": max(c["steps"] for c in counts),
-                "train_s": time.time() - run.start_unix,
+                "train_s": time.time() - self.tallies.start_unix,
                 "dense_param_groups": job.dense_meta(dense),
-                "config": run.cfg.model_dump(mode="json")})
+                "config": self.cfg.model_dump(mode="json")})
         blocked = (time.perf_counter() - begin if paused
                    else max((d["blocked_s"] for d in taken), default=0.0))
         return {"sequences": sequences, "versions": [d and d["version"] for d in done],
@@ -160,17 +174,17 @@ class CheckpointRounds:
         """The dense state a job checkpoint holds where the workers hold it (flat layout;
         None where PS shard 0 holds it: its checkpoint has it). Before the workers start: the
         initial model."""
-        if MODES[self.run.mode].dense_on_ps:
+        if self.actors.facts.dense_on_ps:
             return None  # no call to a worker that holds nothing
         if not started:
-            return self.run.start_dense() or {"params": self.run.initial_dense(),
-                                              "optimizer": None}
-        return self.run.dense_state(0)
+            return (self.model.start_dense(self.cfg, dense_on_ps=False)
+                    or {"params": self.model.initial_dense(), "optimizer": None})
+        return self.actors.dense_state(0)
 
     def log(self, ckpt: dict, elapsed_s: float, training: bool = True) -> None:
         """Record a round; ``training``: whether workers were training (else it blocked
         nothing: the round before they start)."""
-        record = self.run.record
+        record = self.record
         if not training:
             ckpt = {**ckpt, "blocked_s": 0.0}
         record.checkpoints.append({"time_s": elapsed_s, "samples": record.samples, **ckpt})
@@ -187,21 +201,21 @@ class CheckpointRounds:
         ``ckpt`` blocked training; its write to disk (waited for here, once, while the shards
         go on serving) bounds the interval from below, as a writer slower than the interval
         would block every save."""
-        run, record = self.run, self.run.record
+        record = self.record
         write_s = 0.0
-        for ref in [s.checkpoints_written.remote() for s in run.shards]:
+        for ref in [s.checkpoints_written.remote() for s in self.actors.shards]:
             try:
                 written = ray.get(ref, timeout=300)
             except ray.exceptions.RayActorError:  # restarting (recovery on)
                 continue
             write_s = max([write_s] + [w["write_s"] for w in written[-1:]])
         self.costs = (ckpt["blocked_s"], write_s)
-        r = run.cfg.recovery
+        r = self.cfg.recovery
         if r.kind == "auto":  # the kind with the lower expected overhead, from now on
-            run.recovery = choose(ckpt["blocked_s"], r.mtbf_s, run.cfg.cluster.ps_shards,
-                                  r.pls_target).kind
+            self.recovery = choose(ckpt["blocked_s"], r.mtbf_s, self.cfg.cluster.ps_shards,
+                                   r.pls_target).kind
         interval, decision, text = self._decide(r.mtbf_s)
-        record.interval_decision = {**decision.as_dict(), "used_kind": run.recovery,
+        record.interval_decision = {**decision.as_dict(), "used_kind": self.recovery,
                                     "used_interval_s": interval, "write_s": write_s,
                                     "rechosen": []}
         record.event(elapsed_s, text)
@@ -221,32 +235,32 @@ class CheckpointRounds:
         last one counts too); the save cost is the median blocked time of the last
         ``COST_ROUNDS`` rounds (a snapshot grows with the rows touched). A round records a new
         choice only where the interval moved by more than ``RECHOOSE_MOVE``."""
-        decided = self.run.record.interval_decision
+        decided = self.record.interval_decision
         if decided is None:
             return
-        recent = [c["blocked_s"] for c in self.run.record.checkpoints if c["samples"] > 0]
+        recent = [c["blocked_s"] for c in self.record.checkpoints if c["samples"] > 0]
         if recent:
             self.costs = (statistics.median(recent[-COST_ROUNDS:]), self.costs[1])
-        mtbf = (self.run.cfg.recovery.mtbf_s + elapsed_s) / (1 + self.failures)
+        mtbf = (self.cfg.recovery.mtbf_s + elapsed_s) / (1 + self.failures)
         every, decision, text = self._decide(mtbf)
         if not after_failure and abs(every - self.every) <= RECHOOSE_MOVE * self.every:
             return
         self.every = every
         text = (f"{self.failures} failure(s) in {elapsed_s:.1f} s and recovery.mtbf_s "
-                f"{self.run.cfg.recovery.mtbf_s:g} s: MTBF taken as {mtbf:.1f} s; " + text)
+                f"{self.cfg.recovery.mtbf_s:g} s: MTBF taken as {mtbf:.1f} s; " + text)
         decided["rechosen"].append({"time_s": elapsed_s, "failures": self.failures,
                                     "mtbf_s": mtbf, "save_cost_s": self.costs[0],
                                     "interval_s": self.every, "after_failure": after_failure})
-        self.run.record.event(elapsed_s, text)
+        self.record.event(elapsed_s, text)
         print(text, flush=True)
 
     def _decide(self, mtbf_s: float):
         """(interval, decision, text) for the recovery in force, from the measured costs."""
-        run, r = self.run, self.run.cfg.recovery
+        r = self.cfg.recovery
         save_s, write_s = self.costs
-        decision = choose(save_s, mtbf_s, run.cfg.cluster.ps_shards, r.pls_target)
+        decision = choose(save_s, mtbf_s, self.cfg.cluster.ps_shards, r.pls_target)
         text = decision.text()
-        used = run.recovery
+        used = self.recovery
         interval = decision.full_interval_s if used == "full" else decision.partial_interval_s
         if used != decision.kind and r.kind != "auto":
             text += (f"; recovery.kind = \"{r.kind}\" is configured, so {used} recovery goes "

@@ -23,7 +23,7 @@ from torch.nn.utils import vector_to_parameters
 
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.gather import gathered_model_state
-from recsync.distributed.handle import ACTOR_GONE, SHARD_RESTART_WAIT_S
+from recsync.distributed.actors import ACTOR_GONE, SHARD_RESTART_WAIT_S
 from recsync.distributed.policy import Decision, Kind
 from recsync.distributed.watch import settle
 from recsync.evaluate import evaluate
@@ -57,7 +57,7 @@ def settle_at_end(run, moment: str) -> Decision:
     recovering = run.cfg.recovery.kind != "none"
     workers = run.poll()
     shards = run.shard_statuses(SHARD_RESTART_WAIT_S if recovering else 0.0)
-    return settle(run, workers, shards, time.time() - run.start_unix, ending=moment)
+    return settle(run, workers, shards, time.time() - run.tallies.start_unix, ending=moment)
 
 
 def finish(run, end=None) -> dict | None:
@@ -94,50 +94,53 @@ def end_calls(run, moment: Moment) -> dict:
     applied, the final job checkpoint (the trained model), the figures, and the trained model
     gathered and evaluated. Every call may be made again after a recovery. ``moment`` follows
     where it is."""
+    actors, model = run.actors, run.model
     moment.now = AT_THE_END
-    run.shard_call("end")  # e.g. the last, partial global batch: nothing left unapplied
+    actors.shard_call("end")  # e.g. the last, partial global batch: nothing left unapplied
     final_checkpoint = None
-    if run.checkpoint_dir is not None:  # the trained model, and a run that can be resumed
+    if actors.checkpoint_dir is not None:  # the trained model, and a run that can be resumed
         moment.now = IN_FINAL_CHECKPOINT
         final_checkpoint = run.rounds.take(final=True)
         if final_checkpoint is None or final_checkpoint["job_sequence"] is None:
             raise ShardSkipped(f"shard(s) skipped: sequences "
                                f"{final_checkpoint and final_checkpoint['sequences']}")
     moment.now = AT_THE_END
-    shard_stats = ray.get([s.stats.remote() for s in run.shards])
-    written = ray.get([s.checkpoints_written.remote() for s in run.shards])
-    mode_stats = ray.get([w.mode_stats.remote() for w in run.workers])
-    pacing = ray.get([w.pacing.remote() for w in run.workers])
-    final_dense = ray.get(run.shards[0].call.remote("model_dense"))
+    shard_stats = ray.get([s.stats.remote() for s in actors.shards])
+    written = ray.get([s.checkpoints_written.remote() for s in actors.shards])
+    mode_stats = ray.get([w.mode_stats.remote() for w in actors.workers])
+    pacing = ray.get([w.pacing.remote() for w in actors.workers])
+    final_dense = ray.get(actors.shards[0].call.remote("model_dense"))
     worker_state = None
     if final_dense is None:  # the workers hold it (all replicas alike now, or worker 0's)
-        worker_state = run.dense_state(0, timeout=None)
+        worker_state = actors.dense_state(0, timeout=None)
         final_dense = worker_state["params"]
     with torch.no_grad():
-        vector_to_parameters(torch.tensor(final_dense), list(run.dense_model.parameters()))
+        vector_to_parameters(torch.tensor(final_dense), list(model.dense_model.parameters()))
     moment.now = IN_GATHER
-    model_state = (gathered_model_state(run, worker_state) if run.cfg.output.save_model
-                   else None)
+    model_state = (gathered_model_state(run.cfg, actors.shards, model, worker_state)
+                   if run.cfg.output.save_model else None)
     moment.now = IN_FINAL_EVAL
-    model = LocalModel(run.dense_model, PSClient(run.shards, run.plan), None)
-    final_eval = evaluate(model.dense, model.lookup, run.ds, run.ds.rows("eval"),
+    trained = LocalModel(model.dense_model, PSClient(actors.shards, model.plan), None)
+    final_eval = evaluate(trained.dense, trained.lookup, run.ds, run.ds.rows("eval"),
                           run.cfg.train.eval_batch_size,
                           keep_scores=run.cfg.output.save_predictions)
     return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,
             "worker_pacing": pacing, "checkpoints_written": written,
-            "checkpoint_dir": run.checkpoint_dir, "final_checkpoint": final_checkpoint,
+            "checkpoint_dir": actors.checkpoint_dir, "final_checkpoint": final_checkpoint,
             "model_state": model_state,
-            "model": model}  # its lookup serves the trained rows while the session lasts
+            "model": trained}  # its lookup serves the trained rows while the session lasts
 
 
 def after_end(run) -> dict:
     """What the end's calls left: the chunks each worker took, the take-overs and the queue's
     figures; the checkpoint writer closed."""
-    for r, w in enumerate(run.workers):
-        run.taken[r] += ray.get(w.taken_chunks.remote())
-    if run.checkpoint_dir is not None:
+    actors, tallies = run.actors, run.tallies
+    for r, w in enumerate(actors.workers):
+        tallies.took(r, ray.get(w.taken_chunks.remote()))
+    if actors.checkpoint_dir is not None:
         run.rounds.close()
-    take_overs = ray.get(run.directory.report.remote()) if run.directory else []
-    return {"take_overs": [{**t, "asked_s": t["asked_unix"] - run.start_unix,
-                            "ready_s": t["ready_unix"] - run.start_unix} for t in take_overs],
-            "queue": ray.get(run.queue.summary.remote()), "taken": run.taken}
+    take_overs = ray.get(actors.directory.report.remote()) if actors.directory else []
+    start_unix = tallies.start_unix
+    return {"take_overs": [{**t, "asked_s": t["asked_unix"] - start_unix,
+                            "ready_s": t["ready_unix"] - start_unix} for t in take_overs],
+            "queue": ray.get(actors.queue.summary.remote()), "taken": tallies.taken}

@@ -53,13 +53,14 @@ class _StoppableLookup:
 
 
 class PeriodicEval:
-    """The evaluations of one distributed run; used by the watch loop only."""
+    """The evaluations of one distributed run (handle.DistributedRun: its record, model,
+    actors and clock are read); used by the watch loop only."""
 
     def __init__(self, run, total_samples: int):
         self.run = run
         self.every = run.record.eval_every = eval_interval(run.cfg.train, total_samples)
         self.next = self.every
-        self.model = copy.deepcopy(run.dense_model)  # the thread's own
+        self.model = copy.deepcopy(run.model.dense_model)  # the thread's own
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.outcome: tuple | None = None  # set by the thread: ("done", record) / ("error", e)
@@ -103,7 +104,7 @@ class PeriodicEval:
             cause = "a shard recovery happened while it ran"
         if cause is not None:
             record.evals_skipped += 1
-            record.event(time.time() - self.run.start_unix,
+            record.event(time.time() - self.run.tallies.start_unix,
                          f"evaluation at {samples:,} samples skipped: {cause}")
             return None
         record.evals.append(value)
@@ -125,7 +126,8 @@ class PeriodicEval:
                 vector_to_parameters(torch.tensor(dense, dtype=torch.float32),
                                      list(self.model.parameters()))
             fetched = time.perf_counter() - start
-            lookup = _StoppableLookup(PSClient(self.run.shards, self.run.plan), self.stop)
+            lookup = _StoppableLookup(PSClient(self.run.actors.shards, self.run.model.plan),
+                                      self.stop)
             t = self.run.cfg.train
             result = evaluate(self.model, lookup, self.run.ds, t.eval_sample_rows,
                               t.eval_batch_size)
@@ -139,11 +141,11 @@ class PeriodicEval:
 
     def _dense(self):
         """A copy of the dense parameters now: shard 0's, or worker 0's replica."""
-        run = self.run
-        dense = ray.get(run.shards[0].call.remote("model_dense"), timeout=FETCH_TIMEOUT_S)
+        actors = self.run.actors
+        dense = ray.get(actors.shards[0].call.remote("model_dense"), timeout=FETCH_TIMEOUT_S)
         if dense is not None:
             return dense
-        worker = run.workers[0]
+        worker = actors.workers[0]
         state = None if worker is None else ray.get(worker.dense_state.remote(),
                                                     timeout=FETCH_TIMEOUT_S)
         if state is None:  # being replaced, or the parameters are moving (a switch)

@@ -48,6 +48,7 @@ class FaultInjector:
         (seconds since training started: later than it was due if the driver was busy, e.g.
         with a recovery), with the point the schedule gave (``scheduled``: "at_s = 12.5" or
         "at_step = 40")."""
+        start_unix = run.tallies.start_unix
         for kill in [k for k in self.kills if k.reached(elapsed_s, step)]:
             target, index = kill.target, kill.index
             if run.is_down(target, index):
@@ -55,12 +56,12 @@ class FaultInjector:
             self.kills.remove(kill)
             if kill.during == "checkpoint_write":
                 run.kill_in_next_write(index)
-                run.record.event(time.time() - run.start_unix, f"armed: ps {index} exits in "
+                run.record.event(time.time() - start_unix, f"armed: ps {index} exits in "
                                  f"its next checkpoint write", emulated=True, target=target,
                                  index=index, during="checkpoint_write", scheduled=kill.when)
                 continue
             run.kill(target, index)
-            run.record.event(time.time() - run.start_unix, f"killed {target} {index}",
+            run.record.event(time.time() - start_unix, f"killed {target} {index}",
                              emulated=True, target=target, index=index, scheduled=kill.when)
 
 

@@ -10,20 +10,20 @@ from recsync.model_dir.state import ModelState
 from recsync.model_dir.write import TrainedRows
 
 
-def gathered_model_state(run, worker_state: dict | None) -> ModelState:
+def gathered_model_state(cfg, shards: list, model, worker_state: dict | None) -> ModelState:
     """The trained model as the model directory keeps it: the dense parameters (already in
-    ``run.dense_model``), each table's rows gathered from every shard by global id, and with
+    ``model.dense_model``, the driver's: driver_model.DriverModel), each table's rows gathered
+    from every shard (``shards``: their handles) by global id, and with
     ``output.save_optimizer_state`` the rows' and the dense optimizer's state (shard 0's where
     it holds the dense parameters, else worker 0's: ``worker_state``)."""
-    cfg = run.cfg
     with_state = cfg.output.save_optimizer_state
-    parts = ray.get([s.trained_rows.remote(with_state) for s in run.shards])
-    trained = [TrainedRows.merged([p[t] for p in parts]) for t in range(len(run.tables))]
+    parts = ray.get([s.trained_rows.remote(with_state) for s in shards])
+    trained = [TrainedRows.merged([p[t] for p in parts]) for t in range(len(model.tables))]
     optimizer = None
     if with_state:
-        optimizer = ray.get(run.shards[0].dense_optimizer_state.remote())
+        optimizer = ray.get(shards[0].dense_optimizer_state.remote())
         if optimizer is None and worker_state is not None:
             optimizer = worker_state.get("optimizer")
     row_optimizer = make_row_optimizer(cfg.train.embedding_optimizer, cfg.train.embedding_lr)
-    return ModelState(run.tables, run.dense_model.state_dict(), trained, optimizer,
+    return ModelState(model.tables, model.dense_model.state_dict(), trained, optimizer,
                       row_optimizer.state_dim)

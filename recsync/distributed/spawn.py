@@ -19,20 +19,21 @@ PAUSE_S = 2.0  # Ray's default health check marks a node dead after about 15 s
 START_TIMEOUT_S = 600  # a worker not built by then waits for resources it will not get
 
 
-def spawn_workers(run, ranks: list[int], dense_state: dict | None, step_index: int) -> None:
-    """``run.workers[r]`` for each of ``ranks``: a new Worker process, built (waited for)."""
+def spawn_workers(actors, ranks: list[int], dense_state: dict | None, step_index: int) -> None:
+    """``actors.workers[r]`` (actors.RunActors) for each of ``ranks``: a new Worker process,
+    built (waited for)."""
     for r in ranks:
-        run.workers[r] = _new(run, r, dense_state, step_index)
+        actors.workers[r] = _new(actors, r, dense_state, step_index)
     for attempt in range(TRIES):
         lost = []
         for r in ranks:
             try:
-                ray.get(run.workers[r].where.remote(), timeout=START_TIMEOUT_S)
+                ray.get(actors.workers[r].where.remote(), timeout=START_TIMEOUT_S)
             except ray.exceptions.GetTimeoutError:
                 raise RuntimeError(
                     f"worker {r} did not start in {START_TIMEOUT_S} s: Ray could not place it "
-                    f"(cluster.worker_cpus = {run.cfg.cluster.worker_cpus:g}, worker_gpus = "
-                    f"{run.cfg.cluster.worker_gpus:g}; free now: "
+                    f"(cluster.worker_cpus = {actors.cfg.cluster.worker_cpus:g}, worker_gpus = "
+                    f"{actors.cfg.cluster.worker_gpus:g}; free now: "
                     f"{ray.available_resources()})") from None
             except ray.exceptions.RayActorError as e:
                 if e.actor_init_failed or attempt == TRIES - 1:
@@ -42,9 +43,10 @@ def spawn_workers(run, ranks: list[int], dense_state: dict | None, step_index: i
             return
         time.sleep(PAUSE_S)
         for r in lost:
-            run.workers[r] = _new(run, r, dense_state, step_index)
+            actors.workers[r] = _new(actors, r, dense_state, step_index)
 
 
-def _new(run, rank: int, dense_state: dict | None, step_index: int):
-    return Worker.options(**run.placement.worker(rank)).remote(
-        rank, run.cfg, run.shards, run.queue, dense_state, step_index, run.mode, run.directory)
+def _new(actors, rank: int, dense_state: dict | None, step_index: int):
+    return Worker.options(**actors.placement.worker(rank)).remote(
+        rank, actors.cfg, actors.shards, actors.queue, dense_state, step_index, actors.mode,
+        actors.directory)

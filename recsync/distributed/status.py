@@ -81,3 +81,10 @@ def counts_of_dead(last: dict, before: dict, completed: int, batch_size: int) ->
     if more <= 0:
         return last
     return {"samples": last["samples"] + more, "steps": last["steps"] + round(more / batch_size)}
+
+
+def node_of(answer: dict | None) -> dict | None:
+    """{node_id, node_ip} of an actor's ``where`` (or a shard's ``incarnation``) answer."""
+    if not answer or "node_id" not in answer:
+        return None
+    return {"node_id": answer["node_id"], "node_ip": answer["node_ip"]}

@@ -35,35 +35,34 @@ class Switcher:
             self.controller.reset()
 
 
-def switch(run, to: str) -> bool:
-    """Pause every worker after a step, move the dense state, resume in mode ``to``. Returns
-    False (and resumes in the same mode) if a worker finished meanwhile: the run is ending, and
-    a group cannot be formed without it."""
-    if not run.pause_all(f"switching to {to}"):
+def switch(actors, watch, to: str) -> bool:
+    """Pause every worker of ``actors`` (actors.RunActors; ``watch``: the shard watch, for
+    its pause) after a step, move the dense state, resume in mode ``to``. Returns False (and
+    resumes in the same mode) if a worker finished meanwhile: the run is ending, and a group
+    cannot be formed without it."""
+    if not actors.pause_all(f"switching to {to}", watch):
         return False
-    shard0 = run.shards[0]
+    shard0 = actors.shards[0]
     if MODES[to].dense_on_ps:  # the replicas' dense state goes to shard 0
-        dense = run.dense_state(0, timeout=None)
+        dense = actors.dense_state(0, timeout=None)
         if dense is not None:
-            t = run.cfg.train
+            t = actors.cfg.train
             ray.get(shard0.install_dense.remote(dense["params"], t.dense_optimizer, t.dense_lr,
                                                 dense["optimizer"], t.dense_weight_decay,
                                                 t.dense_warmup_steps))
-        ray.get([s.use_mode.remote(to) for s in run.shards])
-        run.resume_all(to)
+        actors.use_mode(to)
+        actors.resume_all(to)
     else:  # every gradient held is applied, and the replicas start from shard 0's state
-        run.shard_call("end")
-        step = max(run.shard_versions())
-        run.advance_shards(step)
-        ray.get([s.use_mode.remote(to) for s in run.shards])
+        actors.shard_call("end")
+        step = max(actors.shard_versions())
+        actors.advance_shards(step)
+        actors.use_mode(to)
         dense = ray.get(shard0.take_dense.remote())
-        run.resume_all(to, dense, step)
-    run.mode = to
+        actors.resume_all(to, dense, step)
     return True
 
 
-def log_switch(run, to: str, cause: str, elapsed_s: float) -> None:
-    record = run.record
+def log_switch(record, to: str, cause: str, elapsed_s: float) -> None:
     at = record.time_s()
     frm = record.modes[-1]["mode"]
     record.modes[-1]["to_s"] = at

@@ -1,5 +1,5 @@
-"""A distributed run from start to end: build the actors, start (or resume from a job
-checkpoint), watch until the workers are done and the end is made (distributed/ending.py)."""
+"""A distributed run from start to end: build its parts (handle.py), start (or resume from a
+job checkpoint), watch until the workers are done and the end is made (distributed/ending.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,47 @@ from pathlib import Path
 from recsync.checkpoint import files
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
+from recsync import storage, warm_start
 from recsync.distributed.actions import carry_out
+from recsync.distributed.actors import RunActors
+from recsync.distributed.checkpoints import CheckpointRounds
+from recsync.distributed.driver_model import DriverModel
 from recsync.distributed.ending import finish
 from recsync.distributed.handle import DistributedRun
 from recsync.distributed.policy import Kind, decide
+from recsync.distributed.shard_watch import ShardWatch
+from recsync.distributed.tallies import RunTallies
 from recsync.distributed.watch import watch
-from recsync import warm_start
 from recsync.metrics import MetricsLog
 from recsync.placement import actor_nodes, node_alive, placement_line
+from recsync.record import RunRecord
+
+
+def checkpoint_dir(cfg: RunConfig, root: Path | None) -> Path | None:
+    """Where the shards' checkpoints go if ``recovery`` asks for them: ``recovery.dir``, else
+    ``root``."""
+    if not (cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s):
+        return None
+    root = storage.local(cfg.recovery.dir) if cfg.recovery.dir else root
+    if root is None:
+        raise ValueError("recovery.checkpoint_every_s is set but there is no directory "
+                         "for checkpoints: set recovery.dir")
+    return root.resolve()
+
+
+def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
+              started: float | None = None, warm=None) -> DistributedRun:
+    """A run's parts, its actors started. ``checkpoint_root``: where the shards' checkpoints
+    go if ``recovery`` asks for them (``recovery.dir`` wins); ``started``: when the run began
+    (perf_counter; default now); ``warm``: the model directory the run starts from
+    (warm_start.py), if any."""
+    record = RunRecord() if started is None else RunRecord(start=started)
+    model = DriverModel(cfg, ds, warm)
+    actors = RunActors(cfg, ds, model.tables, model.initial_dense(),
+                       checkpoint_dir(cfg, checkpoint_root))
+    tallies, shard_watch = RunTallies(cfg.cluster.workers), ShardWatch()
+    rounds = CheckpointRounds(cfg, record, actors, tallies, shard_watch, model)
+    return DistributedRun(cfg, ds, record, model, actors, tallies, shard_watch, rounds)
 
 
 def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path | None = None,
@@ -27,13 +60,13 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
     ``recovery.dir`` or ``out_dir``/checkpoints. ``resume``: a job checkpoint of an earlier
     run of this config to go on from; ``started``: when the run began (perf_counter);
     ``warm``: a model directory to start from (train.init_from, warm_start.py)."""
-    run = DistributedRun(cfg, ds, None if out_dir is None else Path(out_dir) / "checkpoints",
-                         started, warm=None if resume else warm)
+    run = build_run(cfg, ds, None if out_dir is None else Path(out_dir) / "checkpoints",
+                    started, warm=None if resume else warm)
     record = run.record
     try:
         # provisional: the clock starts again when the first workers start training
         record.train_s_before = resume.meta["train_s"] if resume else 0.0
-        run.start_unix = time.time() - record.train_s_before
+        run.tallies.provisional_start(record.train_s_before, time.time())
         record.modes = [{"mode": cfg.mode, "from_s": 0.0, "to_s": None, "cause": "config"}]
         run.shard_statuses()  # every shard is up (and its first process known, to tell a
         # restart by), so that start-up is not counted as training
@@ -41,12 +74,14 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
         if start.kind is Kind.ROLL_BACK:
             carry_out(run, start, [], 0.0, resume=resume)
         else:
-            if run.warm is not None:  # train.init_from
-                warm_start.install(run)
-            if run.checkpoint_dir is not None:  # round 0: a rollback or resume before the first
+            if run.model.warm is not None:  # train.init_from
+                warm_start.install(run.actors, run.model)
+            if run.actors.checkpoint_dir is not None:  # round 0: a rollback or resume
+                # before the first
                 run.rounds.log(run.rounds.take(), 0.0, training=False)
-            run.start_workers(list(range(cfg.cluster.workers)), run.start_dense())
-        record.placement = actor_nodes(run)
+            run.start_workers(list(range(cfg.cluster.workers)),
+                              run.model.start_dense(cfg, run.facts.dense_on_ps))
+        record.placement = actor_nodes(run.actors)
         record.event(0.0, placement_line(record.placement))
         if record.placement["strategy"] != "none" or len(record.placement["nodes"]) > 1:
             print(placement_line(record.placement), flush=True)

@@ -13,7 +13,7 @@ import ray
 from recsync.distributed.actions import carry_out
 from recsync.distributed.evals import PeriodicEval
 from recsync.distributed.faults import FaultInjector
-from recsync.distributed.handle import ACTOR_GONE, SHARD_RESTART_WAIT_S
+from recsync.distributed.actors import ACTOR_GONE, SHARD_RESTART_WAIT_S
 from recsync.distributed.policy import Decision, Kind, decide
 from recsync.distributed.status import DEAD, ShardStatus, WorkerStatus
 from recsync.distributed.switching import Switcher, log_switch, switch
@@ -35,15 +35,16 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
     total = t.epochs * run.ds.rows("train")
     if t.max_steps:
         total = min(total, t.max_steps * t.batch_size * cfg.cluster.workers)
-    bar = progress(total, "sample", f"train ({run.mode})", cfg.output.progress, smoothing=0.1)
+    bar = progress(total, "sample", f"train ({run.actors.mode})", cfg.output.progress,
+                   smoothing=0.1)
     faults, switcher = FaultInjector(cfg), Switcher(cfg)
-    evals, staleness = PeriodicEval(run, total), StalenessWindow(run)
+    evals, staleness = PeriodicEval(run, total), StalenessWindow(run.actors)
     recovering = cfg.recovery.kind != "none"
     last = time.perf_counter()
     try:
         while True:
             time.sleep(POLL_S)
-            elapsed = time.time() - run.start_unix
+            elapsed = time.time() - run.tallies.start_unix
             # a shard that Ray restarted: partial or full recovery (before the kills: the
             # versions just before an injected death are then known)
             settle(run, [], run.shard_statuses() if recovering else [], elapsed)
@@ -63,7 +64,7 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
             line["eval"], line["staleness"] = finished, staleness.since_last()
             bar.update(max(0, line["samples"] - record.samples))
             record.samples, record.steps = line["samples"], line["step"]
-            run.recent.append((time.time(), line["samples"]))
+            run.tallies.observe(time.time(), line["samples"])
             last = now
             log.write(line)
             if line["loss"] is not None:
@@ -77,10 +78,10 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
                 continue
             evals.start_if_due(line["samples"], line["time_s"])
             run.rounds.if_due(elapsed, any(s.samples for s in statuses))
-            due = switcher.due(run.mode, statuses, elapsed, line["step"])
-            if due and switch(run, due[0]):
-                log_switch(run, *due, elapsed)
-                bar.set_description(f"train ({run.mode})")
+            due = switcher.due(run.actors.mode, statuses, elapsed, line["step"])
+            if due and switch(run.actors, run.shard_watch, due[0]):
+                log_switch(record, *due, elapsed)
+                bar.set_description(f"train ({run.actors.mode})")
                 switcher.switched()
     finally:
         evals.close()
@@ -93,8 +94,8 @@ def settle(run, workers: list[WorkerStatus], shards: list[ShardStatus],
     again about the rest. Returns the last decision. ``ending``: the moment of the run's end
     (policy.decide)."""
     while True:
-        d = decide(run.facts, run.cfg, workers, shards, recovery=run.recovery,
-                   restarts=run.restarts, ending=ending)
+        d = decide(run.facts, run.cfg, workers, shards, recovery=run.rounds.recovery,
+                   restarts=run.tallies.restarts, ending=ending)
         carry_out(run, d, shards, elapsed_s)
         if d.kind is not Kind.RELOAD_SHARD:
             return d
@@ -106,12 +107,12 @@ class StalenessWindow:
     ({mean, p99, max}, None if none); None too where a shard does not answer at once (the
     watch loop never waits for it)."""
 
-    def __init__(self, run):
-        self.run = run
+    def __init__(self, actors):
+        self.actors = actors
         self.before: dict[int, int] = {}
 
     def since_last(self) -> dict | None:
-        refs = [s.staleness.remote() for s in self.run.shards]
+        refs = [s.staleness.remote() for s in self.actors.shards]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
         if len(ready) < len(refs):
             return None
@@ -136,7 +137,7 @@ def metrics_line(run, statuses: list[WorkerStatus], interval_s: float) -> dict:
         "time_s": record.time_s(), "samples": samples,
         "step": max(s.steps for s in statuses),
         "loss": sum(s.loss_sum for s in statuses) / loss_n if loss_n else None,
-        "samples_per_s": (samples - record.samples) / interval_s, "mode": run.mode,
+        "samples_per_s": (samples - record.samples) / interval_s, "mode": run.actors.mode,
         "worker_step_s": [s.per_step("step_s") for s in statuses],
         "worker_compute_s": [s.per_step("compute_s") for s in statuses],
         "staleness": None, "events": record.unlogged_events(), "eval": None}

@@ -1,65 +1,34 @@
 """The driver's actions (recsync/distributed/actions.py), its watch loop's decisions and its
-switch schedule on a fake run, without Ray: what each decision does to the run and how it is
-logged."""
+switch schedule on a run of real Ray-free parts and fake actors (fake_actors.py): what each
+decision does to the run and how it is logged.
+
+Run: python -m pytest -q tests/unit/test_driver_actions.py"""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from fake_actors import FakeActors, fake_run, restart_calls
 from recsync.config import load_config
 from recsync.distributed import actions
-from recsync.distributed.downtime import downtime_ends
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.policy import Decision, Kind
+from recsync.distributed.shard_watch import ShardWatch
 from recsync.distributed.status import ShardStatus, WorkerStatus
 from recsync.distributed.switching import Switcher
 from recsync.distributed.watch import settle
 from recsync.modes.base import REPLACE, Mode
-from recsync.record import RunRecord
+
+M = type("Replace", (Mode,), {"name": "m", "worker_death": REPLACE})  # a mode of its own
 
 
-class FakeRun:
-    """The verbs actions use, recording the calls."""
+def FakeRun(c, versions=(7, 7), states=(6, 7), shard_watch=None):
+    """A run in mode "m" (``M``) whose actors are fake."""
+    return fake_run(c, FakeActors("m", M, versions, states), shard_watch)
 
-    def __init__(self, cfg, versions=(7, 7), states=(6, 7), mode="m"):
-        self.cfg, self.mode, self.record = cfg, mode, RunRecord()
-        self.calls: list = []
-        self.versions, self.states = list(versions), {s: {"params": s} for s in states}
-        self.restarts, self.start_unix, self.killed_at = 0, 0.0, {}
-        self.seen: dict = {}
-        self.recovery = "partial"
-        self.facts = type("Replace", (Mode,), {"name": "m", "worker_death": REPLACE})
-        self.directory, self.downtime_open = None, {}
-        self.rounds = SimpleNamespace(failed=lambda t: self.calls.append(("failed", t)))
 
-    def restart(self, ranks, dense_state=None, step_index=0):
-        self.calls.append(("restart", ranks, dense_state, step_index))
-
-    def retire(self, ranks):
-        self.calls.append(("retire", ranks))
-
-    def start_workers(self, ranks, dense_state=None, step_index=0):
-        self.calls.append(("start", ranks, dense_state, step_index))
-
-    def recovery_states(self, rank):
-        return self.states
-
-    def dense_state(self, rank=0, timeout=None):
-        return {"params": f"replica {rank}", "optimizer": "kept?"}
-
-    def shard_call(self, verb):
-        self.calls.append(("call", verb))
-
-    def shard_versions(self):
-        return self.versions
-
-    def advance_shards(self, step, which=None):
-        self.calls.append(("advance", step, which))
-
-    def acknowledge(self, s):
-        self.seen[s.index] = s.pid
+def calls(run) -> list:
+    return run.actors.calls
 
 
 def cfg(*extra):
@@ -70,10 +39,10 @@ def cfg(*extra):
 def test_replace_restarts_the_ranks_and_logs_it():
     run = FakeRun(cfg())
     actions.carry_out(run, Decision(Kind.REPLACE_WORKERS, ranks=(1,), dead=(1,)), [], 3.0)
-    assert run.calls == [("restart", [1], None, 0)] and run.restarts == 1
+    assert calls(run) == restart_calls([1]) and run.tallies.restarts == 1
     assert run.record.events[-1]["event"] == "worker(s) [1] died; restarted, their chunks requeued"
     actions.carry_out(run, Decision(Kind.REPLACE_WORKERS, ranks=(0, 1, 2), dead=(2,)), [], 3.0)
-    assert run.calls[-1] == ("restart", [0, 1, 2], None, 0) and run.restarts == 2
+    assert calls(run)[3:] == restart_calls([0, 1, 2]) and run.tallies.restarts == 2
     assert run.record.events[-1]["event"] == ("worker(s) [2] died; every worker restarted on a "
                                               "new group, chunks requeued")
     # the ranks, as data (the chaos scenario matches each kill to the restart that followed)
@@ -85,8 +54,9 @@ def test_rebuild_group_starts_every_rank_at_the_step_the_ps_completed():
     run = FakeRun(cfg(), versions=(7, 6), states=(6, 7))
     actions.carry_out(run, Decision(Kind.REBUILD_GROUP, ranks=(0, 1, 2), dead=(0,), source=1),
                       [], 1.0)
-    assert run.calls == [("retire", [0, 1, 2]), ("call", "drop_incomplete"),
-                         ("advance", 7, [1]), ("start", [0, 1, 2], {"params": 7}, 7)]
+    assert calls(run) == [("retire", [0, 1, 2]), ("call", "drop_incomplete"),
+                          ("advance", 7, [1]), ("spawn", [0, 1, 2], {"params": 7}, 7),
+                          ("start", [0, 1, 2])]
     assert run.record.events[-1]["event"] == (
         "worker(s) [0] died; m group rebuilt at step 7 from worker 1's replica, chunks "
         "requeued; shard(s) [1] had not completed step 6 and skip its row update")
@@ -104,7 +74,7 @@ def test_restart_from_replica_resets_the_optimizer_state():
     run = FakeRun(cfg())
     actions.carry_out(run, Decision(Kind.RESTART_FROM_REPLICA, ranks=(2,), dead=(2,), source=0),
                       [], 1.0)
-    assert run.calls == [("restart", [2], {"params": "replica 0", "optimizer": None}, 0)]
+    assert calls(run) == restart_calls([2], {"params": "replica 0", "optimizer": None})
     assert "restarted from worker 0's dense replica (dense optimizer state reset)" in \
         run.record.events[-1]["event"]
 
@@ -124,23 +94,24 @@ def restarted_shard(index=1, sequence=2):
 def test_partial_recovery_counts_the_lost_updates_and_acknowledges_the_restart():
     c = cfg("train.batch_size=8", 'recovery.kind="partial"', "recovery.checkpoint_every_s=1")
     run = FakeRun(c)
-    run.killed_at[1] = 97.5
+    run.shard_watch.killed("ps", 1, 97.5)
     shards = [ShardStatus(0, "alive", pid=1, version=40), restarted_shard()]
     actions.carry_out(run, Decision(Kind.RELOAD_SHARD, shards=(1,)), shards, 12.0)
     [rec] = run.record.recoveries
     assert rec["kind"] == "partial" and rec["shard"] == 1 and rec["lost_updates"] == 4
     assert rec["lost_samples"] == 4 * 8 and rec["sequence"] == 2
-    assert rec["ready_s"] == 100.0 - run.start_unix  # when the new process was ready
+    assert rec["ready_s"] == 100.0 - run.tallies.start_unix  # when the new process was ready
     # no pull served yet: down until ready for now; the first pull served ends it
     assert rec["downtime_s"] == 2.5 and rec["downtime_to"] == "ready"
-    downtime_ends(run, 1, None)
-    downtime_ends(run, 1, 97.0)  # (a pull from before the failure: not the one)
+    watch = run.shard_watch
+    watch.downtime_ends(1, None)
+    watch.downtime_ends(1, 97.0)  # (a pull from before the failure: not the one)
     assert rec["downtime_to"] == "ready"
-    downtime_ends(run, 1, 100.25)
+    watch.downtime_ends(1, 100.25)
     assert rec["downtime_s"] == 2.75 and rec["downtime_to"] == "first pull served"
-    assert run.downtime_open == {}
-    assert ("failed", 12.0) in run.calls  # the checkpoint interval is chosen again
-    assert run.seen == {1: 42} and run.killed_at == {}
+    assert watch.downtime_open == {}
+    assert run.rounds.failures == 1  # the checkpoint interval is chosen again
+    assert watch.shard_seen[1]["pid"] == 42 and watch.killed_at == {}
     assert run.record.events[-1]["event"] == ("partial recovery: shard 1 restarted from "
                                               "checkpoint 2 (version 30); its 4 updates since "
                                               "(~32 samples) are lost")
@@ -152,7 +123,7 @@ def test_settle_logs_a_partial_recovery_then_replaces_the_dead_worker():
     shards = [ShardStatus(0, "alive", pid=1, version=40), restarted_shard()]
     d = settle(run, workers, shards, 5.0)
     assert d.kind is Kind.REPLACE_WORKERS
-    assert run.calls == [("failed", 5.0), ("restart", [1], None, 0)]
+    assert run.rounds.failures == 1 and calls(run) == restart_calls([1])
     assert [r["kind"] for r in run.record.recoveries] == ["partial"]
 
 
@@ -170,29 +141,24 @@ def test_the_switch_schedule_and_no_controller():
     assert sw.controller is None  # (no controller without switching.auto)
 
 
-def test_a_shard_restarted_without_an_injected_kill_is_down_from_its_last_answer(monkeypatch):
+def test_a_shard_restarted_without_an_injected_kill_is_down_from_its_last_answer():
     """A shard killed from outside (kill -9, a lost machine): its downtime counts from the
     driver's last answer from the old process (it read 0.0 before), an injected kill's from
     the kill."""
-    from recsync.distributed import handle
-    seen = handle.DistributedRun._seen
-    run = SimpleNamespace(shard_seen={}, shard_answered={}, killed_at={}, downtime_open={})
-    times = [100.0, 100.5]  # the two answers; later reads of the clock: 999.0
-    monkeypatch.setattr(handle.time, "time", lambda: times.pop(0) if times else 999.0)
+    watch = ShardWatch()
     inc = {"pid": 1, "version": 34, "ready_unix": 10.0, "restored": None,
            "first_pull_unix": None}
-    seen(run, 0, inc)
-    seen(run, 1, inc)  # shard 1's last answer, at 100.5
-    back = seen(run, 1, {**inc, "pid": 42, "version": 30, "ready_unix": 103.0,
-                         "restored": restarted_shard().restored})
-    assert back.restarted and run.killed_at == {1: 100.5}
-    run.killed_at[0] = 99.0  # an injected kill keeps its own time
-    seen(run, 0, {**inc, "pid": 7})
-    assert run.killed_at == {0: 99.0, 1: 100.5}
+    watch.seen(0, inc, now=100.0)
+    watch.seen(1, inc, now=100.5)  # shard 1's last answer
+    back = watch.seen(1, {**inc, "pid": 42, "version": 30, "ready_unix": 103.0,
+                          "restored": restarted_shard().restored}, now=999.0)
+    assert back.restarted and watch.killed_at == {1: 100.5}
+    watch.killed("ps", 0, 99.0)  # an injected kill keeps its own time
+    watch.seen(0, {**inc, "pid": 7}, now=999.0)
+    assert watch.killed_at == {0: 99.0, 1: 100.5}
 
     fake = FakeRun(cfg("train.batch_size=8", 'recovery.kind="partial"',
-                       "recovery.checkpoint_every_s=1"))
-    fake.killed_at = {1: 100.5}
+                       "recovery.checkpoint_every_s=1"), shard_watch=watch)
     actions.carry_out(fake, Decision(Kind.RELOAD_SHARD, shards=(1,)),
                       [ShardStatus(0, "alive", pid=1, version=40), back], 12.0)
     assert fake.record.recoveries[0]["downtime_s"] == 2.5
@@ -203,11 +169,9 @@ def test_a_shard_restarted_without_an_injected_kill_is_down_from_its_last_answer
 def test_the_interval_is_chosen_again_after_a_failure_from_the_failures_seen(kind, interval):
     """mtbf_s = 100 s counts as one failure interval seen before the run: after a failure at
     50 s, F = (100 + 50) / 2 = 75 s."""
-    from recsync.distributed.checkpoints import CheckpointRounds
-    c = cfg(f'recovery.kind="{kind}"', "recovery.mtbf_s=100")
-    run = FakeRun(c)
-    run.recovery, run.checkpoint_dir = kind, None
-    rounds = CheckpointRounds(run)
+    run = FakeRun(cfg(f'recovery.kind="{kind}"', "recovery.mtbf_s=100"))
+    rounds = run.rounds
+    assert rounds.recovery == kind
     rounds.failed(10.0)  # before the interval was chosen: counted, nothing chosen
     assert run.record.interval_decision is None and rounds.failures == 1
     rounds.failures = 0
@@ -226,10 +190,8 @@ def test_a_round_chooses_the_interval_again_from_recent_costs_and_the_time_witho
     failure F = (100 + 60) / 1 = 160 s, T = 6.4 s; the save cost is the median of the last
     five rounds that trained (the round before training blocked nothing and is left out). A
     round where T moves by 10% or less records nothing."""
-    from recsync.distributed.checkpoints import CheckpointRounds
     run = FakeRun(cfg('recovery.kind="partial"', "recovery.mtbf_s=100"))
-    run.recovery, run.checkpoint_dir = "partial", None
-    rounds = CheckpointRounds(run)
+    rounds = run.rounds
     rounds.every, rounds.costs = 4.0, (0.001, 0.0)
     run.record.interval_decision = {"rechosen": []}
     run.record.checkpoints = [{"samples": 0, "blocked_s": 0.0}] + [

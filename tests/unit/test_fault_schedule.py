@@ -3,6 +3,7 @@ carrying it out, and how the driver words an actor's death."""
 
 import statistics
 import time
+from types import SimpleNamespace
 
 import ray
 
@@ -57,7 +58,7 @@ class KillLog:
 
     def __init__(self):
         self.record, self.down, self.killed = RunRecord(), set(), []
-        self.start_unix = time.time() - 3.0
+        self.tallies = SimpleNamespace(start_unix=time.time() - 3.0)
 
     def kill(self, target, index):
         self.down.add((target, index))

@@ -31,8 +31,10 @@ class DeadShard:
 
 def fake_run(error: BaseException, gate: threading.Event | None = None):
     cfg = load_config(None, ["train.eval_every_samples=100"])
-    return SimpleNamespace(cfg=cfg, record=RunRecord(), dense_model=torch.nn.Linear(2, 1),
-                           shards=[DeadShard(error, gate)], workers=[None], start_unix=0.0)
+    return SimpleNamespace(cfg=cfg, record=RunRecord(),
+                           model=SimpleNamespace(dense_model=torch.nn.Linear(2, 1)),
+                           actors=SimpleNamespace(shards=[DeadShard(error, gate)], workers=[None]),
+                           tallies=SimpleNamespace(start_unix=0.0))
 
 
 def test_due_every_eval_every_samples_one_at_a_time():

@@ -7,18 +7,16 @@ naming the shard and the moment."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import ray
 
+from fake_actors import FakeActors, fake_run
 from recsync.config import load_config
 from recsync.distributed import actions, ending
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.policy import Kind, decide
 from recsync.distributed.status import ShardStatus, WorkerStatus
 from recsync.modes import MODES
-from recsync.record import RunRecord
 
 
 def cfg(mode="async", kind="partial"):
@@ -40,37 +38,30 @@ def dead(i=1):
     return ShardStatus(i, "dead")
 
 
-class FakeRun:
-    """What ``finish`` and the actions it leads to use. ``looks``: the shard statuses each
-    ``shard_statuses`` call returns, in turn (the last one from then on)."""
+class EndActors(FakeActors):
+    """What ``finish`` and the actions it leads to use of the actors. ``looks``: the shard
+    statuses each ``shard_statuses`` call returns, in turn (the last one from then on);
+    ``workers``: the workers' states, all running once workers are started."""
 
-    def __init__(self, c, looks, workers=("done", "done")):
-        self.cfg, self.mode, self.record = c, c.mode, RunRecord()
+    def __init__(self, mode, looks, workers):
+        super().__init__(mode)
         self.looks, self.patience = list(looks), []
-        self.workers = [WorkerStatus(r, s) for r, s in enumerate(workers)]
-        self.recovery = "none" if c.recovery.kind == "none" else c.recovery.kind
-        self.restarts, self.start_unix, self.killed_at = 0, 0.0, {}
-        self.directory, self.downtime_open, self.seen = None, {}, {}
-        self.calls: list = []
-        self.rounds = SimpleNamespace(failed=lambda t: self.calls.append("failed"))
+        self.statuses = [WorkerStatus(r, s) for r, s in enumerate(workers)]
 
-    @property
-    def facts(self):
-        return MODES[self.mode]
+    def poll(self, tallies):
+        return self.statuses
 
-    def poll(self):
-        return self.workers
-
-    def shard_statuses(self, patience_s=None):
+    def shard_statuses(self, watch, patience_s=None):
         self.patience.append(patience_s)
         return self.looks.pop(0) if len(self.looks) > 1 else self.looks[0]
 
-    def acknowledge(self, s):
-        self.seen[s.index] = s.pid
+    def start(self, ranks, start_unix):
+        super().start(ranks, start_unix)
+        self.statuses = [WorkerStatus(r, "running") for r in range(len(self.statuses))]
 
-    def restart(self, ranks, dense_state=None, step_index=0):
-        self.calls.append(("restart", ranks))
-        self.workers = [WorkerStatus(r, "running") for r in range(len(self.workers))]
+
+def FakeRun(c, looks, workers=("done", "done")):
+    return fake_run(c, EndActors(c.mode, looks, workers))
 
 
 class End:
@@ -99,9 +90,9 @@ def test_a_shard_killed_in_the_last_steps_is_recovered_before_the_end():
     run = FakeRun(cfg(), [[alive(0), restarted()], [alive(0), alive(1, 42, 30)]])
     end = End()
     assert ending.finish(run, end) == {"eval": "scored", "after": True}
-    assert run.patience[0] == ending.SHARD_RESTART_WAIT_S and end.calls == 1
+    assert run.actors.patience[0] == ending.SHARD_RESTART_WAIT_S and end.calls == 1
     assert [r["kind"] for r in run.record.recoveries] == ["partial"]
-    assert run.seen == {1: 42} and "failed" in run.calls
+    assert run.shard_watch.shard_seen[1]["pid"] == 42 and run.rounds.failures == 1
 
 
 @pytest.mark.parametrize("moment", [ending.IN_FINAL_CHECKPOINT, ending.IN_GATHER,
@@ -136,7 +127,7 @@ def test_a_rollback_at_the_end_has_the_workers_train_again(monkeypatch, mode, ki
 def test_a_worker_dead_at_the_end_is_restarted_and_the_workers_go_on():
     run = FakeRun(cfg(), [[alive(0), alive(1)]], workers=("done", "dead"))
     assert ending.finish(run, End()) is None
-    assert run.calls == [("restart", [1])]
+    assert run.actors.calls == [("retire", [1]), ("spawn", [1], None, 0), ("start", [1])]
 
 
 def test_without_recovery_a_shard_that_dies_during_the_end_fails_the_run_in_one_line():
@@ -147,7 +138,7 @@ def test_without_recovery_a_shard_that_dies_during_the_end_fails_the_run_in_one_
                             "stops here (recovery.kind = \"none\"; with recovery.kind = "
                             "\"partial\" or \"full\" and recovery.checkpoint_every_s > 0 the "
                             "run goes on from checkpoints)")
-    assert run.patience == [0.0, 0.0]
+    assert run.actors.patience == [0.0, 0.0]
 
 
 def test_without_recovery_a_shard_dead_as_training_ended_fails_before_the_end():

@@ -1,0 +1,248 @@
+"""``RunActors``: the actors of one distributed run (PS shards, a work queue, workers) and the
+few verbs the driver uses on them: start workers, poll them and the shards (typed statuses),
+pause and resume all, retire workers, roll the shards back to a job checkpoint, kill (fault
+injection). The one part of the run handle that speaks to Ray (with spawn.py); what it hears
+goes to the Ray-free parts passed in (tallies.py, shard_watch.py). What to do when, and why,
+is decided elsewhere (watch, policy, actions, checkpoints, switching, ending)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import ray
+
+from recsync.checkpoint import files, job, reshard
+from recsync.config import RunConfig
+from recsync.data.reader import Dataset, chunk_order
+from recsync.distributed.errors import RunFailed
+from recsync.distributed.faults import death_cause
+from recsync.distributed.spawn import spawn_workers
+from recsync.distributed.status import DEAD, RESTARTING, ShardStatus, WorkerStatus
+from recsync.local_run import CHUNK_BATCHES
+from recsync.modes import MODES
+from recsync.placement import on_driver_node
+from recsync.ps.standby import start_shards
+from recsync.worker.queue import WorkQueue
+
+PAUSE_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
+SHARD_RESTART_WAIT_S = 60  # recovery: how long a restarting shard may take to answer
+ACTOR_GONE = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
+
+
+def work_items(cfg: RunConfig, ds: Dataset) -> list[tuple]:
+    """(epoch, chunk) of every chunk the run trains, in order."""
+    t = cfg.train
+    chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
+    seed = t.seed if cfg.data.shuffle else None
+    return [(e, ch) for e in range(t.epochs)
+            for ch in chunk_order(chunks, epoch=e, shuffle_seed=seed)]
+
+
+class RunActors:
+    """The actors of one run (``checkpoint_dir``: where the shards' checkpoints go, if any),
+    and the mode they run in now (``use_mode`` changes it)."""
+
+    def __init__(self, cfg: RunConfig, ds: Dataset, tables, dense_init,
+                 checkpoint_dir: Path | None):
+        self.cfg, self.mode, self.checkpoint_dir = cfg, cfg.mode, checkpoint_dir
+        # a dead shard's place: a standby's (``directory``: which process serves which
+        # shard), or its own process, restarted by Ray
+        self.shards, self._builders, self.directory, self.placement = start_shards(
+            cfg, tables, dense_init, checkpoint_dir)
+        self.queue = WorkQueue.options(**on_driver_node()).remote(  # outlives any node
+            work_items(cfg, ds))
+        self.workers: list = [None] * cfg.cluster.workers
+
+    @property
+    def facts(self):
+        """The mode now's facts (recsync.modes.base.Mode)."""
+        return MODES[self.mode]
+
+    # -- workers -------------------------------------------------------------------------
+    def spawn(self, ranks: list[int], dense_state: dict | None = None,
+              step_index: int = 0) -> None:
+        """Fresh workers for ``ranks`` (``dense_state``: flat layout, as ``dense_state()``
+        gives it), on a new group where the mode has one; ``start`` has them train."""
+        spawn_workers(self, ranks, dense_state, step_index)
+        if self.facts.needs_group(self.cfg):
+            host, port = ray.get(self.workers[0].address.remote())
+            ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
+
+    def start(self, ranks: list[int], start_unix: float) -> None:
+        """Workers ``ranks`` start training (``start_unix``: when the run's training began)."""
+        ray.get([self.workers[r].start.remote(start_unix) for r in ranks])
+
+    def poll(self, tallies) -> list[WorkerStatus]:
+        """Every worker's status, its counts including its rank's earlier processes'
+        (``tallies``: tallies.RunTallies, which keeps them); a dead worker reads as "dead"."""
+        refs = [w.status.remote() for w in self.workers]
+        out = []
+        for r, ref in enumerate(refs):
+            try:
+                s = WorkerStatus.from_dict(ray.get(ref, timeout=30))
+            except ACTOR_GONE:
+                s = WorkerStatus(rank=r, state=DEAD, **self._dead_counts(r, tallies))
+            out.append(replace(s, **tallies.polled(r, s.samples, s.steps)))
+        return out
+
+    def retire(self, ranks: list[int], tallies) -> None:
+        """Count each worker's work as done by its rank (in ``tallies``), forget the process,
+        and put its leased chunks back in the queue."""
+        for r in ranks:
+            try:
+                tallies.took(r, ray.get(self.workers[r].taken_chunks.remote(), timeout=5))
+                s = ray.get(self.workers[r].status.remote(), timeout=5)
+                last = {k: s[k] for k in ("samples", "steps")}
+            except ACTOR_GONE:
+                last = self._dead_counts(r, tallies)
+            tallies.retired(r, last)
+            ray.kill(self.workers[r], no_restart=True)
+            ray.get(self.queue.release.remote(r))
+
+    def _dead_counts(self, r: int, tallies) -> dict:
+        """Rank ``r``'s dead process's counts, corrected by the queue (status.counts_of_dead)."""
+        done = ray.get(self.queue.summary.remote())["by_worker"].get(str(r), {"samples": 0})
+        return tallies.dead_counts(r, done["samples"], self.cfg.train.batch_size)
+
+    def dense_state(self, rank: int = 0, timeout: float | None = 60) -> dict | None:
+        """Worker ``rank``'s dense parameters and optimizer state (flat layout), or None where
+        the PS holds them."""
+        return ray.get(self.workers[rank].dense_state.remote(), timeout=timeout)
+
+    def recovery_states(self, rank: int) -> dict[int, dict]:
+        """Worker ``rank``'s dense states by step (modes that rebuild their group)."""
+        return ray.get(self.workers[rank].recovery_states.remote(), timeout=30)
+
+    def pause_all(self, why: str, watch) -> bool:
+        """Ask every worker to pause after a step and wait until all have. Returns False (and
+        lets them go on) if a worker finished or failed meanwhile (the run is ending, or
+        recovery comes first), or a shard changed since ``watch`` (shard_watch.ShardWatch)
+        saw it (workers waiting for it cannot pause)."""
+        ray.get([w.request_pause.remote() for w in self.workers])
+        states: list[str] = []
+        deadline = time.time() + PAUSE_TIMEOUT_S
+        while True:
+            if time.time() > deadline:
+                raise RunFailed(f"{why}: the workers did not all pause within "
+                                f"{PAUSE_TIMEOUT_S} s (states: {states})")
+            states = [s["state"] for s in ray.get([w.status.remote() for w in self.workers],
+                                                   timeout=60)]
+            if ("error" in states or "done" in states
+                    or (self.cfg.recovery.kind != "none" and self._shard_changed(watch))):
+                self.resume_all()
+                return False
+            if all(s == "paused" for s in states):
+                return True
+            time.sleep(0.05)
+
+    def resume_all(self, mode: str | None = None, dense_state: dict | None = None,
+                   step_index: int = 0) -> None:
+        """Paused workers go on, in ``mode`` (default: the mode now)."""
+        ray.get([w.resume.remote(mode or self.mode, dense_state, step_index)
+                 for w in self.workers])
+
+    # -- shards --------------------------------------------------------------------------
+    def shard_statuses(self, watch, patience_s: float | None = None) -> list[ShardStatus]:
+        """Every shard's status, as ``watch`` (shard_watch.ShardWatch) sees its answer.
+        Without ``patience_s`` (every poll, recovery on): one look; a shard that does not
+        answer reads as restarting. With it: a shard that does not answer (5 s a try) for
+        ``patience_s`` reads as dead, with the cause. A shard that Ray restarted reads as
+        ``restarted`` until ``watch.acknowledge`` d."""
+        out = []
+        if patience_s is None:
+            for i, ref in enumerate([s.incarnation.remote() for s in self.shards]):
+                try:
+                    out.append(watch.seen(i, self._answer(i, ref, 30)))
+                except ACTOR_GONE as e:
+                    out.append(ShardStatus(i, RESTARTING, cause=death_cause(e)))
+            return out
+        for i in range(len(self.shards)):
+            deadline = time.monotonic() + patience_s
+            while True:
+                try:
+                    out.append(watch.seen(i, self._answer(
+                        i, self.shards[i].incarnation.remote(), 5)))
+                    break
+                except ACTOR_GONE as e:
+                    if time.monotonic() >= deadline:
+                        out.append(ShardStatus(i, DEAD, cause=death_cause(e)))
+                        break
+                    time.sleep(0.5)
+        return out
+
+    def _answer(self, i: int, ref, timeout: float) -> dict:
+        """Shard ``i``'s answer ``ref``; if it died and a standby takes its place, the
+        standby's (asked again: ``self.shards`` then holds the standby, for every caller)."""
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ACTOR_GONE:
+            if self.directory is None:
+                raise
+            self.shards[i] = ray.get(self.directory.current.remote(i), timeout=timeout + 60)
+            return ray.get(self.shards[i].incarnation.remote(), timeout=timeout)
+
+    def _shard_changed(self, watch) -> bool:
+        """Whether a shard is dead or restarting, or restarted since ``watch`` last saw it."""
+        refs = [s.incarnation.remote() for s in self.shards]
+        try:
+            pids = [inc["pid"] for inc in ray.get(refs, timeout=1.0)]
+        except ACTOR_GONE:
+            return True
+        return any(watch.moved(i, pid) for i, pid in enumerate(pids))
+
+    def shard_call(self, verb: str, *args) -> list:
+        """A verb of the shards' mode rule (``end``, ``drop_incomplete``, ...) on every shard."""
+        return ray.get([s.call.remote(verb, *args) for s in self.shards])
+
+    def shard_versions(self) -> list[int]:
+        return [st["version"] for st in ray.get([s.stats.remote() for s in self.shards])]
+
+    def advance_shards(self, step: int, which: list[int] | None = None) -> None:
+        """Shards (``which``, default all) go on at version ``step``."""
+        which = range(len(self.shards)) if which is None else which
+        ray.get([self.shards[i].advance_to.remote(step) for i in which])
+
+    def use_mode(self, mode: str) -> None:
+        """The shards take up ``mode``'s rule, and it is the mode now (the workers' is given
+        when they resume)."""
+        ray.get([s.use_mode.remote(mode) for s in self.shards])
+        self.mode = mode
+
+    # -- roll back, kill ---------------------------------------------------------------------
+    def roll_back(self, ckpt: files.Checkpoint) -> dict:
+        """Every worker gone, every shard back to its checkpoint of job checkpoint ``ckpt``
+        (each reads every old one's where their number changed) and the queue back to its data
+        position. Returns the shards' versions, the slowest load and the position restored."""
+        for w in self.workers:
+            if w is not None:
+                ray.kill(w, no_restart=True)
+        sequences = ckpt.meta["shard_sequences"]
+        resharded = len(sequences) != len(self.shards)
+        if resharded:
+            sources = [(str(job.shard_dir(self.checkpoint_dir, k)), seq)
+                       for k, seq in enumerate(sequences)]
+            loaded = ray.get([s.reshard.remote(sources) for s in self.shards], timeout=900)
+        else:
+            loaded = ray.get([s.rollback.remote(seq) for s, seq in
+                              zip(self.shards, sequences)], timeout=300)
+        queue = reshard.fold_queue(ckpt.meta["queue"], len(self.workers))
+        ray.get(self.queue.restore.remote(queue))
+        self.workers = [None] * len(self.workers)
+        return {"versions": [x["version"] for x in loaded],
+                "load_s": max(x["load_s"] for x in loaded), "resharded": resharded,
+                "shards_before": len(sequences), "workers_before": len(ckpt.meta["done"]),
+                "queue": queue}
+
+    def kill(self, target: str, index: int) -> None:
+        """Fault injection: the worker, PS shard or waiting standby ``index`` exits at once."""
+        if target == "standby":
+            ray.get(self.directory.standby_handles.remote())[index].die.remote()
+            return
+        (self.workers if target == "worker" else self.shards)[index].die.remote()
+
+    def kill_in_next_write(self, index: int) -> None:
+        """Fault injection: PS shard ``index`` exits in the middle of its next checkpoint write
+        (its death is then seen as any failure from outside is: downtime from its last answer)."""
+        self.shards[index].die_in_next_write.remote()

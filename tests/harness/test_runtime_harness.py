@@ -160,37 +160,38 @@ def test_shadow_replicas_that_start_apart_converge_while_training(fake_ray, data
                                                                    algorithm):
     """Two trainers start from different dense parameters; with the shadow thread running,
     their distance falls below 2% of where it started while both are still training."""
-    from recsync.distributed.handle import DistributedRun
+    from recsync.distributed.train import build_run
     from recsync.worker.worker import Worker
     cfg = config(data, 'mode="shadow"', f'shadow.algorithm="{algorithm}"', "cluster.workers=2",
                  "cluster.ps_shards=2", "train.epochs=200", "train.dense_lr=0.001",
                  "shadow.min_interval_s=0.01")
-    run_ = DistributedRun(cfg, Dataset(data))
-    start = parameters_to_vector(run_.dense_model.parameters()).detach().numpy()
+    run_ = build_run(cfg, Dataset(data))
+    actors = run_.actors
+    start = parameters_to_vector(run_.model.dense_model.parameters()).detach().numpy()
     apart = [start, start + np.random.default_rng(0).normal(0, 0.5, len(start)).astype(np.float32)]
-    run_.workers = [Worker.remote(r, cfg, run_.shards, run_.queue, {"params": apart[r]})
-                    for r in range(2)]
+    workers = [Worker.remote(r, cfg, actors.shards, actors.queue, {"params": apart[r]})
+               for r in range(2)]
     try:
-        host, port = ray.get(run_.workers[0].address.remote())
-        ray.get([w.join_group.remote(host, port, 2) for w in run_.workers])
-        ray.get([w.start.remote(time.time()) for w in run_.workers])
+        host, port = ray.get(workers[0].address.remote())
+        ray.get([w.join_group.remote(host, port, 2) for w in workers])
+        ray.get([w.start.remote(time.time()) for w in workers])
         initial = np.linalg.norm(apart[0] - apart[1])
         deadline = time.time() + 60
         while True:
-            a, b = [d["params"] for d in ray.get([w.dense_state.remote() for w in run_.workers])]
-            states = [s["state"] for s in ray.get([w.status.remote() for w in run_.workers])]
+            a, b = [d["params"] for d in ray.get([w.dense_state.remote() for w in workers])]
+            states = [s["state"] for s in ray.get([w.status.remote() for w in workers])]
             assert states == ["running", "running"], states
             if np.linalg.norm(a - b) < 0.02 * initial:
                 break
             assert time.time() < deadline, f"distance {np.linalg.norm(a - b)} of {initial}"
             time.sleep(0.2)
-        assert min(ray.get(w.mode_stats.remote())["rounds"] for w in run_.workers) > 0
+        assert min(ray.get(w.mode_stats.remote())["rounds"] for w in workers) > 0
     finally:
-        for w in run_.workers:
+        for w in workers:
             ray.kill(w)
-        for s in run_.shards:
+        for s in actors.shards:
             ray.kill(s)
-        ray.kill(run_.queue)
+        ray.kill(actors.queue)
 
 
 def test_periodic_shard_checkpoints_are_written_complete_and_restore(fake_ray, data,

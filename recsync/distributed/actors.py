@@ -15,12 +15,10 @@ import ray
 
 from recsync.checkpoint import files, job, reshard
 from recsync.config import RunConfig
-from recsync.data.reader import Dataset, chunk_order
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import death_cause
 from recsync.distributed.spawn import spawn_workers
 from recsync.distributed.status import DEAD, RESTARTING, ShardStatus, WorkerStatus
-from recsync.local_run import CHUNK_BATCHES
 from recsync.modes import MODES
 from recsync.placement import on_driver_node
 from recsync.ps.standby import start_shards
@@ -31,28 +29,19 @@ SHARD_RESTART_WAIT_S = 60  # recovery: how long a restarting shard may take to a
 ACTOR_GONE = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
 
 
-def work_items(cfg: RunConfig, ds: Dataset) -> list[tuple]:
-    """(epoch, chunk) of every chunk the run trains, in order."""
-    t = cfg.train
-    chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
-    seed = t.seed if cfg.data.shuffle else None
-    return [(e, ch) for e in range(t.epochs)
-            for ch in chunk_order(chunks, epoch=e, shuffle_seed=seed)]
-
-
 class RunActors:
-    """The actors of one run (``checkpoint_dir``: where the shards' checkpoints go, if any),
-    and the mode they run in now (``use_mode`` changes it)."""
+    """The actors of one run (``items``: the (epoch, chunk) the queue hands out;
+    ``checkpoint_dir``: where the shards' checkpoints go, if any), and the mode they run in
+    now (``use_mode`` changes it)."""
 
-    def __init__(self, cfg: RunConfig, ds: Dataset, tables, dense_init,
+    def __init__(self, cfg: RunConfig, items: list[tuple], tables, dense_init,
                  checkpoint_dir: Path | None):
         self.cfg, self.mode, self.checkpoint_dir = cfg, cfg.mode, checkpoint_dir
         # a dead shard's place: a standby's (``directory``: which process serves which
         # shard), or its own process, restarted by Ray
         self.shards, self._builders, self.directory, self.placement = start_shards(
             cfg, tables, dense_init, checkpoint_dir)
-        self.queue = WorkQueue.options(**on_driver_node()).remote(  # outlives any node
-            work_items(cfg, ds))
+        self.queue = WorkQueue.options(**on_driver_node()).remote(items)  # outlives any node
         self.workers: list = [None] * cfg.cluster.workers
 
     @property
@@ -234,6 +223,19 @@ class RunActors:
                 "load_s": max(x["load_s"] for x in loaded), "resharded": resharded,
                 "shards_before": len(sequences), "workers_before": len(ckpt.meta["done"]),
                 "queue": queue}
+
+    def stop_all(self) -> None:
+        """Every actor of the run ends now (a run that failed: none trains on, or holds a
+        shard, while the driver's caller goes on)."""
+        handles = [*(w for w in self.workers if w is not None), *self.shards, self.queue]
+        if self.directory is not None:
+            try:
+                handles += ray.get(self.directory.standby_handles.remote(), timeout=5)
+            except ACTOR_GONE:
+                pass
+            handles.append(self.directory)
+        for h in handles:
+            ray.kill(h, no_restart=True)
 
     def kill(self, target: str, index: int) -> None:
         """Fault injection: the worker, PS shard or waiting standby ``index`` exits at once."""

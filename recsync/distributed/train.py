@@ -8,7 +8,7 @@ from pathlib import Path
 
 from recsync.checkpoint import files
 from recsync.config import RunConfig
-from recsync.data.reader import Dataset
+from recsync.data.reader import Dataset, chunk_order
 from recsync import storage, warm_start
 from recsync.distributed.actions import carry_out
 from recsync.distributed.actors import RunActors
@@ -20,6 +20,7 @@ from recsync.distributed.policy import Kind, decide
 from recsync.distributed.shard_watch import ShardWatch
 from recsync.distributed.tallies import RunTallies
 from recsync.distributed.watch import watch
+from recsync.local_run import CHUNK_BATCHES
 from recsync.metrics import MetricsLog
 from recsync.placement import actor_nodes, node_alive, placement_line
 from recsync.record import RunRecord
@@ -37,6 +38,15 @@ def checkpoint_dir(cfg: RunConfig, root: Path | None) -> Path | None:
     return root.resolve()
 
 
+def work_items(cfg: RunConfig, ds: Dataset) -> list[tuple]:
+    """(epoch, chunk) of every chunk the run trains, in order."""
+    t = cfg.train
+    chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
+    seed = t.seed if cfg.data.shuffle else None
+    return [(e, ch) for e in range(t.epochs)
+            for ch in chunk_order(chunks, epoch=e, shuffle_seed=seed)]
+
+
 def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
               started: float | None = None, warm=None) -> DistributedRun:
     """A run's parts, its actors started. ``checkpoint_root``: where the shards' checkpoints
@@ -45,7 +55,7 @@ def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
     (warm_start.py), if any."""
     record = RunRecord() if started is None else RunRecord(start=started)
     model = DriverModel(cfg, ds, warm)
-    actors = RunActors(cfg, ds, model.tables, model.initial_dense(),
+    actors = RunActors(cfg, work_items(cfg, ds), model.tables, model.initial_dense(),
                        checkpoint_dir(cfg, checkpoint_root))
     tallies, shard_watch = RunTallies(cfg.cluster.workers), ShardWatch()
     rounds = CheckpointRounds(cfg, record, actors, tallies, shard_watch, model)
@@ -94,4 +104,10 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
     except BaseException as e:  # Ctrl-C, RunFailed, an actor's error: the summary needs it
         record.stop()
         e.record = record
+        # nothing of a failed run trains on in a Ray session that outlives it (a test's, a
+        # user's notebook): its actors would live as long as the traceback holds their handles
+        try:
+            run.actors.stop_all()
+        except Exception:  # noqa: BLE001 - the run's own error is the one to report
+            pass
         raise

@@ -28,6 +28,8 @@ def test_a_diverging_model_stops_the_run_at_that_step_with_its_summary(fake_ray,
     assert "\n" not in str(failed.value)  # one line, no traceback
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "loss is" in summary["error"]
+    # nothing of the failed run lives on in the session (the traceback holds its handles)
+    assert [a.name for a in fake_ray.actors() if a.inc is not None] == []
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""Scenario `chaos`'s accounting on a run of the runtime harness: a worker and a PS shard killed (twice each,
-the second kill of each due while its process is still down from the first) in async with
-partial recovery; every kill is survived and every chunk is done exactly once.
+"""Scenario `chaos`'s accounting on a run of the runtime harness: a worker and a PS shard
+killed (twice each, the second kill of each due while its process is still down from the
+first) in async with partial recovery; every kill is survived and every chunk is done exactly once.
 
 Run: pytest -q tests/harness/test_chaos_harness.py
 """
@@ -25,7 +25,7 @@ def test_a_run_under_kills_is_accounted_from_its_summary(fake_ray, data, tmp_pat
         f"data.path={json.dumps(str(data))}", "model.embedding_dim=4", "model.bottom_mlp=[8]",
         "model.top_mlp=[8]", f"train.batch_size={B}", "output.progress=false",
         "output.plot=false", 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
-        f"data.chunk_rows={4 * B}", "train.epochs=20", 'recovery.kind="partial"',
+        f"data.chunk_rows={4 * B}", "train.epochs=8", 'recovery.kind="partial"',
         "recovery.checkpoint_every_s=1.0", f"faults.kills={kills}"])
     summary = run(cfg, tmp_path / "run")
     assert summary["status"] == "completed"
@@ -39,7 +39,7 @@ def test_a_run_under_kills_is_accounted_from_its_summary(fake_ray, data, tmp_pat
     assert len(summary["recovery"]["recoveries"]) == 2
     assert len(summary["recovery"]["worker_restarts"]) == 2
     assert a["chunks_not_exactly_once"] == 0
-    assert summary["queue"]["chunks"] == summary["queue"]["completed"] == 20 * len(
+    assert summary["queue"]["chunks"] == summary["queue"]["completed"] == 8 * len(
         Dataset(data).chunks("train", 4 * B))
     # two worker deaths gave back at most a lease each, of at most 4 batches
     assert summary["queue"]["released"] <= 2 and a["rows_requeued"] <= 2 * 4 * B

@@ -1,6 +1,6 @@
 """distributed/evals.py without Ray: when evaluations start, and that one meeting a shard
 going down (or overtaken by a recovery) is skipped with an event while a bug still fails the
-run. (A real run: tests/integration/test_periodic_eval_runs.py.)"""
+run. (A whole run: tests/harness/test_periodic_eval_runs_harness.py.)"""
 
 from __future__ import annotations
 

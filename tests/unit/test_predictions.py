@@ -1,6 +1,6 @@
 """output.save_predictions in a local run: OUT/predictions.parquet holds the final evaluation's
 scores (also when Ctrl-C stopped the run), with the weights of weighted data; --overwrite
-removes an earlier run's file. The distributed runs: tests/integration/test_predictions_runs.py."""
+removes an earlier run's file. The distributed runs: tests/harness/test_predictions_runs_harness.py."""
 
 from __future__ import annotations
 

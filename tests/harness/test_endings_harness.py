@@ -46,10 +46,16 @@ def test_a_disk_that_fills_mid_run_fails_with_no_space_left_and_no_temporary_fil
                  "train.epochs=1000", 'recovery.kind="partial"',
                  "recovery.checkpoint_every_s=0.5")
 
+    def training() -> bool:  # a metrics line with samples, and the checkpoints folder
+        metrics = out / "metrics.jsonl"
+        return (metrics.exists() and (out / "checkpoints").exists()
+                and any(json.loads(line)["samples"] > 0
+                        for line in metrics.read_text().splitlines() if line.strip()))
+
     def fill():
-        while not (out / "metrics.jsonl").exists() or not (out / "checkpoints").exists():
-            time.sleep(0.2)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 120
+        while not training() and time.monotonic() < deadline:
+            time.sleep(0.1)
         with open(small_disk / "filler", "wb") as f:
             free = shutil.disk_usage(small_disk).free
             f.write(b"\0" * max(0, free - 64 * 1024))

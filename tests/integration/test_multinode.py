@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from runs import SMALL
+from runs import SMALL, trained
 
 NODES = 3
 PLACEMENT_LINE = re.compile(r"^placement \((\w+), (\d+) node\(s\)\): (.*)$", re.M)
@@ -107,10 +107,10 @@ def test_node_death_is_survived_with_partial_recovery(three_nodes, data, tmp_pat
                     shard = int(what.split("shard ")[1].split(",")[0])
                     break
             assert victim is not None, f"no shard off the head node: {line}"
-    while not (out / "checkpoints").exists() or not any((out / "checkpoints").rglob("*.json")):
+    # training, with a checkpoint to recover from
+    while not (trained(out) and any((out / "checkpoints").rglob("*.json"))):
         assert proc.poll() is None and time.time() < deadline, "".join(lines)[-3000:]
         time.sleep(0.2)
-    time.sleep(1.5)
     three_nodes.remove_node(victim, allow_graceful=False)  # raylet and its processes killed
     rest, _ = proc.communicate(timeout=300)
     log = "".join(lines) + rest

@@ -228,11 +228,29 @@ class Actor:
             settle(fut, error=error)
         for g in inc.groups:
             g.broken()
-        writer = getattr(inc.instance, "writer", None)
-        if writer is not None and hasattr(writer, "_queue"):  # the writes it had not begun
-            with writer._queue.mutex:
-                writer._queue.queue.clear()
+        _end_writes(getattr(inc.instance, "writer", None))
         if inc.loop is not None:
             inc.loop.call_soon_threadsafe(inc.loop.stop)
         elif inc.tasks is not None:
             inc.tasks.put(None)
+
+
+def _end_writes(writer, wait_s: float = 10.0) -> None:
+    """A dead shard's checkpoint writer (checkpoint/writer.py) writes nothing more: the writes
+    it had not begun are dropped, and the one under way is waited for (a process writes
+    nothing once it is dead; a thread cannot be stopped, so its write ends first, as if the
+    process had died just after it)."""
+    if writer is None or not hasattr(writer, "_queue"):
+        return
+    q = writer._queue
+    with q.mutex:
+        dropped = len(q.queue)
+        q.queue.clear()
+        q.unfinished_tasks -= dropped
+        q.all_tasks_done.notify_all()
+    if threading.current_thread() is getattr(writer, "_thread", None):
+        return  # its own write is what died (die_in_next_write)
+    deadline = time.monotonic() + wait_s
+    with q.all_tasks_done:
+        while q.unfinished_tasks > 0 and time.monotonic() < deadline:
+            q.all_tasks_done.wait(0.05)

@@ -179,12 +179,18 @@ def install(monkeypatch, restart_delay_s: float = 0.05) -> Runtime:
     monkeypatch.setattr(dist, "new_group", rt.new_group)
     start = threading.Thread.start
 
-    def start_in_actor(self):  # a thread an actor starts is that actor's (it dies with it)
+    def start_in_actor(self):  # a thread an actor starts is that actor's: it dies with it
         if not hasattr(self, "_fake_incarnation"):
             self._fake_incarnation = actor_of_thread()
+        if self._fake_incarnation is not None:
+            run = self.run
+
+            def run_until_dead():
+                try:
+                    run()
+                except Dead:  # its process died: the thread ends here, as it would with it
+                    pass
+            self.run = run_until_dead
         start(self)
     monkeypatch.setattr(threading.Thread, "start", start_in_actor)
-    hook = threading.excepthook
-    monkeypatch.setattr(threading, "excepthook",
-                        lambda a: None if issubclass(a.exc_type, Dead) else hook(a))
     return rt

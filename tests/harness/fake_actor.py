@@ -235,11 +235,11 @@ class Actor:
             inc.tasks.put(None)
 
 
-def _end_writes(writer, wait_s: float = 10.0) -> None:
-    """A dead shard's checkpoint writer (checkpoint/writer.py) writes nothing more: the writes
-    it had not begun are dropped, and the one under way is waited for (a process writes
-    nothing once it is dead; a thread cannot be stopped, so its write ends first, as if the
-    process had died just after it)."""
+def _end_writes(writer) -> None:
+    """A dead shard's checkpoint writer (checkpoint/writer.py) completes nothing more: the
+    writes it had not begun are dropped, and the one under way stops before its manifest
+    (fake_ray.install's ``files.write``), where a process's death leaves a write: its data
+    file without a manifest."""
     if writer is None or not hasattr(writer, "_queue"):
         return
     q = writer._queue
@@ -248,9 +248,3 @@ def _end_writes(writer, wait_s: float = 10.0) -> None:
         q.queue.clear()
         q.unfinished_tasks -= dropped
         q.all_tasks_done.notify_all()
-    if threading.current_thread() is getattr(writer, "_thread", None):
-        return  # its own write is what died (die_in_next_write)
-    deadline = time.monotonic() + wait_s
-    with q.all_tasks_done:
-        while q.unfinished_tasks > 0 and time.monotonic() < deadline:
-            q.all_tasks_done.wait(0.05)

@@ -30,6 +30,8 @@ import ray.actor
 import ray.util
 import torch.distributed as dist
 
+from recsync.checkpoint import files
+
 from fake_actor import Actor
 from fake_transport import OBJECTS, Dead, Group, Handle, Ref, actor_of_thread, check_alive, copy
 
@@ -177,6 +179,16 @@ def install(monkeypatch, restart_delay_s: float = 0.05) -> Runtime:
     monkeypatch.setattr(os, "getpid", _actor_pid)
     monkeypatch.setattr(dist, "all_reduce", rt.all_reduce)
     monkeypatch.setattr(dist, "new_group", rt.new_group)
+    write = files.write
+
+    def write_until_dead(directory, sequence, arrays, meta, before_manifest=None):
+        """A checkpoint write of a shard that died meanwhile ends before its manifest."""
+        def last_moment():
+            check_alive()
+            if before_manifest is not None:
+                before_manifest()
+        return write(directory, sequence, arrays, meta, last_moment)
+    monkeypatch.setattr(files, "write", write_until_dead)
     start = threading.Thread.start
 
     def start_in_actor(self):  # a thread an actor starts is that actor's: it dies with it

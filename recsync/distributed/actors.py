@@ -7,6 +7,7 @@ is decided elsewhere (watch, policy, actions, checkpoints, switching, ending).""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from recsync.worker.queue import WorkQueue
 
 PAUSE_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
 SHARD_RESTART_WAIT_S = 60  # recovery: how long a restarting shard may take to answer
+STOP_WAIT_S = 10  # a failed run's actors, killed: how long their deaths are waited for
 ACTOR_GONE = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
 
 
@@ -49,7 +51,6 @@ class RunActors:
         """The mode now's facts (recsync.modes.base.Mode)."""
         return MODES[self.mode]
 
-    # -- workers -------------------------------------------------------------------------
     def spawn(self, ranks: list[int], dense_state: dict | None = None,
               step_index: int = 0) -> None:
         """Fresh workers for ``ranks`` (``dense_state``: flat layout, as ``dense_state()``
@@ -132,7 +133,6 @@ class RunActors:
         ray.get([w.resume.remote(mode or self.mode, dense_state, step_index)
                  for w in self.workers])
 
-    # -- shards --------------------------------------------------------------------------
     def shard_statuses(self, watch, patience_s: float | None = None) -> list[ShardStatus]:
         """Every shard's status, as ``watch`` (shard_watch.ShardWatch) sees its answer.
         Without ``patience_s`` (every poll, recovery on): one look; a shard that does not
@@ -199,7 +199,6 @@ class RunActors:
         ray.get([s.use_mode.remote(mode) for s in self.shards])
         self.mode = mode
 
-    # -- roll back, kill ---------------------------------------------------------------------
     def roll_back(self, ckpt: files.Checkpoint) -> dict:
         """Every worker gone, every shard back to its checkpoint of job checkpoint ``ckpt``
         (each reads every old one's where their number changed) and the queue back to its data
@@ -225,17 +224,18 @@ class RunActors:
                 "queue": queue}
 
     def stop_all(self) -> None:
-        """Every actor of the run ends now (a run that failed: none trains on, or holds a
-        shard, while the driver's caller goes on)."""
+        """Every actor of the run ends now and is waited for (a run that failed: none trains
+        on; a shard killed mid-write leaves a temporary file, which run.py removes once no
+        process of the run can write another)."""
         handles = [*(w for w in self.workers if w is not None), *self.shards, self.queue]
-        if self.directory is not None:
-            try:
+        if self.directory is not None:  # and its standbys (none if it does not answer)
+            with contextlib.suppress(*ACTOR_GONE):
                 handles += ray.get(self.directory.standby_handles.remote(), timeout=5)
-            except ACTOR_GONE:
-                pass
             handles.append(self.directory)
         for h in handles:
             ray.kill(h, no_restart=True)
+        ray.wait([h.__ray_ready__.remote() for h in handles], num_returns=len(handles),
+                 timeout=STOP_WAIT_S)  # each answers with its death
 
     def kill(self, target: str, index: int) -> None:
         """Fault injection: the worker, PS shard or waiting standby ``index`` exits at once."""

@@ -74,7 +74,7 @@ class Handle:
         self._actor = actor
 
     def __getattr__(self, name: str):
-        if name.startswith("__"):
+        if name.startswith("__") and name != "__ray_ready__":  # Ray's, on every actor
             raise AttributeError(name)
         return _Method(self._actor, name)
 

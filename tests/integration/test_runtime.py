@@ -194,7 +194,7 @@ bottom_mlp = [8]
 top_mlp = [8]
 [train]
 batch_size = 64
-epochs = 5
+epochs = 10
 [cluster]
 workers = 2
 ps_shards = 2

@@ -122,12 +122,10 @@ class Actor:
             if inc is None:
                 settle(fut, error=self.gone)
                 return ref
-            if name == "die":  # the process exits now
-                pass
-            else:
+            if name != "die":
                 inc.pending.add(fut)
                 fut.add_done_callback(inc.pending.discard)
-        if name == "die":
+        if name == "die":  # the process exits now
             self.crash(inc)
             settle(fut, error=ray.exceptions.ActorDiedError())
             return ref
@@ -165,7 +163,7 @@ class Actor:
             return None
         raise KeyError(name)
 
-    def _invoke(self, inc: Incarnation, name: str, payload, fut) -> tuple[bool, object]:
+    def _invoke(self, inc: Incarnation, name: str, payload) -> tuple[bool, object]:
         """(True, result) of a plain call made here, or (False, coroutine) of an async one."""
         args, kwargs = self._resolved(pickle.loads(payload))
         if name in ("address", "join_group", "die_in_next_write"):
@@ -179,7 +177,7 @@ class Actor:
         if inc.dead:
             return
         try:
-            _, out = self._invoke(inc, name, payload, fut)
+            _, out = self._invoke(inc, name, payload)
             settle(fut, copy(out))
         except Dead:
             pass
@@ -190,7 +188,7 @@ class Actor:
         if inc.dead:
             return
         try:
-            plain, out = self._invoke(inc, name, payload, fut)
+            plain, out = self._invoke(inc, name, payload)
         except BaseException as e:  # noqa: BLE001
             settle(fut, error=e)
             return

@@ -232,19 +232,14 @@ def _table_sizes(values: tuple[str, ...]) -> tuple[int, dict[str, int]]:
 @click.option("--overwrite", is_flag=True,
               help="Replace a data set already in --out (once the new one is complete).")
 def criteo(files, out, strict, table_size, eval_fraction, overwrite):
-    """Convert Criteo files (raw TSV or DeepCTR's CSV sample; plain, gzip, bz2 or xz) into
-    training shards."""
+    """Convert Criteo files (raw TSV or DeepCTR's CSV sample; plain, gzip, bz2, zstd or xz)
+    into training shards: `data convert` with preset criteo or criteo_csv."""
     from recsync.data.criteo import convert_criteo
     default, overrides = _table_sizes(table_size)
     with _conversion(out):
-        r = convert_criteo(list(files), out, strict=strict, table_size=default,
-                           table_size_overrides=overrides, eval_fraction=eval_fraction,
-                           overwrite=overwrite)
-    click.echo(f"converted {r.lines:,} lines in {r.seconds:.1f} s "
-               f"({r.lines / max(r.seconds, 1e-9):,.0f} lines/s): {r.train_rows:,} train + "
-               f"{r.eval_rows:,} eval rows written to {out}, {r.bad_lines:,} bad lines skipped")
-    for bad in r.examples:
-        click.echo(f"  skipped {bad.path}:{bad.line}: {bad.reason}")
+        r = convert_criteo(list(files), out, table_size=default, table_size_overrides=overrides,
+                           eval_fraction=eval_fraction, strict=strict, overwrite=overwrite)
+    _report_conversion(r, files, out)
 
 
 @data.command()
@@ -270,6 +265,10 @@ def convert(inputs, schema_path, preset, out, strict, overwrite, allow_empty_tra
         schema = load_schema(schema_path) if schema_path else load_preset(preset)
         r = run_convert(list(inputs), schema, out, strict=strict, overwrite=overwrite,
                         allow_empty_train=allow_empty_train)
+    _report_conversion(r, inputs, out)
+
+
+def _report_conversion(r, inputs, out) -> None:
     click.echo(f"converted {r.lines:,} lines of {len(inputs)} file(s) in {r.seconds:.1f} s "
                f"({r.lines / max(r.seconds, 1e-9):,.0f} lines/s): {r.train_rows:,} train + "
                f"{r.eval_rows:,} eval rows written to {out}, {r.bad_lines:,} bad lines skipped"

@@ -11,7 +11,8 @@ embedding rows and Adagrad on dense parameters with the same learning rates):
 The arms alternate over ``ROUNDS`` rounds; each arm's figure is the median of its rounds, and
 ``local_vs_plain_speed`` is the ratio of the medians. The scenario also measures the data
 pipeline on this machine: synthetic rows generated per second, Criteo lines converted per second
-(on a Criteo-format file of at least 1M lines written from the synthetic rows), CSV rows
+by `recsync data criteo` (preset criteo of `recsync data convert`, on a Criteo-format file of at
+least 1M lines written from the synthetic rows), CSV rows
 converted per second by `recsync data convert` with a schema (bench/convert_speed.py; ratio
 ``csv_convert_rows_per_s``) and its peak memory, and rows read per second by the reader.
 """
@@ -31,8 +32,8 @@ from torch import nn
 
 from recsync.bench.convert_speed import measure_convert
 from recsync.config import load_config
+from recsync.bench.criteo_file import write_criteo_tsv
 from recsync.data.criteo import convert_criteo
-from recsync.data.criteo_writer import write_criteo_tsv
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.run import run as run_training
@@ -88,7 +89,8 @@ def run(out: Path, scale: float) -> dict:
         "tables": {"Data pipeline (this machine)": [
             ["synthetic rows generated / s", measurements["synth_rows_per_s"],
              f"{measurements['synth_rows']:,} rows, 2 processes, teacher build included"],
-            ["Criteo lines converted / s", measurements["criteo_lines_per_s"],
+            ["Criteo lines converted / s (`recsync data criteo`)",
+             measurements["criteo_lines_per_s"],
              f"median of 3 conversions of a {measurements['criteo_lines']:,}-line TSV "
              f"({measurements['criteo_mb']:.0f} MB) written from the synthetic rows"],
             ["rows read / s (in order)", measurements["read_rows_per_s"],

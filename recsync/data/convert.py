@@ -197,6 +197,7 @@ class _Run:
                                f"{_split_rule(self.schema)}); pass --allow-empty-train for an "
                                f"eval-only data set (to score, not to train on)")
         preprocessing = {"schema": self.schema.model_dump(mode="json"), "hash": HASH_NAME,
+                         "log1p": "float64",
                          "standardize": fitted}
         write_meta(root, layout=layout, splits=infos, preprocessing=preprocessing, source={
             "kind": "convert", "files": [s.name for s in self.sources], "lines": records,

@@ -1,24 +1,30 @@
-"""The fast path of ``recsync data convert`` for a block of text lines: fields split with numpy
-(as recsync/data/criteo_block_parser.py does), integers decoded and categorical values hashed
-straight from the block's bytes, without building an Arrow table.
+"""The fast path of ``recsync data convert`` for a block of text lines: fields split with numpy,
+numbers decoded and categorical values hashed straight from the block's bytes (SWAR: eight
+bytes at a time), without building an Arrow table.
 
 It gives exactly what the CSV reader path (convert_csv.read_text_block) gives, or declines
 (None) and that path reads the block: when the block holds a quote or a carriage return that
-does not end a line, or a number column (label, weight, dense) holds anything but an optional
-``-`` and 1 to 8 digits (decimals, exponents, long numbers, bad values). The tests hold the two
-paths to the same output.
+does not end a line, a blank line, or a number column (label, weight, dense) holds a value that
+is not a number, or many that are not short integers (a few decimals, exponents or long numbers
+are decoded one by one). The tests hold the two paths to the same output.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 
-from recsync.data.value_hash import FNV_OFFSET, FNV_PRIME, _fnv_rows
+from recsync.data.value_hash import FNV_OFFSET, FNV_PRIME, _fnv_rows, hex32_words
 from recsync.hashing import SPLITMIX_GAMMA
 
+# what pyarrow's string -> float64 cast accepts and a finite number needs (no inf, nan, 0x..)
+NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+_NUMBER = re.compile(NUMBER.encode())
 PAD = 16  # zero bytes after the block, so an 8-byte window at any field start stays in bounds
 _LONG = 1 << 16  # bytes: a field this long is copied as a slice (block_column)
+_ODD_FIELDS = 64  # number fields of a block decoded one by one at most (or 1/64 of them)
 _U = np.uint64
 _ASCII0 = 0x3030303030303030
 _F0 = 0xF0F0F0F0F0F0F0F0
@@ -142,46 +148,59 @@ def fast_block(data: bytes, names: list[str], plan, delimiter: str) -> FastBlock
     numeric = [c for c in dict.fromkeys((plan.label, plan.weight, *(x[1] for x in plan.dense)))
                if c]
     k = [where[c] for c in numeric]
-    got = _integers(words[starts[:, k]], ln[:, k])
+    got = _numbers(buf, words[starts[:, k]], ln[:, k], starts[:, k])
     if got is None:
         return None
-    values, present = got
-    nobad = np.zeros(len(ln), dtype=bool)
-    nums = {c: (values[:, i], present[:, i], nobad) for i, c in enumerate(numeric)}
+    values, present, bad = got
+    nums = {c: (values[:, i], present[:, i], bad[:, i]) for i, c in enumerate(numeric)}
     sparse = None
     if not plan.fit:  # the statistics pass reads no categorical column
-        k = [where[c] for _, c, _ in plan.cats]
+        k = [where[c[1]] for c in plan.cats]
         sparse = _ids(buf, words, plan, starts[:, k], ln[:, k])
     return FastBlock(buf, starts, ln, where, nums, sparse, invalid)
 
 
-def _integers(w: np.ndarray, n: np.ndarray):
-    """(float64 values, 0 where missing; present; bad: none) of fields of an optional ``-`` and
-    1 to 8 digits, from their 8-byte windows ``w`` and lengths ``n``; None if any field present
-    is not such a number (-0 included: the CSV reader's -0.0 is left to it)."""
+def _numbers(buf: np.ndarray, w: np.ndarray, n: np.ndarray, starts: np.ndarray):
+    """(float64 values, 0 where missing or bad; present; bad: present but not finite) of number
+    fields from their 8-byte windows ``w``, lengths ``n`` and ``starts`` in ``buf``, or None.
+
+    An optional ``-``, 1 to 8 digits and an optional ``.0`` are decoded all at once; any other
+    field (decimals, exponents, long or signed zero values) one by one, as the CSV reader
+    reads it, when it is a number (NUMBER) and such fields are few. None where a field is
+    not a number, or too many fields are odd: the CSV reader then reads the block."""
     neg = ((w & _U(0xFF)) == _U(0x2D)) & (n > 0)
     w1 = w >> (neg.astype(np.uint64) << _U(3))
-    digits = n - neg
+    n1 = n - neg
+    tail2 = (w1 >> (np.clip(n1 - 2, 0, 6).astype(np.uint64) << _U(3))) & _U(0xFFFF)
+    suffix = (n1 >= 3) & (tail2 == _U(0x302E))  # ".0" (a little-endian pair of bytes)
+    digits = n1 - 2 * suffix
     dc = np.clip(digits, 1, 8)
     x = ((w1 & _DMASK[dc]) << _DSHIFT[dc]) | _DFILL[dc]  # digits right-aligned, '0'-padded
     ok = (x & _U(_F0)) == _U(_ASCII0)
     ok &= ((x + _U(0x0606060606060606)) & _U(_F0)) == _U(_ASCII0)
-    ok &= (digits >= 1) & (n <= 8)
-    present = n > 0
-    if not (ok | ~present).all():
-        return None
+    ok &= (digits >= 1) & (n <= 8)  # the window holds the whole field
     x &= _U(0x0F0F0F0F0F0F0F0F)  # Lemire's 8-digit SWAR parse (byte 0 = most significant)
     x = (x * _U(2561)) >> _U(8)
     x &= _U(0x00FF00FF00FF00FF)
     x = (x * _U(6553601)) >> _U(16)
     x &= _U(0x0000FFFF0000FFFF)
     x = (x * _U(42949672960001)) >> _U(32)
-    if (neg & (x == 0)).any():
-        return None
+    ok &= ~(neg & (x == 0))  # -0: the CSV reader's -0.0
+    present = n > 0
     values = x.astype(np.float64)
     values[~present] = 0.0
     np.negative(values, out=values, where=neg)
-    return values, present
+    bad = np.zeros(n.shape, dtype=bool)
+    rr, cc = np.nonzero(~ok & present)
+    if len(rr) > max(_ODD_FIELDS, n.size // 64):
+        return None
+    for r, c in zip(rr.tolist(), cc.tolist()):
+        text = buf[starts[r, c]:starts[r, c] + n[r, c]].tobytes().strip(b" \t")
+        if _NUMBER.fullmatch(text) is None:
+            return None
+        v = float(text)
+        values[r, c], bad[r, c] = (v, False) if np.isfinite(v) else (0.0, True)
+    return values, present, bad
 
 
 def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
@@ -192,24 +211,27 @@ def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
     n, k = lengths.shape
     if not k:
         return np.zeros((n, 0), dtype=np.int32)
-    longest = lengths.max(axis=0) if n else np.zeros(k, dtype=np.int64)
-    if (longest <= 8).all():
-        h = _fnv_words(words[starts], lengths, int(longest.max()))
-    else:  # longer text: value_hash on the column as Arrow packs it (contiguous)
-        h = np.empty((n, k), dtype=np.uint64)
-        for j, (_, c, _) in enumerate(plan.cats):
-            if longest[j] <= 8:
-                h[:, j] = _fnv_words(words[starts[:, j]], lengths[:, j], int(longest[j]))
-            else:
-                col = block_column(buf, starts[:, j], lengths[:, j])
-                h[:, j] = _fnv_rows(np.frombuffer(col.buffers()[2], dtype=np.uint8),
-                                    np.frombuffer(col.buffers()[1], dtype=np.int32)[:-1],
-                                    lengths[:, j])
+    h = np.empty((n, k), dtype=np.uint64)
+    text = np.ones((n, k), dtype=bool)  # hashed as text (not hex32 values)
+    hexed = [j for j, c in enumerate(plan.cats) if c[3] == "hex32"]
+    if hexed:
+        ok, v = hex32_words(words[starts[:, hexed]], lengths[:, hexed])
+        h[:, hexed] = v
+        text[:, hexed] = ~ok
+    text &= lengths > 0
+    cols = [j for j in range(k) if text[:, j].any()]
+    if len(cols) == k and not hexed:
+        h[:] = _text_hashes(buf, words, starts, lengths)
+    elif cols:
+        t = _text_hashes(buf, words, starts[:, cols], lengths[:, cols])
+        sub = h[:, cols]
+        np.copyto(sub, t, where=text[:, cols])
+        h[:, cols] = sub
     z = _splitmix64(h)
     out = np.empty((n, k), dtype=plan.id_dtype)
     by_rows: dict[int, list[int]] = {}
-    for j, (_, _, rows) in enumerate(plan.cats):
-        by_rows.setdefault(rows, []).append(j)
+    for j, c in enumerate(plan.cats):
+        by_rows.setdefault(c[2], []).append(j)
     for rows, js in by_rows.items():
         m = _U(rows - 1)
         if len(js) == k:
@@ -220,6 +242,26 @@ def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
             out[:, js] = z[:, js] % m + _U(1)
     out[lengths == 0] = 0
     return out
+
+
+def _text_hashes(buf: np.ndarray, words: np.ndarray, starts: np.ndarray,
+                 lengths: np.ndarray) -> np.ndarray:
+    """FNV-1a 64 [rows, columns] of the fields at ``starts`` with ``lengths``: a word at a time
+    where a column's values fit in 8 bytes, else as value_hash hashes the column."""
+    n, k = lengths.shape
+    longest = lengths.max(axis=0) if n else np.zeros(k, dtype=np.int64)
+    if (longest <= 8).all():
+        return _fnv_words(words[starts], lengths, int(longest.max()))
+    h = np.empty((n, k), dtype=np.uint64)
+    for j in range(k):
+        if longest[j] <= 8:
+            h[:, j] = _fnv_words(words[starts[:, j]], lengths[:, j], int(longest[j]))
+        else:
+            col = block_column(buf, starts[:, j], lengths[:, j])
+            h[:, j] = _fnv_rows(np.frombuffer(col.buffers()[2], dtype=np.uint8),
+                                np.frombuffer(col.buffers()[1], dtype=np.int32)[:-1],
+                                lengths[:, j])
+    return h
 
 
 def _fnv_words(w: np.ndarray, lengths: np.ndarray, hi: int) -> np.ndarray:

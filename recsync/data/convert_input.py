@@ -2,8 +2,9 @@
 Parquet), its columns, and its records streamed in bounded pieces.
 
 * Kind and compression are detected from the first bytes, not the name: Parquet (``PAR1``),
-  gzip, bzip2, zstd, else plain text. Compressed text is decompressed by pyarrow as a stream:
-  nothing is written to disk and memory stays at a block.
+  gzip, bzip2, zstd, xz, else plain text (a zip archive is refused, naming the file).
+  Compressed text is decompressed as a stream (by pyarrow; xz by Python's lzma): nothing is
+  written to disk and memory stays at a block.
 * Text is cut into blocks of whole lines (``block_bytes`` each, cut at a newline) that the
   parser reads independently, so the 1-based line number of every record is known exactly
   (a quoted field must not contain a line end: convert_csv refuses it). Blank lines at the end
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import fnmatch
+import lzma
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +42,12 @@ class ConvertError(ValueError):
         super().__init__(printable(message, 4000))
 
 
-_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\x28\xb5\x2f\xfd", "zstd"))
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\x28\xb5\x2f\xfd", "zstd"),
+          (b"\xfd7zXZ\x00", "xz"))
 _PARQUET = b"PAR1"
-READ_ERRORS = (OSError, pa.ArrowException)
+_ZIP = b"PK\x03\x04"
+# what reading a broken file can raise: I/O errors, a truncated or corrupt compressed stream
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError, pa.ArrowException)
 
 
 @dataclass
@@ -50,7 +55,7 @@ class Source:
     name: str  # as given, for messages
     path: Path
     kind: str  # "text" or "parquet"
-    compression: str | None  # text only: "gzip", "bz2", "zstd" or None
+    compression: str | None  # text only: "gzip", "bz2", "zstd", "xz" or None
     size_bytes: int  # on disk (progress counts these)
     columns: list[str]  # the header, the schema's input.columns, or the Parquet column names
     first_line: int  # text: 1-based line number of the first data line (2 after a header)
@@ -76,11 +81,14 @@ def open_source(name: str, schema: Schema) -> Source:
     is_eval = any(fnmatch.fnmatch(path.name, p) or fnmatch.fnmatch(name, p) for p in pats)
     try:
         with open(path, "rb") as f:
-            magic = f.read(4)
+            magic = f.read(6)
         size = path.stat().st_size
         if size == 0:
             raise ConvertError(f"{name}: empty file")
-        if magic == _PARQUET:
+        if magic.startswith(_ZIP):
+            raise ConvertError(f"{name}: a zip archive; unzip it first (gzip, bz2, zstd and xz "
+                               f"files are read directly)")
+        if magic.startswith(_PARQUET):
             return Source(name, path, "parquet", None, size, _parquet_columns(name, path), 0, 0,
                           is_eval)
         comp = next((c for m, c in _MAGIC if magic.startswith(m)), None)
@@ -103,6 +111,8 @@ def _stream(src: Source):
     raw = pa.OSFile(str(src.path), "rb")
     if src.compression is None:
         return raw, raw
+    if src.compression == "xz":  # not among pyarrow's codecs
+        return raw, lzma.LZMAFile(raw)
     return raw, pa.CompressedInputStream(raw, src.compression)
 
 
@@ -140,6 +150,16 @@ def _read_header(src: Source, schema: Schema) -> None:
         raise ConvertError(f"{src.name}:1: the header cannot be read ({e})") from None
     src.header_bytes = end + 1 if end >= 0 else len(head)
     src.first_line = 2
+
+
+def head_bytes(src: Source, n: int) -> bytes:
+    """Up to ``n`` of the first (decompressed) bytes of a text input."""
+    try:
+        raw, stream = _stream(src)
+        with raw, stream:
+            return stream.read(n)
+    except READ_ERRORS as e:
+        raise ConvertError(f"{src.name}: cannot be read ({one_line(e)})") from e
 
 
 def check_columns(sources: list[Source], schema: Schema, keys: dict[str, str]) -> None:

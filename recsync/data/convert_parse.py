@@ -5,7 +5,8 @@ run on a small thread pool (pyarrow and numpy release the GIL).
 
 A row is bad (skipped and counted) when its field count differs from the header's, its label is
 missing, not a number or (without a threshold) not 0 or 1, its weight is missing or not a finite
-number >= 0, or a dense value is present but not a finite number. Categorical values are never
+number >= 0, or a dense value is present but not a finite number. A number may have spaces or
+tabs around it (as pyarrow's CSV reader takes it), whichever path reads it. Categorical values are never
 bad: any text hashes. A multi-hot list longer than max_len is truncated, not bad. (Text blocks
 are read into tables by convert_fast.py or convert_csv.py.)
 """
@@ -18,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recsync.data.convert_fast import FastBlock
+from recsync.data.convert_fast import NUMBER, FastBlock
 from recsync.data.convert_input import ConvertError
 from recsync.data.format import MAX_INT32_ROWS
 from recsync.data.schema import Schema
@@ -26,8 +27,7 @@ from recsync.data.value_hash import hash_text, ids_of, to_ids, valid_mask
 from recsync.safe_names import printable
 
 MAX_EXAMPLES = 10  # bad rows reported per conversion
-# what pyarrow's string -> float64 cast accepts and a finite number needs (no inf, nan, 0x..)
-NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+_EDGE_BLANKS = r"^[ \t]+|[ \t]+$"  # around a number: the CSV reader skips them, so does parse()
 
 
 @dataclass
@@ -38,13 +38,14 @@ class Plan:
     threshold: float | None
     weight: str
     dense: list[tuple[str, str, str]]  # (name, column, transform)
-    cats: list[tuple[str, str, int]]  # (name, column, table rows)
+    cats: list[tuple[str, str, int, str]]  # (name, column, table rows, encoding)
     multi: list[tuple[str, str, int, str, int]]  # (name, column, table rows, separator, max_len)
     split_column: str
     split_values: list[str]
     mean: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per dense feature
     std: np.ndarray = field(default_factory=lambda: np.zeros(0))
     fit: bool = False  # the statistics pass: label, weight and dense only
+    log1p_float64: bool = True  # False: as data sets converted before log1p was float64
 
     @classmethod
     def of(cls, schema: Schema) -> Plan:
@@ -53,7 +54,7 @@ class Plan:
         plan = cls(label=schema.label.column, threshold=schema.label.threshold,
                    weight=schema.weight,
                    dense=[(f.name, col(f), f.transform) for f in schema.dense],
-                   cats=[(f.name, col(f), rows(f)) for f in schema.categorical],
+                   cats=[(f.name, col(f), rows(f), f.encoding) for f in schema.categorical],
                    multi=[(f.name, col(f), rows(f), f.separator, f.max_len)
                           for f in schema.multi_hot],
                    split_column=schema.split.column,
@@ -151,8 +152,9 @@ def _numbers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         try:
             x = pc.cast(col, pa.float64())
         except pa.ArrowInvalid:  # some value is not a number: null those, they are bad
-            ok = pc.match_substring_regex(pc.cast(col, pa.binary()), NUMBER)
-            x = pc.cast(pc.if_else(ok, col, pa.scalar(None, col.type)), pa.float64())
+            text = pc.replace_substring_regex(pc.cast(col, pa.binary()), _EDGE_BLANKS, "")
+            ok = pc.match_substring_regex(text, NUMBER)  # (the CSV reader trims as the cast)
+            x = pc.cast(pc.if_else(ok, text, pa.scalar(None, pa.binary())), pa.float64())
     if x.type != pa.float64():
         x = pc.cast(x, pa.float64())
     values = x.to_numpy(zero_copy_only=False)
@@ -265,8 +267,8 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
         out.sparse = table.sparse
     else:
         out.sparse = np.empty((len(rec), len(plan.cats)), dtype=plan.id_dtype)
-        for j, (_, column, rows) in enumerate(plan.cats):
-            out.sparse[:, j] = ids_of(cols[column], rows)
+        for j, (_, column, rows, encoding) in enumerate(plan.cats):
+            out.sparse[:, j] = ids_of(cols[column], rows, encoding)
     for _, column, rows, sep, max_len in plan.multi:
         values, offsets, counts = _multi_hot(cols[column], rows, sep, max_len)
         out.multi.append((values, offsets))
@@ -284,7 +286,10 @@ def _transform(raw: np.ndarray, present: np.ndarray, plan: Plan) -> np.ndarray:
     dense = np.empty(raw.shape[::-1], dtype=np.float32)
     for j, (_, _, how) in enumerate(plan.dense):
         x = raw[j]
-        if how == "log1p":  # in float32: twice as fast, and what is stored
+        if how == "log1p" and plan.log1p_float64:  # rounded once, to the float32 stored
+            np.maximum(x, 0.0, out=x)
+            np.log1p(x, out=x)
+        elif how == "log1p":  # a data set whose meta.json lacks preprocessing.log1p: as it was
             y = np.maximum(x, 0.0).astype(np.float32)
             np.log1p(y, out=y)
             x = y

@@ -10,9 +10,9 @@ text, an integer category hashes as its decimal text, a list column feeds a mult
 directly; an empty text value is missing, as an empty CSV field is. The label (and the weight)
 may be absent: rows to score have none (the batch's label is then NaN).
 
-Data converted by ``recsync data criteo`` has no schema; its raw rows (columns ``label``
-(optional), ``I1``..``I13``, ``C1``..``C26``) go through that converter's block parser
-(recsync/data/criteo_rows.py). Synthetic data has no raw form: its rows cannot be scored raw.
+A data set the former Criteo converter wrote stored no schema: it is given the one it was made
+with (recsync/data/criteo.py), so its rows go the same way. Synthetic data has no raw form: its
+rows cannot be scored raw.
 """
 
 from __future__ import annotations
@@ -85,16 +85,14 @@ class RowPreprocessor:
 
     def __init__(self, data_meta: dict):
         prep = data_meta.get("preprocessing")
+        if not prep and (data_meta.get("source") or {}).get("kind") == "criteo":
+            from recsync.data.criteo import criteo_preprocessing
+            prep = criteo_preprocessing(data_meta)
         if not prep:
-            if (data_meta.get("source") or {}).get("kind") == "criteo":
-                from recsync.data.criteo_rows import CriteoRows
-                self._criteo = CriteoRows(data_meta)
-                return
             raise ValueError(
                 f"raw rows cannot be scored for {_what(data_meta)}: it has no preprocessing "
                 f"schema (meta.json 'preprocessing' is null); score rows of a data directory "
                 f"instead, or convert raw data with `recsync data convert` and train on that")
-        self._criteo = None
         if prep.get("hash") != HASH_NAME:
             raise ValueError(f"meta.json preprocessing.hash: {prep.get('hash')!r}; this recsync "
                              f"hashes categories with {HASH_NAME!r}")
@@ -105,6 +103,7 @@ class RowPreprocessor:
                              f"({str(e).splitlines()[0]})") from None
         self.plan = Plan.of(self.schema)
         self.plan.split_column, self.plan.split_values = "", []  # no split: rows are rows
+        self.plan.log1p_float64 = prep.get("log1p") == "float64"  # else as converted before
         try:
             self.plan.set_fitted(prep.get("standardize") or {})
         except (KeyError, TypeError) as e:
@@ -114,8 +113,6 @@ class RowPreprocessor:
 
     def __call__(self, table, *, source: str = "<rows>", strict: bool = True,
                  first_row: int = 0) -> tuple[Batch, RowsReport]:
-        if self._criteo is not None:
-            return self._criteo(table, source=source, strict=strict, first_row=first_row)
         names = column_names(table)
         plan = self.plan_for(source, names, "columns")
         arrow = to_arrow(table, plan.columns(), source)
@@ -148,9 +145,6 @@ class RowPreprocessor:
         0-based record indices in its file, and bad rows are named ``file:line``.
         ``columns``: the column names of headerless text instead of the schema's (e.g.
         without the label)."""
-        if self._criteo is not None:
-            raise ValueError("raw files of a `recsync data criteo` data set: read them into a "
-                             "table (columns label, I1..I13, C1..C26) and preprocess that")
         schema = self.schema
         if columns is not None:
             schema = schema.model_copy(update={"input": schema.input.model_copy(

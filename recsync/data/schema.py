@@ -80,6 +80,10 @@ class Categorical(_Section):
     """the source column (default: name)"""
     table: str = ""
     """the embedding table (default: name); features naming the same table share its rows"""
+    encoding: Literal["text", "hex32"] = "text"
+    """how a value becomes an id: "text" hashes its bytes; "hex32" reads a value of exactly 8
+    hex digits as a 32-bit integer and hashes that (Criteo's categories: the ids of `recsync
+    data criteo`), any other value as "text" does"""
 
 
 class MultiHot(_Section):

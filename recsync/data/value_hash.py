@@ -6,6 +6,11 @@
                                                      FNV's weak low bits)
     id = 1 + h % (rows - 1)                          (0 is kept for a missing value)
 
+A categorical feature with ``encoding = "hex32"`` (the Criteo presets) reads a value of exactly
+8 hex digits (either case) as an unsigned 32-bit integer v and uses ``h = splitmix64(v)``
+instead: the ids ``recsync data criteo`` has always given. Any other value of such a feature
+falls back to the text hash above, field by field.
+
 Everything is defined on bytes and 64-bit wrap-around arithmetic, so the ids are the same on
 every machine, numpy and pyarrow version; tests/unit/test_value_hash.py pins known values so it
 can never change silently. A value is hashed as text: the CSV field exactly as written (``7``
@@ -37,7 +42,9 @@ def _fnv_matrix(h: np.ndarray, rows: np.ndarray) -> None:
 
 
 def _fnv_rows(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """FNV-1a 64 of ``data[starts[i] : starts[i] + lengths[i]]`` for every i."""
+    """FNV-1a 64 of ``data[starts[i] : starts[i] + lengths[i]]`` for every i: the values of a
+    whole column, as Arrow packs them (in order, back to back; a value of length 0 may own
+    bytes), not a selection of them."""
     n = len(starts)
     h = np.full(n, FNV_OFFSET, dtype=np.uint64)
     if n == 0:
@@ -112,6 +119,28 @@ def hash_text(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     present: not null and not empty). A missing value's hash is arbitrary. ``values``: text
     (string, binary or their large forms: the bytes are hashed), or integers (hashed as their
     decimal text)."""
+    data, starts, lengths = _text_buffers(values)
+    return splitmix64(_fnv_rows(data, starts, lengths)), lengths > 0
+
+
+def hash_hex32(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`hash_text` for a feature with ``encoding = "hex32"``: a value of 8 hex digits
+    hashes as its 32-bit integer, any other as its text."""
+    data, starts, lengths = _text_buffers(values)
+    eight = np.flatnonzero(lengths == 8)
+    words = data[starts[eight, None] + np.arange(8)].view("<u8").reshape(-1)
+    ok = np.zeros(len(lengths), dtype=bool)
+    ok[eight], v = hex32_words(words, lengths[eight])
+    h = np.empty(len(lengths), dtype=np.uint64)
+    h[eight] = v
+    text = ~ok & (lengths > 0)
+    if text.any():  # (the whole column: _fnv_rows reads values packed as Arrow packs them)
+        h[text] = _fnv_rows(data, starts, np.where(text, lengths, 0))[text]
+    return splitmix64(h), lengths > 0
+
+
+def _text_buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes, start and length of each value; 0 for a null) of a text or integer column."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
     t = values.type
@@ -128,7 +157,28 @@ def hash_text(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.diff(offsets)
     if values.null_count:
         lengths[~valid_mask(values)] = 0  # a null's bytes, if any, are not its value
-    return splitmix64(_fnv_rows(data, offsets[:-1], lengths)), lengths > 0
+    return data, offsets[:-1], lengths
+
+
+_ONES, _HIGH, _NIB = 0x0101010101010101, 0x8080808080808080, 0x0F0F0F0F0F0F0F0F
+_U = np.uint64
+
+
+def hex32_words(w: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ok: exactly 8 hex digits, uint64 value) of fields from their little-endian 8-byte
+    windows ``w`` and lengths ``n``, all at once (SWAR: every byte of a word in one step)."""
+    dig = (w + _U(0x50 * _ONES)) & ~(w + _U(0x46 * _ONES))  # 0x30 <= c <= 0x39
+    y = w | _U(0x20 * _ONES)
+    dig |= (y + _U(0x1F * _ONES)) & ~(y + _U(0x19 * _ONES))  # 0x61 <= c | 0x20 <= 0x66
+    dig &= _U(_HIGH)
+    dig ^= _U(_HIGH)
+    dig |= w & _U(_HIGH)  # a byte >= 0x80 is no digit
+    ok = (dig == 0) & (n == 8)
+    v = (w & _U(_NIB)) + ((w >> _U(6)) & _U(_ONES)) * _U(9)  # nibbles, byte 0 the highest
+    v = ((v & _U(0x000F000F000F000F)) << _U(4)) | ((v >> _U(8)) & _U(0x000F000F000F000F))
+    v = ((v & _U(0x000000FF000000FF)) << _U(8)) | ((v >> _U(16)) & _U(0x000000FF000000FF))
+    v = ((v & _U(0xFFFF)) << _U(16)) | ((v >> _U(32)) & _U(0xFFFF))
+    return ok, v
 
 
 def to_ids(hashes: np.ndarray, rows: int, present: np.ndarray | None = None) -> np.ndarray:
@@ -142,15 +192,20 @@ def to_ids(hashes: np.ndarray, rows: int, present: np.ndarray | None = None) -> 
     return ids.view(np.int64)
 
 
-def ids_of(values: pa.Array, rows: int) -> np.ndarray:
+ENCODINGS = ("text", "hex32")
+
+
+def ids_of(values: pa.Array, rows: int, encoding: str = "text") -> np.ndarray:
     """Row ids of a column of values (text or integers): null or empty text -> 0."""
-    h, present = hash_text(values)
+    h, present = (hash_hex32 if encoding == "hex32" else hash_text)(values)
     return to_ids(h, rows, present)
 
 
-def hash_one(text: str) -> int:
+def hash_one(text: str, encoding: str = "text") -> int:
     """The hash of one value, written out byte by byte: the reference the tests hold the
     vectorised version to."""
+    if encoding == "hex32" and len(text) == 8 and all(c in "0123456789abcdefABCDEF" for c in text):
+        return int(splitmix64(np.array([int(text, 16)], dtype=np.uint64))[0])
     h = 0xCBF29CE484222325
     for b in text.encode("utf-8"):
         h = ((h ^ b) * 0x100000001B3) % 2**64

@@ -1,4 +1,5 @@
-"""End to end on real data: convert the first 1,000 lines of Criteo's train.txt, train on them."""
+"""End to end on real data, the README's Criteo flow: convert the first 1,000 lines of Criteo's
+train.txt, train on them, score the raw file with the trained model."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from click.testing import CliRunner
@@ -46,7 +49,7 @@ def test_convert_and_train_on_the_criteo_sample(tmp_path):
         "--set", "model.embedding_dim=8", "--set", "model.bottom_mlp=[16]",
         "--set", "model.top_mlp=[16]", "--set", "train.batch_size=32",
         "--set", "train.epochs=8", "--set", "output.progress=false",
-        "--set", "output.plot=false"])
+        "--set", "output.plot=false", "--set", "output.save_predictions=true"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("completed:")
 
@@ -66,3 +69,14 @@ def test_convert_and_train_on_the_criteo_sample(tmp_path):
     assert losses[-1] < losses[0]
     # 900 rows seen eight times: the model fits the training set well below its first loss
     assert min(losses[-3:]) < 0.8 * losses[0]
+
+    # the raw file scored by the trained model: its last 100 lines are the eval rows, whose
+    # scores the run wrote
+    scores = tmp_path / "p.parquet"
+    result = runner.invoke(main, ["predict", "--model", str(run / "model"), str(SAMPLE),
+                                  "--out", str(scores)])
+    assert result.exit_code == 0, result.output
+    got = pq.read_table(scores).column("score").to_numpy()
+    want = pq.read_table(run / "predictions.parquet").column("score").to_numpy()
+    assert len(got) == 1000 and len(want) == 100
+    assert float(np.abs(got[-100:] - want).max()) <= 1e-6

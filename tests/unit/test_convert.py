@@ -304,6 +304,10 @@ transform = "standardize"
 name = "c"
 [[categorical]]
 name = "d"
+[[categorical]]
+name = "h"
+column = "c"
+encoding = "hex32"
 [tables.d]
 rows = 7
 [[multi_hot]]
@@ -317,11 +321,15 @@ values = ["e"]
 """
 FAST_ROWS = ["1,3,-5,1,a1b2c3d4,q,a|b,t", "0,,12345678,2,,longer than eight,,e",
              "1,7,-0,1,x,é,c|d|e,t", "0,12,3,0,ffffffff,,|,t", "1,1,2,1,a,b,c,t,extra",
-             "0,99999999,1,1,abc,defg,x,t", "1,5,1.5,1,a,b,c,t", "1,0,0,1,aaaaaaaa,bbbbbbbb,,t"]
+             "0,99999999,1,1,abc,defg,x,t", "1,5,1.5,1,a,b,c,t", "1,0,0,1,aaaaaaaa,bbbbbbbb,,t",
+             "1,260.0,-0.0,1e2,ABCDEF01,q,a,t", "0,+3,.5,0.5,0x1,q,a,t", "1,1e999,1,1,a,b,c,t",
+             "0,123456789012,7.,2E-1,a1b2c3d4,d,e,t"]
+ODD_ROWS = ["1, 5,1,1,a,b,c,t", "0,nan,1,1,a,b,c,t", "1,1,1,x,a,b,c,t"]  # the CSV reader's
 
 
 @pytest.mark.parametrize("lines", [FAST_ROWS, FAST_ROWS[:2] + FAST_ROWS[3:6] + FAST_ROWS[7:],
-                                   FAST_ROWS + [""] + FAST_ROWS[:1], FAST_ROWS[:1] * 3])
+                                   FAST_ROWS + [""] + FAST_ROWS[:1], FAST_ROWS[:1] * 3,
+                                   FAST_ROWS + ODD_ROWS + FAST_ROWS])
 @pytest.mark.parametrize("end", ["\n", "\r\n"])
 def test_fast_path_writes_what_the_csv_reader_path_writes(tmp_path, monkeypatch, lines, end):
     import recsync.data.convert as conv
@@ -339,3 +347,20 @@ def test_fast_path_writes_what_the_csv_reader_path_writes(tmp_path, monkeypatch,
         outs.append((files, meta["source"], meta["preprocessing"]["standardize"],
                      [(e.where.split("/")[-1], e.column, e.reason) for e in r.examples]))
     assert outs[0] == outs[1]
+
+
+def test_fast_path_decodes_odd_numbers_field_by_field():
+    """A few decimals, exponents or long numbers in a block do not send the whole block to the
+    CSV reader: they are decoded one by one, as it would; a value that is no number does."""
+    from recsync.data.convert_fast import fast_block
+    from recsync.data.convert_parse import Plan
+    plan = Plan.of(schema('[label]\ncolumn = "y"\n[[dense]]\nname = "x"\n'
+                          '[[categorical]]\nname = "c"\nencoding = "hex32"\n'))
+    rows = ["1,260.0,a", "0,-0,b", "1,1e999,c", "0,123456789012,d", "1,2.5,0000000f", "0,7,e"]
+    block = fast_block(("\n".join(rows) + "\n").encode(), ["y", "x", "c"], plan, ",")
+    values, present, bad = block.numbers("x")
+    assert values.tolist() == [260.0, 0.0, 0.0, 123456789012.0, 2.5, 7.0]
+    assert np.signbit(values[1]) and bad.tolist() == [False, False, True, False, False, False]
+    assert fast_block(b"1, 5\t,a\n", ["y", "x", "c"], plan, ",").numbers("x")[0] == [5.0]
+    assert fast_block(b"1,5x,a\n", ["y", "x", "c"], plan, ",") is None
+    assert fast_block(b"1,nan,a\n", ["y", "x", "c"], plan, ",") is None

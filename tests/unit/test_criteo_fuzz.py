@@ -1,9 +1,9 @@
-"""Fuzz `recsync data criteo`: a few hundred seeded mutations of a valid Criteo file (bytes
-deleted, inserted or replaced, fields dropped or repeated, non-ASCII bytes, very long fields,
-blank lines, CRLF, truncation, gzip), converted in-process with varied block sizes and through
-the CLI. No input may raise anything but a documented user error, and every converted row must
-equal the reference per-line parser's (criteo_rules.parse_line) for the lines it accepts.
-Run: pytest -q tests/unit/test_criteo_fuzz.py"""
+"""Fuzz `recsync data criteo` (the Criteo presets of the one conversion path): a few hundred
+seeded mutations of a valid Criteo file (bytes deleted, inserted or replaced, fields dropped or
+repeated, non-ASCII bytes, very long fields, blank lines, CRLF, truncation, gzip), converted
+in-process with varied block sizes and through the CLI. No input may raise anything but a
+documented user error, and every converted row must equal the reference parser's
+(criteo_oracle.py). Run: pytest -q tests/unit/test_criteo_fuzz.py"""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from criteo_oracle import CSV_HEADER, read_splits, reference_file
 from recsync.cli import main
-from recsync.data import criteo
-from recsync.data.criteo import convert_criteo
-from recsync.data.criteo_rules import CSV_HEADER, CriteoFormatError
-from test_criteo import load, reference_rows
+from recsync.data.convert import convert
+from recsync.data.convert_input import ConvertError
+from recsync.data.criteo import criteo_preset, criteo_schema
+
 
 CASES = 300
 ALPHABET = b"\t\n\r0123456789abcdefABCDEF-.,x g\x00\x7f\xff\xc3\xa9"
@@ -70,30 +71,6 @@ MUTATIONS = [
 ]
 
 
-def expected(data: bytes, table_size: int, eval_fraction: float):
-    """What the converter must do with ``data``, from the reference parser: the error it must
-    raise (a regex), or (train rows, eval rows, bad lines) as (dense, sparse, label) arrays."""
-    csv = data.startswith(b"label,")
-    body = data
-    if csv:
-        header, _, body = data.partition(b"\n")
-        if header.removesuffix(b"\r") != CSV_HEADER:
-            return "CSV header must be exactly"
-    lines = body.split(b"\n") if body else []
-    if lines and lines[-1] == b"":
-        lines.pop()  # the last line's terminator
-    if lines and lines[-1] in (b"", b"\r"):
-        lines.pop()  # one trailing blank line is skipped
-    if not lines:
-        return "no data lines"
-    split_at = len(lines) - int(round(len(lines) * eval_fraction))
-    train = reference_rows(lines[:split_at], csv, table_size)
-    held = reference_rows(lines[split_at:], csv, table_size)
-    if train[3] + held[3] == len(lines):
-        return r"all \d+ lines .* are bad"
-    return train[:3], held[:3], train[3] + held[3]
-
-
 def mutated(seed: int) -> tuple[bytes, int, float, int, bool]:
     """Case ``seed``: (file bytes, table size, eval fraction, block bytes, gzip it)."""
     rng = random.Random(seed)
@@ -111,15 +88,15 @@ def test_mutated_files_convert_exactly_as_the_reference_parses(tmp_path, monkeyp
     accepted = 0
     for seed in range(first, first + 50):
         data, table_size, eval_fraction, block, packed = mutated(seed)
-        monkeypatch.setattr(criteo, "BLOCK_BYTES", block)
         src = tmp_path / f"in-{seed}"
         src.write_bytes(gzip.compress(data) if packed else data)
         out = tmp_path / f"out-{seed}"
-        want = expected(data, table_size, eval_fraction)
+        want = reference_file(data, table_size, eval_fraction)
         try:
-            rep = convert_criteo(src, out, table_size=table_size, eval_fraction=eval_fraction,
-                                 progress=False)
-        except CriteoFormatError as e:
+            schema = criteo_schema(criteo_preset([src]), table_size=table_size,
+                                   eval_fraction=eval_fraction)
+            rep = convert([src], schema, out, progress=False, block_bytes=block)
+        except ConvertError as e:
             assert isinstance(want, str), (seed, str(e))
             assert re.search(want, str(e)), (seed, str(e))
             assert "\n" not in str(e) and not out.exists()
@@ -127,7 +104,7 @@ def test_mutated_files_convert_exactly_as_the_reference_parses(tmp_path, monkeyp
         assert not isinstance(want, str), (seed, want)
         (train, held, bad) = want
         assert rep.bad_lines == bad, seed
-        got = load(out)
+        got = read_splits(out)
         for split, ref in (("train", train), ("eval", held)):
             dense, sparse, label = got[split]
             assert label.tolist() == ref[2].tolist(), (seed, split)
@@ -146,7 +123,7 @@ def test_mutated_files_through_the_cli(tmp_path, seed):
                                        "--table-size", str(table_size),
                                        "--eval-fraction", str(eval_fraction)])
     assert "Traceback" not in result.output
-    if isinstance(expected(data, table_size, eval_fraction), str):
+    if isinstance(reference_file(data, table_size, eval_fraction), str):
         assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
         assert "error: " in result.output and not (tmp_path / "o").exists()
     else:

@@ -304,26 +304,25 @@ def test_shared_samples_preprocess_as_they_converted(name, tmp_path):
 
 
 @needs_shared
-def test_raw_criteo_rows_of_a_criteo_tool_data_set(tmp_path):
-    """`recsync data criteo` stores no schema: its raw rows go through its own parser."""
-    from recsync.data.criteo import convert_criteo
-    from recsync.data.criteo_rules import DENSE_NAMES, TABLE_NAMES
+def test_raw_criteo_rows_of_a_criteo_data_set(tmp_path):
+    """`recsync data criteo` (preset criteo): raw rows, labelled or not, give its rows."""
+    from criteo_oracle import COLUMNS
+    from test_criteo import convert as convert_criteo
     path = SHARED / "criteo_raw_paddlerec" / "sample_train.txt"
-    convert_criteo([path], tmp_path / "data", table_size=1000, progress=False)
+    convert_criteo(path, tmp_path / "data", table_size=1000)
     ds = Dataset(tmp_path / "data")
-    names = ["label", *DENSE_NAMES, *TABLE_NAMES]
-    table = pcsv.read_csv(path, read_options=pcsv.ReadOptions(column_names=names),
+    table = pcsv.read_csv(path, read_options=pcsv.ReadOptions(column_names=COLUMNS),
                           parse_options=pcsv.ParseOptions(delimiter="\t"),
                           convert_options=pcsv.ConvertOptions(
-                              column_types={c: pa.string() for c in names}))
+                              column_types={c: pa.string() for c in COLUMNS}))
     got, report = preprocess(table, ds.meta, source="sample_train.txt")
     assert report.bad == 0 and len(got) == table.num_rows
     assert_same(got, whole(ds))
     unlabelled = preprocess_table(table.drop_columns(["label"]), ds.meta)
     assert np.isnan(unlabelled.label.numpy()).all()
     assert_same(unlabelled, whole(ds), label=False)
-    bad = table.set_column(1, "I1", pa.array(["2.5"] + [None] * (table.num_rows - 1)))
-    with pytest.raises(ConvertError, match=r"^t: row 0: non-integer dense value in I1"):
+    bad = table.set_column(1, "I1", pa.array(["x"] + [None] * (table.num_rows - 1)))
+    with pytest.raises(ConvertError, match=r"^t: row 0: column I1: 'x' is not a number"):
         preprocess_table(bad, ds.meta, source="t")
 
 

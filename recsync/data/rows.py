@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import torch
 
 from recsync.data.convert import BLOCK_BYTES, HASH_NAME, BadRow, pieces, place, stop_at_first
-from recsync.data.convert_input import ConvertError, check_names, open_source
+from recsync.data.convert_input import ConvertError, check_names, head_bytes, open_source
 from recsync.data.convert_parse import MAX_EXAMPLES, Parsed, Plan, check_types, parse
 from recsync.data.reader import Batch
 from recsync.data.schema import Schema
@@ -143,14 +143,18 @@ class RowPreprocessor:
         of ``paths``, read exactly as ``recsync data convert`` reads them (the schema's
         delimiter and header; plain or compressed text, or Parquet); a report's ``kept`` are
         0-based record indices in its file, and bad rows are named ``file:line``.
-        ``columns``: the column names of headerless text instead of the schema's (e.g.
-        without the label)."""
+        ``columns``: the column names of headerless text instead of the schema's; without
+        it, headerless text whose first line has one field fewer than the schema's columns is
+        read without the label column (rows to score: a Criteo test file)."""
         schema = self.schema
         if columns is not None:
             schema = schema.model_copy(update={"input": schema.input.model_copy(
                 update={"columns": list(columns)})})
         for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
             src = open_source(str(path), schema)
+            if columns is None and src.kind == "text" and not schema.input.header:
+                src.columns = _without_absent_label(src, schema.input.delimiter, src.columns,
+                                                    self.plan.label)
             listed_in = "header" if src.kind == "text" and schema.input.header else "columns"
             plan = self.plan_for(src.name, src.columns, listed_in)
             first = 0
@@ -163,6 +167,14 @@ class RowPreprocessor:
                 r.kept = r.kept + first
                 first += records
                 yield to_batch(p), r
+
+
+def _without_absent_label(src, delimiter: str, columns: list[str], label: str) -> list[str]:
+    """``columns`` less the label's when the first line has one field fewer than them."""
+    first = head_bytes(src, 1 << 20).split(b"\n", 1)[0].rstrip(b"\r")
+    if label in columns and first.count(delimiter.encode()) + 1 == len(columns) - 1:
+        return [c for c in columns if c != label]
+    return columns
 
 
 def report(p: Parsed, where) -> RowsReport:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 
@@ -56,3 +57,16 @@ def test_a_former_data_set_and_model_score_raw_rows_unchanged(tmp_path):
     want = pq.read_table(FIXTURE / "run" / "predictions.parquet").column("score").to_numpy()
     assert len(got) == 96
     np.testing.assert_allclose(got[-24:], want, rtol=0, atol=1e-6)
+
+
+def test_a_criteo_test_file_without_labels_is_scored(tmp_path):
+    """39 fields, no label (Criteo's test.txt): read without the label column."""
+    lines = (FIXTURE / "raw.tsv").read_text().splitlines()
+    (tmp_path / "test.txt").write_text("\n".join(ln.split("\t", 1)[1] for ln in lines) + "\n")
+    r = CliRunner().invoke(main, ["predict", "--model", str(FIXTURE / "run" / "model"),
+                                  str(tmp_path / "test.txt"), "--out", str(tmp_path / "p.csv")])
+    assert r.exit_code == 0, r.output
+    table = pcsv.read_csv(tmp_path / "p.csv")
+    assert table.column_names == ["score"]  # no labels to write
+    np.testing.assert_allclose(table.column("score").to_numpy(),
+                               np.load(FIXTURE / "raw_scores.npy"), rtol=0, atol=1e-6)

@@ -214,6 +214,8 @@ class Mode(metaclass=Contract, abstract=True):
     pauses_for_checkpoint: ClassVar[bool] = False  # workers pause after the same step for a
     # checkpoint round, so replicas, shards and data position agree exactly
     worker_death: ClassVar[str] = REPLACE
+    switchable: ClassVar[bool] = False  # a run may switch to and from it (distributed/
+    # switching.py moves the dense state between the workers' replicas and PS shard 0)
     reports_waits: ClassVar[bool] = False  # per-step pull and push waits in metrics.jsonl
     shadow_thread: ClassVar[bool] = False  # a background thread synchronizes the workers
     summary_key: ClassVar[str | None] = None  # its section of summary.json

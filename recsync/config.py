@@ -2,8 +2,10 @@
 
 Every section rejects unknown keys and bad values with a message naming the key (``train.lr``)
 and what was expected. ``--set key=value`` overrides are applied to the raw tree before
-validation, so they are checked exactly like the file. The modes' sections are here; the
-sections every run has, and faults and recovery, are in config_sections.py.
+validation, so they are checked exactly like the file. The sections every run has, and faults
+and recovery, are in config_sections.py; the modes' sections in modes/sections.py. The values of
+``mode``, which modes' sections RunConfig has and the modes named in messages come from MODES
+(modes/__init__.py), without importing the modes (and torch) unless a check needs a mode's facts.
 """
 
 from __future__ import annotations
@@ -14,75 +16,41 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, create_model, model_validator
 
 from recsync.config_sections import (AtPoint, ClusterConfig, ConfigError, DataConfig,
                                      EmulationConfig, FaultsConfig,
                                      KillConfig, ModelConfig, NetworkConfig, OutputConfig,
                                      RecoveryConfig, Section, StragglerConfig, TrainConfig)
+from recsync.modes import LOCAL, MODES
 from recsync.safe_names import printable
 
-__all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EagerConfig", "FaultsConfig",
-           "EmulationConfig", "GBAConfig", "HybridConfig", "KillConfig", "ModelConfig",
-           "NetworkConfig",
-           "OutputConfig", "RecoveryConfig", "RunConfig", "Section", "ShadowConfig",
-           "StragglerConfig", "SwitchConfig", "SwitchingConfig", "TrainConfig", "apply_overrides",
-           "load_config", "parse_override"]
+__all__ = ["ClusterConfig", "ConfigError", "DataConfig", "EmulationConfig", "FaultsConfig",
+           "KillConfig", "ModelConfig", "NetworkConfig", "OutputConfig", "RecoveryConfig",
+           "RunConfig", "RunConfigBase", "Section", "StragglerConfig", "SwitchConfig",
+           "SwitchingConfig", "TrainConfig", "apply_overrides", "load_config", "parse_override"]
 
 
-class GBAConfig(Section):
-    gradients_per_update: int = Field(0, ge=0)
-    """M: gradients a PS shard aggregates into one update (0: cluster.workers, so that an update
-    is on the global batch of mode sync, workers x train.batch_size samples)"""
-    staleness_threshold: int = Field(4, ge=0)
-    """ι: gradients at most this many updates stale count fully (see docs/sync_modes.md)"""
-    decay: Literal["inverse", "drop", "none"] = "inverse"
-    """what happens to a gradient staler than the threshold: "inverse" weighs it
-    1 / (1 + staleness - threshold), "drop" drops it, "none" keeps it whole"""
+ModeName = Literal[(LOCAL, *MODES)]  # the values of ``mode``
 
 
-class ShadowConfig(Section):
-    algorithm: Literal["ma", "easgd", "bmuf", "none"] = "ma"
-    """how the trainers' dense replicas are kept in step: "ma" (model averaging), "easgd"
-    (elastic averaging against a center copy on PS shard 0), "bmuf" (block-wise model update
-    filtering), "none" (never: each trainer trains its own dense replica)"""
-    hogwild_threads: int = Field(1, ge=1)
-    """training threads per trainer, sharing its dense replica without locks (Hogwild)"""
-    min_interval_s: float = Field(0.1, ge=0)
-    """mode shadow: the least time between the starts of two background syncs (0: back to
-    back, as fast as they go). A shadow thread that loops without pause takes CPU and the GIL
-    from training where no core is spare for it (2 trainers on 2 cores: -25% throughput at
-    136 syncs/s), while syncing much more often than once per training step gains nothing"""
-    foreground_every: int = Field(10, ge=1)
-    """mode foreground: k, the training iterations of a trainer between two syncs"""
-    easgd_alpha: float = Field(0.0, ge=0, le=1)
-    """EASGD's moving rate alpha (0: 0.9 / cluster.workers, the EASGD paper's beta = 0.9)"""
-    bmuf_momentum: float = Field(-1.0, lt=1)
-    """BMUF's block momentum eta (< 0: 1 - 1 / cluster.workers)"""
-    bmuf_lr: float = Field(1.0, gt=0)
-    """BMUF's block learning rate zeta"""
-    bmuf_nesterov: bool = False
-    """BMUF: move the replicas to the Nesterov look-ahead w_g + eta x delta"""
-
-    def alpha(self, trainers: int) -> float:
-        return self.easgd_alpha or 0.9 / trainers
-
-    def momentum(self, trainers: int) -> float:
-        return self.bmuf_momentum if self.bmuf_momentum >= 0 else 1.0 - 1.0 / trainers
+def _mode_description() -> str:
+    """The description of ``mode`` (pydantic's, and its JSON schema's), from MODES."""
+    modes = [f'"{name}" ({entry.summary}' + (f": [{entry.section[0]}])" if entry.section else ")")
+             for name, entry in MODES.entries.items()]
+    return (f'how workers synchronize: "{LOCAL}" (one process, the baseline), '
+            + ", ".join(modes) + " (docs/sync_modes.md)")
 
 
-class EagerConfig(Section):
-    overlap: bool = True
-    """send the next batch's pull before computing this one, and push without waiting (false:
-    pull, compute, push, each waited for: the baseline)"""
-    lr_modulation: Literal["inverse", "inverse_sqrt", "none"] = "inverse"
-    """m(τ), the learning-rate multiplier of an update whose worker knew it missed τ updates:
-    "inverse" 1 / max(1, τ), "inverse_sqrt" 1 / sqrt(max(1, τ)), "none" 1"""
+def _quoted(names, last: str = "or") -> str:
+    """'"a", "b" or "c"' (``last``: the word before the last name)."""
+    quoted = [f'"{n}"' for n in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} {last} {quoted[-1]}"
 
 
 class SwitchConfig(Section, AtPoint):
-    to: Literal["sync", "gba"]
-    """the mode to switch to"""
+    to: ModeName
+    """the mode to switch to: one that can switch (Mode.switchable), as the run's mode must be"""
     at_s: float = Field(-1.0)
     """seconds after training starts (set this or at_step)"""
     at_step: int = Field(-1)
@@ -95,7 +63,7 @@ class SwitchConfig(Section, AtPoint):
 
 class SwitchingConfig(Section):
     schedule: list[SwitchConfig] = []
-    """switches between sync and gba at given times or steps, e.g.
+    """switches between the modes that can switch (sync and gba) at given times or steps, e.g.
     [{ to = "gba", at_s = 60.0 }, { to = "sync", at_step = 5000 }]"""
     auto: bool = False
     """let the mode controller switch: sync -> gba when a worker's compute time per step stays
@@ -111,38 +79,26 @@ class SwitchingConfig(Section):
         return self.auto or bool(self.schedule)
 
 
-class HybridConfig(Section):
-    max_staleness: int = Field(2, ge=0)
-    """mode hybrid: how many steps a worker's embedding pull may run ahead of the last step
-    every PS shard has applied (0: it waits for every step before it, which is mode sync)"""
+class RunConfigBase(Section):
+    """RunConfig without the modes' sections, which ``RunConfig`` adds from MODES."""
 
-
-class RunConfig(Section):
-    mode: Literal["local", "sync", "async", "gba", "shadow", "foreground", "eager",
-                  "hybrid"] = "local"
-    """how workers synchronize: "local" (one process, the baseline), "sync" (all-reduce dense
-    gradients, PS applies row gradients once all workers' arrived), "async" (PS applies every
-    gradient as it arrives), "gba" (PS applies the mean of a global batch of gradients, decaying
-    stale ones; no worker waits), "shadow" (each worker trains its own dense replica with
-    Hogwild threads, a background thread keeps the replicas in step: [shadow]), "foreground"
-    (the same, synchronizing every shadow.foreground_every iterations inside training),
-    "eager" (async with the next batch's pull sent before this one is computed, and learning
-    rates scaled down for stale updates: [eager]), "hybrid" (dense gradients all-reduced every
-    step as in sync, embedding rows with bounded staleness: [hybrid])"""
+    mode: ModeName = Field(LOCAL, description=_mode_description())
+    # (described by _mode_description, from MODES)
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     output: OutputConfig = OutputConfig()
     cluster: ClusterConfig = ClusterConfig()
-    gba: GBAConfig = GBAConfig()
     switching: SwitchingConfig = SwitchingConfig()
-    shadow: ShadowConfig = ShadowConfig()
-    eager: EagerConfig = EagerConfig()
-    hybrid: HybridConfig = HybridConfig()
     network: NetworkConfig = NetworkConfig()
     emulation: EmulationConfig = EmulationConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     faults: FaultsConfig = FaultsConfig()
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the run has workers and PS shards (a mode of MODES), not one process."""
+        return self.mode != LOCAL
 
     @model_validator(mode="after")
     def _check_faults(self):
@@ -163,13 +119,11 @@ class RunConfig(Section):
                 raise ValueError(f"faults.kills[{i}].index = {k.index}: indexes of "
                                  f"{k.target} run from 0 to {count - 1} ({key} = "
                                  f"{count})")
-        if self.switching.enabled and self.mode not in ("sync", "gba"):
-            raise ValueError(f"switching: mode {self.mode!r} cannot switch; switching is "
-                             f"between \"sync\" and \"gba\" (set mode to one of them)")
-        if self.mode == "local" and (self.faults.stragglers or self.faults.kills
+        if self.switching.enabled:
+            self._check_switching()
+        if not self.distributed and (self.faults.stragglers or self.faults.kills
                                      or self.faults.kill_mean_s):
-            raise ValueError("faults need a distributed mode (mode = \"sync\", \"async\", "
-                             "\"gba\", \"shadow\", \"foreground\" or \"eager\")")
+            raise ValueError(f"faults need a distributed mode (mode = {_quoted(MODES)})")
         r = self.recovery
         if r.kind != "none" and not (r.checkpoint_every_s or r.mtbf_s):
             raise ValueError(f"recovery.kind = \"{r.kind}\" restarts from checkpoints: set "
@@ -181,10 +135,11 @@ class RunConfig(Section):
         if r.kind == "auto" and not r.mtbf_s:
             raise ValueError("recovery.kind = \"auto\" chooses from the mean time between "
                              "failures: set recovery.mtbf_s > 0")
-        if r.kind in ("partial", "auto") and self.mode != "local" and _facts(self.mode).lockstep:
+        if r.kind in ("partial", "auto") and self.distributed and MODES[self.mode].lockstep:
+            free = [n for n, m in MODES.items() if not m.lockstep]
             raise ValueError(f"recovery.kind = \"{r.kind}\": mode {self.mode!r} steps the PS "
                              "shards in lock-step, which a shard rolled back alone would stall; "
-                             f"use {_not_lockstep()} (or kind = \"full\")")
+                             f"use mode {_quoted(free)} (or kind = \"full\")")
         if r.standby_shards > 0 and r.kind == "none":
             raise ValueError(f"recovery.standby_shards = {r.standby_shards}: a standby takes "
                              f"over a dead shard from its checkpoint, which recovery.kind = "
@@ -193,27 +148,29 @@ class RunConfig(Section):
             raise ValueError(f"recovery.rows = \"{r.rows}\" saves part of the rows, which only "
                              f"partial recovery can restart from: set recovery.kind = "
                              f"\"partial\"")
-        if self.mode == "local" and (self.recovery.checkpoint_every_s or self.recovery.mtbf_s):
-            raise ValueError("recovery.checkpoint_every_s: checkpoints are of PS shards; mode "
-                             "\"local\" has none (choose a distributed mode)")
-        if self.mode == "local" and self.network.enabled:
-            raise ValueError("network: the emulated network delays calls to PS shards; mode "
-                             "\"local\" has none (choose a distributed mode)")
+        if not self.distributed and (self.recovery.checkpoint_every_s
+                                     or self.recovery.mtbf_s):
+            raise ValueError(f"recovery.checkpoint_every_s: checkpoints are of PS shards; mode "
+                             f"\"{LOCAL}\" has none (choose a distributed mode)")
+        if not self.distributed and self.network.enabled:
+            raise ValueError(f"network: the emulated network delays calls to PS shards; mode "
+                             f"\"{LOCAL}\" has none (choose a distributed mode)")
         if self.emulation.enabled:
             self._check_emulation()
         return self
 
     def _check_emulation(self) -> None:
         e = self.emulation
-        if self.mode == "local":
-            raise ValueError("emulation: the emulated cluster paces workers and PS shards; mode "
-                             "\"local\" has none (choose a distributed mode)")
+        if not self.distributed:
+            raise ValueError(f"emulation: the emulated cluster paces workers and PS shards; mode "
+                             f"\"{LOCAL}\" has none (choose a distributed mode)")
         if not (e.cores_per_worker > 0 and e.cores_per_shard > 0):
             raise ValueError(f"emulation: set both cores_per_worker and cores_per_shard (got "
                              f"{e.cores_per_worker:g} and {e.cores_per_shard:g})")
-        if e.cores_per_shadow > 0 and not _facts(self.mode).shadow_thread:
-            raise ValueError(f"emulation.cores_per_shadow: only mode \"shadow\" has a shadow "
-                             f"thread (mode is \"{self.mode}\"); set it to 0")
+        if e.cores_per_shadow > 0 and not MODES[self.mode].shadow_thread:
+            have = [n for n, m in MODES.items() if m.shadow_thread]
+            raise ValueError(f"emulation.cores_per_shadow: only mode {_quoted(have)} has a "
+                             f"shadow thread (mode is \"{self.mode}\"); set it to 0")
         machine = os.cpu_count() or 1
         c = self.cluster
         per_worker = e.cores_per_worker + e.cores_per_shadow
@@ -226,6 +183,16 @@ class RunConfig(Section):
                 f"({e.reserve_cores:g}) for Ray and the driver: the processes would slow each "
                 f"other down and the emulation would not hold (fewer cores per process)")
 
+    def _check_switching(self) -> None:
+        can = [n for n, m in MODES.items() if m.switchable]
+        if self.mode not in can:
+            raise ValueError(f"switching: mode {self.mode!r} cannot switch; switching is "
+                             f"between {_quoted(can, 'and')} (set mode to one of them)")
+        for i, sw in enumerate(self.switching.schedule):
+            if sw.to not in can:
+                raise ValueError(f"switching.schedule[{i}].to = \"{sw.to}\": switching is "
+                                 f"between {_quoted(can, 'and')}")
+
     def to_toml(self) -> str:
         tree = self.model_dump(exclude_none=True)
         for s in tree["faults"]["stragglers"]:  # TOML has inf, tomli-w writes it as such
@@ -233,16 +200,11 @@ class RunConfig(Section):
         return tomli_w.dumps(tree)
 
 
-def _facts(mode: str):
-    """The driver facts of ``mode`` (modes/base.py Mode)."""
-    from recsync.modes import MODES
-    return MODES[mode]
-
-
-def _not_lockstep() -> str:
-    from recsync.modes import MODES
-    names = [n for n, m in MODES.items() if not m.lockstep]
-    return ", ".join(names[:-1]) + " or " + names[-1]
+RunConfig = create_model(
+    "RunConfig", __base__=RunConfigBase, __module__=__name__,
+    __doc__="The run's config: RunConfigBase's sections and the modes' ([key] of each mode's "
+            "entry in MODES, its class in recsync/modes/sections.py).",
+    **{key: (section, section()) for key, section in MODES.sections().items()})
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

@@ -34,7 +34,7 @@ def cluster_label(workers: int, cores_per_worker: float, shards: int,
 def label_of(cfg) -> str | None:
     """The run's EMULATED label, or None without emulation."""
     e = cfg.emulation
-    if not e.enabled or cfg.mode == "local":
+    if not e.enabled or not cfg.distributed:
         return None
     return cluster_label(cfg.cluster.workers, e.cores_per_worker, cfg.cluster.ps_shards,
                          e.cores_per_shard, shadow_cores(cfg))
@@ -43,7 +43,7 @@ def label_of(cfg) -> str | None:
 def shadow_cores(cfg) -> float:
     """The cores of a trainer's shadow thread of its own (a mode with one), else 0: its
     rounds share the trainer's cores."""
-    if cfg.mode == "local" or not cfg.emulation.cores_per_shadow:
+    if not cfg.distributed or not cfg.emulation.cores_per_shadow:
         return 0.0
     from recsync.modes import MODES
     return cfg.emulation.cores_per_shadow if MODES[cfg.mode].shadow_thread else 0.0

@@ -110,7 +110,7 @@ def estimate_writes(cfg: RunConfig, ds: Dataset, out: Path) -> list[WriteEstimat
     on the same file system)."""
     estimates = [WriteEstimate(out, METRICS_BYTES, "metrics, summary, plot")]
     r = cfg.recovery
-    if cfg.mode != "local" and (r.checkpoint_every_s or r.mtbf_s):
+    if cfg.distributed and (r.checkpoint_every_s or r.mtbf_s):
         root = storage.local(r.dir) if r.dir else out / "checkpoints"
         copies = r.keep + 2  # kept ones, one being written, one more a job checkpoint holds
         ckpt = WriteEstimate(root, copies * model_bytes(cfg, ds),

@@ -108,7 +108,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
             log = MetricsLog(out / "metrics.jsonl", out / "tb" if cfg.output.tensorboard else None,
                              upload_every_s=cfg.output.upload_every_s)
             try:
-                if cfg.mode == "local":
+                if not cfg.distributed:
                     result = run_local(cfg, ds, log, started, warm)
                 else:
                     from recsync.cluster import ray_session, runtime_env_for
@@ -138,7 +138,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
         record = result.get("record") or record or RunRecord(start=started)
         if status == "completed" and cfg.output.save_model:
             result["model_dir"] = _save_model(cfg, ds, out, result, record)
-        remove_temp_files(out, checkpoint_root(cfg, out) if cfg.mode != "local" else None)
+        remove_temp_files(out, checkpoint_root(cfg, out) if cfg.distributed else None)
         result["predictions"] = save_predictions(out, result)  # the arrays leave the result
         summary = build_summary(cfg, ds, record, result, status, cause)
         write_outputs(cfg, out, summary)
@@ -152,7 +152,7 @@ def _save_model(cfg: RunConfig, ds, out: Path, result: dict, record: RunRecord) 
     """OUT/model/ of a completed run (recsync/model_dir): the local run's model, or what a
     distributed run's finish gathered from its shards."""
     from recsync.model_dir.state import local_state, save_model
-    if cfg.mode == "local":
+    if not cfg.distributed:
         state = local_state(result["model"], cfg.output.save_optimizer_state)
     else:
         state = result.get("model_state")
@@ -165,7 +165,7 @@ def _save_model(cfg: RunConfig, ds, out: Path, result: dict, record: RunRecord) 
 def resolved_for_data(cfg: RunConfig, ds) -> RunConfig:
     """``cfg`` with the values that depend on the data set resolved (config.toml, written
     from it, shows what the run used): train.dense_warmup_steps = -1."""
-    workers = 1 if cfg.mode == "local" else cfg.cluster.workers
+    workers = cfg.cluster.workers if cfg.distributed else 1
     warmup = cfg.train.warmup_for(ds.rows("train"), workers)
     if warmup == cfg.train.dense_warmup_steps:
         return cfg
@@ -240,7 +240,7 @@ def resume_point(cfg: RunConfig, out: Path):
     from recsync.checkpoint.resume_config import check_resume_config
     root = checkpoint_root(cfg, out)
     storage.pull_dir(root)  # recovery.dir at a URL: its checkpoints, fetched
-    if cfg.mode == "local" or not (cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s):
+    if not cfg.distributed or not (cfg.recovery.checkpoint_every_s or cfg.recovery.mtbf_s):
         raise ValueError(f"{out}/config.toml: the run wrote no checkpoints to resume from "
                          f"(recovery.checkpoint_every_s and recovery.mtbf_s are 0)")
     ckpt, skipped = job.restorable(root)

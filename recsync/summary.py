@@ -17,7 +17,7 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
     final = result.get("eval") or {"auc": None, "logloss": None, "ne": None, "calibration": None,
                                    "rows": 0}
     wall_s = record.elapsed()
-    distributed = cfg.mode != "local"
+    distributed = cfg.distributed
     shards = result.get("shards", [])
     end_s = record.time_s()  # the training clock's end (modes' periods are on that clock)
     modes = ([{**m, "to_s": end_s if m["to_s"] is None else m["to_s"]} for m in record.modes]

@@ -19,9 +19,9 @@ import importlib.util
 import math
 from pathlib import Path
 
-from recsync.modes import MODES
+from recsync.modes import LOCAL, MODES
 
-MODE_NAMES = ["local", *MODES]  # train/mode is the index of the mode in this list
+MODE_NAMES = [LOCAL, *MODES]  # train/mode is the index of the mode in this list
 EVAL_KEYS = ("auc", "logloss", "ne", "calibration")
 INSTALL = "pip install 'recsync[tensorboard]'"
 

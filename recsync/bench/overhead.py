@@ -191,11 +191,11 @@ def steady_rate(metrics: list[dict], warmup_samples: int) -> dict:
 
 def run_arm(cfg: RunConfig, out_dir: Path, name: str) -> dict:
     """One ``run.run`` with the memory sampler around it; the summary plus what we measured."""
-    ctx = embedded_ray() if cfg.mode != "local" else contextlib.nullcontext()
+    ctx = embedded_ray() if cfg.distributed else contextlib.nullcontext()
     with ctx, RssSampler() as sampler:
         begin = time.perf_counter()  # the run's start, give or take a few ms
         summary = run_training(cfg, out_dir, overwrite=True)
-    workers = cfg.cluster.workers if cfg.mode != "local" else 1
+    workers = cfg.cluster.workers if cfg.distributed else 1
     rate = steady_rate(read_jsonl(Path(out_dir) / "metrics.jsonl"),
                        WARMUP_STEPS * workers * cfg.train.batch_size)
     # metrics' time_s counts from the first step, after start-up

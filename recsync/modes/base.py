@@ -13,6 +13,9 @@
   parameters live, what a dead worker means, how many samples one update holds, and the
   mode's section of summary.json.
 
+Each part is abstract (``Contract``): a subclass that leaves a required part undefined fails
+when its class statement runs, at import, not inside a shard or worker actor.
+
 ``MODES`` (modes/__init__.py) maps each name to its ``Mode``; nothing outside this package
 tests a mode's name.
 """
@@ -20,6 +23,7 @@ tests a mode's name.
 from __future__ import annotations
 
 import contextlib
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -36,6 +40,49 @@ REBUILD_GROUP = "rebuild_group"  # every worker restarts at the step the PS comp
 # live replica's dense state as of that step (the shards forget the incomplete step)
 FROM_REPLICA = "from_replica"  # dead ranks (all, if there is a group) restart from a live
 # replica's dense parameters
+
+
+class Contract(ABCMeta):
+    """The metaclass of the contract's three parts. A class statement that subclasses one and
+    leaves a required part undefined (``contract_gaps``) raises TypeError: a Mode is never
+    instantiated (its facts are class attributes), so ABC's own check would never run for it,
+    and a worker's or a rule's would run only inside its actor. ``abstract=True`` in a class
+    statement keeps a class abstract on purpose (the three bases)."""
+
+    def __new__(mcls, name, bases, ns, abstract: bool = False, **kwargs):
+        cls = super().__new__(mcls, name, bases, ns, **kwargs)
+        # Only a class statement's namespace holds __qualname__. Not checked: type(name, bases,
+        # ns) (the tests' facts-only modes) and cloudpickle's rebuild of a class sent by value,
+        # an empty class whose attributes are set after it is made.
+        if not abstract and "__qualname__" in ns:
+            gaps = contract_gaps(cls)
+            if gaps:
+                raise TypeError(f"{cls.__module__}.{cls.__qualname__} does not define "
+                                f"{'; '.join(gaps)} (the mode contract: recsync/modes/base.py)")
+        return cls
+
+
+_ABSTRACT = {"make_rule": "its shard rule", "step": "one training step",
+             "push": "what a shard does with a push"}
+
+
+def contract_gaps(cls) -> list[str]:
+    """What ``cls`` (a WorkerMode, ShardRule or Mode) leaves undefined of the contract, one
+    phrase each; [] when nothing."""
+    gaps = [f"{name}() ({_ABSTRACT.get(name, 'required')})"
+            for name in sorted(cls.__abstractmethods__)]
+    if not issubclass(cls, Mode):
+        return gaps
+    if not isinstance(getattr(cls, "name", None), str):
+        gaps.append("name (its key in MODES)")
+    worker = getattr(cls, "worker", None)
+    if not (isinstance(worker, type) and issubclass(worker, WorkerMode)):
+        gaps.append("worker (its WorkerMode subclass)")
+    elif (cls.worker_death == REBUILD_GROUP
+          and worker.recovery_states is WorkerMode.recovery_states):
+        gaps.append(f"{worker.__name__}.recovery_states() (worker_death = REBUILD_GROUP "
+                    f"restarts the group from it)")
+    return gaps
 
 
 @dataclass
@@ -61,8 +108,8 @@ class WorkerContext:
     add_waits: Callable[[float, float], None] = lambda pull_s, push_s: None
 
 
-class WorkerMode:
-    """The worker half of a mode.
+class WorkerMode(metaclass=Contract, abstract=True):
+    """The worker half of a mode (``step`` required).
 
     ``step(batch, ahead, thread)`` runs one step on ``batch`` (None: this worker has no data
     left) and returns the batch's mean loss, None (a step without a batch of this worker's), or
@@ -77,8 +124,9 @@ class WorkerMode:
     def __init__(self, ctx: WorkerContext):
         self.ctx = ctx
 
+    @abstractmethod
     def step(self, batch, ahead=None, thread: int = 0):
-        raise NotImplementedError
+        """One step (see the class docstring)."""
 
     def run(self, steps: list[Callable[[], bool]]) -> None:
         """Run the training threads: ``steps[i]()`` does one step of thread i and returns
@@ -111,16 +159,16 @@ class WorkerMode:
         return None
 
 
-class ShardRule:
-    """The server half of a mode: what a shard does with a push, and the state it keeps for
-    that. ``core`` is the shard's ShardCore (rows, dense vector, version)."""
+class ShardRule(metaclass=Contract, abstract=True):
+    """The server half of a mode: what a shard does with a push (``push`` required), and the
+    state it keeps for that. ``core`` is the shard's ShardCore (rows, dense vector, version)."""
 
+    @abstractmethod
     def push(self, core, ids: list[np.ndarray], grads: list[np.ndarray],
              dense_grad: np.ndarray | None, meta: dict) -> Any:
         """Apply (or keep) one worker's push; ``meta`` holds what the worker's half sends with
         it (the version it read, its sample count, a step number, ...). Returns what the
         worker's half reads back (async: the update's staleness)."""
-        raise NotImplementedError
 
     def end(self, core) -> int:
         """The run is over, or the mode is left: apply whatever is still held. Returns how
@@ -153,9 +201,10 @@ class ShardRule:
         return {}
 
 
-class Mode:
+class Mode(metaclass=Contract, abstract=True):
     """A mode's parts and the facts the driver needs about it. Subclasses set the class
-    attributes; the classmethods take the run's config."""
+    attributes (``name`` and ``worker`` required) and define ``make_rule``; the classmethods
+    take the run's config."""
 
     name: ClassVar[str]
     worker: ClassVar[type[WorkerMode]]
@@ -165,6 +214,8 @@ class Mode:
     pauses_for_checkpoint: ClassVar[bool] = False  # workers pause after the same step for a
     # checkpoint round, so replicas, shards and data position agree exactly
     worker_death: ClassVar[str] = REPLACE
+    switchable: ClassVar[bool] = False  # a run may switch to and from it (distributed/
+    # switching.py moves the dense state between the workers' replicas and PS shard 0)
     reports_waits: ClassVar[bool] = False  # per-step pull and push waits in metrics.jsonl
     shadow_thread: ClassVar[bool] = False  # a background thread synchronizes the workers
     summary_key: ClassVar[str | None] = None  # its section of summary.json
@@ -176,9 +227,9 @@ class Mode:
         return False
 
     @classmethod
+    @abstractmethod
     def make_rule(cls, cfg, shard: int, dense_init: np.ndarray | None) -> ShardRule:
         """Shard ``shard``'s rule; ``dense_init`` (shard 0 only) is the initial dense vector."""
-        raise NotImplementedError
 
     @classmethod
     def holds_dense(cls, cfg, shard: int) -> bool:

@@ -78,6 +78,7 @@ class GBA(Mode):
     worker = GBAWorker
     dense_on_ps = True
     summary_key = "gba"
+    switchable = True
 
     @classmethod
     def needs_group(cls, cfg) -> bool:

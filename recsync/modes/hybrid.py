@@ -53,6 +53,7 @@ class BoundedBarrier(StepBarrier):
 class Hybrid(Sync):
     name = "hybrid"
     worker = HybridWorker
+    switchable = False  # switching is built and tested between sync and gba only
 
     @classmethod
     def make_rule(cls, cfg, shard, dense_init):

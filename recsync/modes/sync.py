@@ -191,6 +191,7 @@ class Sync(Mode):
     lockstep = True
     pauses_for_checkpoint = True
     worker_death = REBUILD_GROUP
+    switchable = True
 
     @classmethod
     def needs_group(cls, cfg) -> bool:

@@ -12,7 +12,7 @@ from torch.nn.utils import parameters_to_vector
 import recsync.ps.client as client_mod
 from fake_ps import fake_shards, patch_ray_get
 from cores import test_core, worker_half
-from recsync.config import EagerConfig, ModelConfig
+from recsync.config import ModelConfig
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import RowSGD
@@ -20,6 +20,7 @@ from recsync.model.setup import model_for
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState
 from recsync.modes.eager import EagerWorker, modulation
+from recsync.modes.sections import EagerConfig
 
 
 def test_modulation_functions():

@@ -76,7 +76,7 @@ def train(config: RunConfig | str | Path | None = None, out: str | Path = "runs/
     the run's outputs into ``out``. Raises what `recsync train` reports: ConfigError or
     ValueError before anything is written, FileExistsError for an earlier run in ``out``,
     RunFailed (summary written) if the run could not go on."""
-    from recsync.run import run
+    from recsync.run.driver import run
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     summary = run(cfg, out, overwrite=overwrite)
     return RunResult(summary, Path(out))

@@ -10,14 +10,14 @@ from pathlib import Path
 
 # Before Ray is imported (it reads this then): Ray's C++ failure handler would catch a SIGTERM
 # while ray.init runs, dump a stack and abort before the run can write its summary
-# (recsync/stopping.py keep_signals_from_ray).
+# (recsync/run/signals.py keep_signals_from_ray).
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 import click  # noqa: E402
 
 from recsync.bench import SCENARIOS  # noqa: E402
 from recsync.config import ConfigError, load_config  # noqa: E402
-from recsync.stopping import EXIT_FAILED, EXIT_USAGE, Interrupted, catch_signals  # noqa: E402
+from recsync.run.signals import EXIT_FAILED, EXIT_USAGE, Interrupted, catch_signals  # noqa: E402
 
 USER_ERRORS = (ConfigError, ValueError, FileExistsError, FileNotFoundError)
 
@@ -49,9 +49,9 @@ def main():
                    "instead of starting a local one; same as --set cluster.address=ADDR.")
 def train(config_path, overrides, out, overwrite, resume_dir, address):
     """Train a model as the config says."""
-    from recsync import storage
+    from recsync.cluster import storage
     from recsync.distributed.errors import RunFailed
-    from recsync.run import run
+    from recsync.run.driver import run
     if resume_dir:
         if config_path or overwrite or (out and Path(out) != Path(resume_dir)):
             raise click.UsageError("--resume DIR goes on with DIR's own config.toml and "
@@ -284,7 +284,7 @@ def _report_conversion(r, inputs, out) -> None:
               help="Image to write (PNG, or .pdf/.svg); a directory gets plots.png in it.")
 def plot(runs, out):
     """Plot loss and AUC against samples and time for one or more runs."""
-    from recsync.plot import plot_runs
+    from recsync.metrics.plot import plot_runs
     target = Path(out)
     if out.endswith(("/", "\\")) or target.is_dir():
         target.mkdir(parents=True, exist_ok=True)

@@ -57,8 +57,8 @@ def straggler_in_the_middle(cfg: RunConfig, out: Path) -> tuple[float, float, fl
     """(start_s, end_s, samples/s): a short calibration run of ``cfg`` without stragglers
     measures this machine's speed, which gives the time T one pass takes; an emulated straggler
     then comes at T/3 and goes at 2T/3."""
-    from recsync.run import run
-    from recsync.metrics import read_jsonl
+    from recsync.metrics.core import read_jsonl
+    from recsync.run.driver import run
     calib = cfg.model_copy(update={"train": cfg.train.model_copy(
         update={"max_steps": CALIBRATION_STEPS}), "output": cfg.output.model_copy(
         update={"plot": False, "progress": False, "log_every_steps": 1})})
@@ -79,8 +79,8 @@ def quickstart(out: Path) -> dict:
     shards (each paced as a machine of its own), one worker 4x slower for the middle third of
     the run, trained in sync only and with the mode controller switching to gba and back (both
     on the embedded Ray instance)."""
-    from recsync.cluster import ray_session
-    from recsync.run import run
+    from recsync.cluster.ray_session import ray_session
+    from recsync.run.driver import run
     data = ensure_synthetic(out / "data", QUICKSTART_ROWS)
     emulation = emulated_cluster(4, 2)
     base = load_config(None, [f"data.path={json.dumps(str(data))}", *QUICKSTART_OVERRIDES,

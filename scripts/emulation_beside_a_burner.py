@@ -19,7 +19,7 @@ from pathlib import Path
 from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
 from recsync.bench import stragglers as st
-from recsync.run import run
+from recsync.run.driver import run
 
 ROWS = 100_000
 

@@ -37,7 +37,7 @@ from recsync.config import ModelConfig, RunConfig, TrainConfig
 from recsync.data.reader import Dataset, chunk_order
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import make_row_optimizer
-from recsync.evaluate import evaluate
+from recsync.metrics.evaluate import evaluate
 from recsync.model.setup import model_for
 from recsync.modes.base import WorkerContext
 from recsync.modes.gba import GBAWorker, GlobalBatch

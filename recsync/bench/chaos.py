@@ -59,8 +59,8 @@ from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import fault_schedule
-from recsync.plot import plot_runs
-from recsync.run import run as run_training
+from recsync.metrics.plot import plot_runs
+from recsync.run.driver import run as run_training
 
 ROWS = 1_000_000  # training rows at --scale 1
 EVAL_ROWS = 50_000

@@ -46,8 +46,8 @@ from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
-from recsync.metrics import read_jsonl
-from recsync.plot import plot_runs
+from recsync.metrics.core import read_jsonl
+from recsync.metrics.plot import plot_runs
 
 ROWS = 300_000  # training rows at --scale 1
 EVAL_ROWS = 100_000

@@ -31,14 +31,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from recsync.bench.convert_speed import measure_convert
-from recsync.config import load_config
 from recsync.bench.criteo_file import write_criteo_tsv
+from recsync.config import load_config
 from recsync.data.criteo import convert_criteo
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.run import run as run_training
-from recsync.metrics import auc_logloss
+from recsync.metrics.core import auc_logloss
 from recsync.model.dlrm import DLRM
+from recsync.run.driver import run as run_training
 
 ROUNDS = 3
 TABLE_ROWS = 1_000_000

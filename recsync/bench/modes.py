@@ -42,7 +42,7 @@ from recsync.bench import overhead as ov  # noqa: E402
 from recsync.bench.report import _fmt, _table  # noqa: E402
 from recsync.config import RunConfig, load_config  # noqa: E402
 from recsync.data.synthetic import SynthSpec  # noqa: E402
-from recsync.plot import plot_runs  # noqa: E402
+from recsync.metrics.plot import plot_runs  # noqa: E402
 
 ROUNDS = 2
 ROWS = 800_000  # training rows at --scale 1

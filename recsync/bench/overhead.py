@@ -43,8 +43,8 @@ from recsync.bench.memory import RssSampler
 from recsync.config import RunConfig, load_config
 from recsync.data.format import NUM_TABLES
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.run import run as run_training
-from recsync.metrics import read_jsonl
+from recsync.metrics.core import read_jsonl
+from recsync.run.driver import run as run_training
 
 ROUNDS = 2
 STEPS = 100  # per worker and arm, x --scale
@@ -162,7 +162,7 @@ def arm_config(data: Path, steps: int, extra: list[str]) -> RunConfig:
 def embedded_ray():
     """Make ``ray.init()`` start this run's own instance. Without an address Ray joins the
     machine's most recent ``ray start`` cluster (/tmp/ray/ray_current_cluster) if there is one,
-    which a benchmark must not do (and cluster.py's num_cpus makes it fail)."""
+    which a benchmark must not do (and cluster/ray_session.py's num_cpus makes it fail)."""
     old = os.environ.get("RAY_ADDRESS")
     os.environ["RAY_ADDRESS"] = "local"
     try:

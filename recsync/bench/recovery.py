@@ -51,8 +51,8 @@ from pathlib import Path
 from recsync.bench import operating_point as op
 from recsync.bench import overhead as ov
 from recsync.config import RunConfig, load_config
-from recsync.metrics import read_jsonl
-from recsync.plot import plot_runs
+from recsync.metrics.core import read_jsonl
+from recsync.metrics.plot import plot_runs
 
 PILOT_ROWS, EVAL_ROWS = 600_000, 100_000
 MAX_TABLE_ROWS = 200_000

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from recsync.metrics import write_json  # noqa: E402
+from recsync.metrics.core import write_json  # noqa: E402
 
 
 def environment() -> dict:

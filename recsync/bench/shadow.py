@@ -44,7 +44,7 @@ from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
-from recsync.plot import plot_runs
+from recsync.metrics.plot import plot_runs
 
 ROWS = 300_000  # training rows at --scale 1
 EVAL_ROWS = 100_000

@@ -33,7 +33,7 @@ from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
-from recsync.plot import plot_runs
+from recsync.metrics.plot import plot_runs
 
 WORKERS, SHARDS, BATCH = 4, 2, 1024
 # A shard's CPU per global step is about a worker's per step (measured: 72 ms against 65 ms

@@ -29,7 +29,7 @@ from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
 from recsync.bench import seeds as sd
 from recsync.bench import stragglers as st
-from recsync.plot import plot_runs
+from recsync.metrics.plot import plot_runs
 from recsync.recipes import straggler_in_the_middle
 
 # training rows at --scale 1: the straggler's window (a third of the run) must be long against

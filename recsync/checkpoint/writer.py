@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recsync import storage
 from recsync.checkpoint import files
+from recsync.cluster import storage
 
 
 class CheckpointWriter:
@@ -27,7 +27,7 @@ class CheckpointWriter:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory, self.keep = Path(directory), keep
-        # a staging folder (storage.py): each checkpoint goes up to its URL once complete
+        # a staging folder (cluster/storage.py): each checkpoint goes up to its URL once complete
         self.remote = storage.remote_of(self.directory)
         newest = files.manifests(self.directory)
         self.sequence = int(newest[0].stem.split("-")[1]) + 1 if newest else 1

@@ -119,7 +119,7 @@ class _Run:
     def _bar(self, desc: str):
         if not self.progress:
             return None
-        from recsync.progress import progress as bar_or_lines
+        from recsync.metrics.progress import progress as bar_or_lines
         return bar_or_lines(sum(s.size_bytes for s in self.sources), "B", desc,
                             dynamic_ncols=True)
 

@@ -16,8 +16,8 @@ import re
 import numpy as np
 import pyarrow as pa
 
+from recsync.data.hashing import SPLITMIX_GAMMA
 from recsync.data.value_hash import FNV_OFFSET, FNV_PRIME, _fnv_rows, hex32_words
-from recsync.hashing import SPLITMIX_GAMMA
 
 # what pyarrow's string -> float64 cast accepts and a finite number needs (no inf, nan, 0x..)
 NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
@@ -285,7 +285,7 @@ def _fnv_words(w: np.ndarray, lengths: np.ndarray, hi: int) -> np.ndarray:
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """recsync.hashing.splitmix64, in place (fewer temporaries)."""
+    """recsync.data.hashing.splitmix64, in place (fewer temporaries)."""
     t = np.empty_like(z)
     z += _U(SPLITMIX_GAMMA)
     for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from recsync.data.format import SPLITS
-from recsync.stopping import pid_alive
+from recsync.run.signals import pid_alive
 
 # what the writers put in a data set directory (".tmp": a part or meta.json being written)
 _TOP_FILES = ("meta.json", "meta.json.tmp")

@@ -184,7 +184,7 @@ def _write_splits(out: Path, spec: SynthSpec, rows: int, eval_rows: int, process
                   progress: bool):
     """Generate and write every part into ``out``; return the eval labels and probabilities
     (per chunk) and the splits' infos."""
-    from recsync.progress import progress as bar_or_lines
+    from recsync.metrics.progress import progress as bar_or_lines
 
     jobs = [(split_i, c, min(CHUNK_ROWS, n - c * CHUNK_ROWS))
             for split_i, n in ((0, rows), (1, eval_rows))

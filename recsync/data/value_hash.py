@@ -2,7 +2,7 @@
 
     h  = FNV-1a 64 over the value's UTF-8 bytes      (offset 0xCBF29CE484222325,
                                                      prime 0x100000001B3, xor then multiply)
-    h  = splitmix64(h)                               (recsync.hashing: a bijection that mixes
+    h  = splitmix64(h)                               (recsync.data.hashing: a bijection that mixes
                                                      FNV's weak low bits)
     id = 1 + h % (rows - 1)                          (0 is kept for a missing value)
 
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recsync.hashing import splitmix64
+from recsync.data.hashing import splitmix64
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)

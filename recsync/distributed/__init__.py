@@ -14,8 +14,8 @@
   gathered, the final evaluation), covered by recovery.
 - ``status``, ``errors``: the typed statuses (no Ray) and RunFailed.
 
-The run's record (events, checkpoints, recoveries, modes) is recsync/record.py: a local run
-keeps one too, and recsync/summary.py builds summary.json from it.
+The run's record (events, checkpoints, recoveries, modes) is recsync/run/record.py: a local run
+keeps one too, and recsync/run/summary.py builds summary.json from it.
 
 This package's ``__init__`` imports nothing: the policy and its tests stay free of Ray.
 """

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from recsync.placement import node_alive, node_label
 from recsync.checkpoint import files, job, reshard
+from recsync.cluster.placement import node_alive, node_label
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.policy import Decision, Kind
 from recsync.distributed.recovery_math import lost_work_s, partial_loss, rebuild_point

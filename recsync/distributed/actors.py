@@ -15,13 +15,13 @@ from pathlib import Path
 import ray
 
 from recsync.checkpoint import files, job, reshard
+from recsync.cluster.placement import on_driver_node
 from recsync.config import RunConfig
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import death_cause
 from recsync.distributed.spawn import spawn_workers
 from recsync.distributed.status import DEAD, RESTARTING, ShardStatus, WorkerStatus
 from recsync.modes import MODES
-from recsync.placement import on_driver_node
 from recsync.ps.standby import start_shards
 from recsync.worker.queue import WorkQueue
 
@@ -225,7 +225,7 @@ class RunActors:
 
     def stop_all(self) -> None:
         """Every actor of the run ends now and is waited for (a run that failed: none trains
-        on; a shard killed mid-write leaves a temporary file, which run.py removes once no
+        on; a shard killed mid-write leaves a temporary file, which run/driver.py removes once no
         process of the run can write another)."""
         handles = [*(w for w in self.workers if w is not None), *self.shards, self.queue]
         if self.directory is not None:  # and its standbys (none if it does not answer)

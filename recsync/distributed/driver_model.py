@@ -1,5 +1,5 @@
 """The driver's own copy of the model: the dense module, the tables and the embedding plan,
-and the model directory a warm start reads (warm_start.py). The driver builds it once, seeds
+and the model directory a warm start reads (run/warm_start.py). The driver builds it once, seeds
 the first workers and shard 0 from it, and loads the trained parameters into it at the end."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from recsync import warm_start
 from recsync.model.setup import model_for
+from recsync.run import warm_start
 
 
 class DriverModel:

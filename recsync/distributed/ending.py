@@ -21,14 +21,14 @@ import ray
 import torch
 from torch.nn.utils import vector_to_parameters
 
+from recsync.distributed.actors import ACTOR_GONE, SHARD_RESTART_WAIT_S
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.gather import gathered_model_state
-from recsync.distributed.actors import ACTOR_GONE, SHARD_RESTART_WAIT_S
 from recsync.distributed.policy import Decision, Kind
 from recsync.distributed.watch import settle
-from recsync.evaluate import evaluate
-from recsync.local_run import LocalModel
+from recsync.metrics.evaluate import evaluate
 from recsync.ps.client import PSClient
+from recsync.run.local_run import LocalModel
 
 END_TRIES = 3  # recoveries at the end before the run gives up (each needs a new failure)
 AS_TRAINING_ENDED = "as training ended"

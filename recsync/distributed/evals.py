@@ -24,9 +24,9 @@ import ray
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from recsync.evaluate import evaluate
-from recsync.local_run import eval_interval
+from recsync.metrics.evaluate import evaluate
 from recsync.ps.client import PSClient
+from recsync.run.local_run import eval_interval
 
 FETCH_TIMEOUT_S = 30  # the dense parameters: a shard or worker that does not answer is down
 STOP_WAIT_S = 5  # at the end: how long the driver waits for a stopped evaluation's thread

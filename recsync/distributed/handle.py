@@ -7,7 +7,7 @@ and the few verbs that span more than one:
 - ``shard_watch`` (shard_watch.py): the shards' processes as the driver saw them, the kills
   not yet recovered, the downtimes still open;
 - ``model`` (driver_model.py): the driver's model, tables and plan, and a warm start's files;
-- ``rounds`` (checkpoints.py), ``record`` (recsync/record.py), ``cfg``, ``ds``.
+- ``rounds`` (checkpoints.py), ``record`` (recsync/run/record.py), ``cfg``, ``ds``.
 
 Nothing here holds state of its own, and nothing here imports Ray: the verbs below are run
 with a fake ``actors`` in the unit tests. train.py ``build_run`` makes the real one."""

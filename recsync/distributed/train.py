@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 from recsync.checkpoint import files
+from recsync.cluster import storage
+from recsync.cluster.placement import actor_nodes, node_alive, placement_line
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset, chunk_order
-from recsync import storage, warm_start
 from recsync.distributed.actions import carry_out
 from recsync.distributed.actors import RunActors
 from recsync.distributed.checkpoints import CheckpointRounds
@@ -20,10 +21,10 @@ from recsync.distributed.policy import Kind, decide
 from recsync.distributed.shard_watch import ShardWatch
 from recsync.distributed.tallies import RunTallies
 from recsync.distributed.watch import watch
-from recsync.local_run import CHUNK_BATCHES
-from recsync.metrics import MetricsLog
-from recsync.placement import actor_nodes, node_alive, placement_line
-from recsync.record import RunRecord
+from recsync.metrics.core import MetricsLog
+from recsync.run import warm_start
+from recsync.run.local_run import CHUNK_BATCHES
+from recsync.run.record import RunRecord
 
 
 def checkpoint_dir(cfg: RunConfig, root: Path | None) -> Path | None:
@@ -52,7 +53,7 @@ def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
     """A run's parts, its actors started. ``checkpoint_root``: where the shards' checkpoints
     go if ``recovery`` asks for them (``recovery.dir`` wins); ``started``: when the run began
     (perf_counter; default now); ``warm``: the model directory the run starts from
-    (warm_start.py), if any."""
+    (run/warm_start.py), if any."""
     record = RunRecord() if started is None else RunRecord(start=started)
     model = DriverModel(cfg, ds, warm)
     actors = RunActors(cfg, work_items(cfg, ds), model.tables, model.initial_dense(),
@@ -69,7 +70,7 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
     record (on Ctrl-C or RunFailed the exception carries it). Checkpoints, if any, go to
     ``recovery.dir`` or ``out_dir``/checkpoints. ``resume``: a job checkpoint of an earlier
     run of this config to go on from; ``started``: when the run began (perf_counter);
-    ``warm``: a model directory to start from (train.init_from, warm_start.py)."""
+    ``warm``: a model directory to start from (train.init_from, run/warm_start.py)."""
     run = build_run(cfg, ds, None if out_dir is None else Path(out_dir) / "checkpoints",
                     started, warm=None if resume else warm)
     record = run.record

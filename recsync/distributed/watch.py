@@ -11,15 +11,15 @@ from dataclasses import replace
 import ray
 
 from recsync.distributed.actions import carry_out
+from recsync.distributed.actors import ACTOR_GONE, SHARD_RESTART_WAIT_S
 from recsync.distributed.evals import PeriodicEval
 from recsync.distributed.faults import FaultInjector
-from recsync.distributed.actors import ACTOR_GONE, SHARD_RESTART_WAIT_S
 from recsync.distributed.policy import Decision, Kind, decide
 from recsync.distributed.status import DEAD, ShardStatus, WorkerStatus
 from recsync.distributed.switching import Switcher, log_switch, switch
-from recsync.metrics import MetricsLog
-from recsync.progress import progress
-from recsync.stats import distribution, merged_counts
+from recsync.metrics.core import MetricsLog
+from recsync.metrics.progress import progress
+from recsync.metrics.stats import distribution, merged_counts
 
 POLL_S = 0.5
 WAIT_KEYS = ("pull_wait_s", "push_wait_s")

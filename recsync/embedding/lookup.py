@@ -103,7 +103,7 @@ class PulledBatch:
     instead of one per table (that saved ~7% of a DLRM step at batch 4096 with 26 tables).
     """
 
-    placement: Any = None     # where the ids live, for a sharded lookup's push
+    routing: Any = None  # where the ids live, for a sharded lookup's push
     versions: list[int] | None = None  # a sharded lookup: the version each shard read
     dense: Any = None  # a sharded lookup: the dense vector, if a shard holds it (flat numpy)
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recsync.data.hashing import splitmix64
 from recsync.embedding.memory import check_table_memory
 from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.sharding import local_index, rows_on_shard
 from recsync.embedding.spec import TableSpec
-from recsync.hashing import splitmix64
 
 def initial_rows(seed: int, table: int, ids: torch.Tensor, dim: int, scale: float) -> torch.Tensor:
     """Initial values of rows ``ids`` of table number ``table``: uniform in [-scale, scale).

@@ -47,7 +47,8 @@ def loss(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tenso
 
 
 def on_model(model: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
-    """``t`` on the model's device (a GPU worker's: recsync/device.py); as it is on the CPU."""
+    """``t`` on the model's device (a GPU worker's: recsync/cluster/device.py); as it is on the
+    CPU."""
     param = next(model.parameters(), None)
     if param is None or param.device == t.device:
         return t

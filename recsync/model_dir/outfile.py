@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from recsync.checkpoint.files import fsync_path
-from recsync.stopping import pid_alive
+from recsync.run.signals import pid_alive
 
 # .NAME.tmp-PID, and .STEM.tmp-PID.SUFFIX as recsync named them before
 STALE_TEMP = re.compile(r"^\..+\.tmp-(\d+)(\.[A-Za-z0-9]+)?$")

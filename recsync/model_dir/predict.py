@@ -26,11 +26,11 @@ import torch
 
 from recsync.data.format import Layout
 from recsync.data.reader import Chunk, Dataset
+from recsync.metrics.progress import progress
 from recsync.model_dir.outfile import (check_output, publish, remove_stale_temps,
                                        temp_path)
 from recsync.model_dir.trained import TrainedModel, load_model
 from recsync.safe_names import printable
-from recsync.progress import progress
 
 OUTPUT_SUFFIXES = (".parquet", ".csv")
 DEFAULT_BATCH = 8192

@@ -135,7 +135,7 @@ class IdBatch:
 class TrainedModel(torch.nn.Module):
     """A trained model loaded from its directory. ``forward(dense, sparse, values_0, offsets_0,
     ...)`` and ``score_batch`` give click probabilities; ``score(rows)`` preprocesses raw rows
-    first. Also a lookup (``pull``) for recsync.evaluate."""
+    first. Also a lookup (``pull``) for recsync.metrics.evaluate."""
 
     def __init__(self, files: ModelFiles, builder: str | None = None):
         super().__init__()

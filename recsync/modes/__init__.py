@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from recsync.modes.base import Mode
 
 LOCAL = "local"
-"""mode "local": one process and no PS (recsync/local_run.py), the baseline every mode is held
+"""mode "local": one process and no PS (recsync/run/local_run.py), the baseline every mode is held
 to; not a ``Mode``, so not in MODES."""
 
 

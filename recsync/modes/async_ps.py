@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from recsync.device import host
+from recsync.cluster.device import host
 from recsync.model import loss as model_loss
 from recsync.modes.base import STOP, Mode, ShardRule, WorkerMode
 

@@ -97,7 +97,7 @@ class WorkerContext:
     new_client: Callable[[], Any]  # another PSClient (one per extra training thread)
     shards: list  # PS shard handles (for a mode's own calls, e.g. EASGD's center)
     device: torch.device = torch.device("cpu")  # where the replica computes (a GPU worker's:
-    # recsync/device.py); pulled rows come there, what crosses processes goes back to host
+    # recsync/cluster/device.py); pulled rows come there, what crosses processes goes back to host
     dense_state: dict | None = None  # {"params": flat, "optimizer": flat layout or None}
     step_index: int = 0  # sync-like modes: the global step to start at
     before_compute: Callable[[], None] = lambda: None  # the emulated cluster's pacing
@@ -219,7 +219,8 @@ class Mode(metaclass=Contract, abstract=True):
     reports_waits: ClassVar[bool] = False  # per-step pull and push waits in metrics.jsonl
     shadow_thread: ClassVar[bool] = False  # a background thread synchronizes the workers
     summary_key: ClassVar[str | None] = None  # its section of summary.json
-    gpu_workers: ClassVar[bool] = False  # its workers can compute on a GPU (recsync/device.py)
+    gpu_workers: ClassVar[bool] = False  # its workers can compute on a GPU
+    # (recsync/cluster/device.py)
 
     @classmethod
     def needs_group(cls, cfg) -> bool:

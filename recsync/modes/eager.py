@@ -29,9 +29,9 @@ import math
 import time
 from collections import Counter
 
+from recsync.metrics.stats import distribution, merged_counts
 from recsync.modes.async_ps import ApplyNow, AsyncWorker
 from recsync.modes.base import STOP, Mode
-from recsync.stats import distribution, merged_counts
 
 MODULATIONS = {
     "none": lambda tau: 1.0,

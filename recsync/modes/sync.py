@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from recsync.device import host, on_host
+from recsync.cluster.device import host, on_host
 from recsync.model import loss as model_loss
 from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.modes.base import REBUILD_GROUP, STOP, Mode, ShardRule, WorkerMode

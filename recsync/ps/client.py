@@ -22,7 +22,7 @@ from recsync.embedding.spec import TableSpec
 
 
 @dataclass
-class Placement:
+class ShardRouting:
     """Where each table's unique ids of one batch live: positions per (table, shard)."""
 
     positions: list[list[torch.Tensor]]  # [table][shard] -> positions into the table's ids
@@ -37,7 +37,7 @@ class PendingPull:
 
     batch: object
     tables: list[tuple[torch.Tensor, torch.Tensor]]  # per table: (unique ids, inverse)
-    placement: Placement
+    routing: ShardRouting
     refs: list  # one answer per shard
     min_version: int = 0
 
@@ -77,7 +77,7 @@ class PSClient:
         """Rows for a batch's ids (data/reader.py Batch). Blocks until every shard answered.
 
         ``min_version``: each shard first waits until it has applied that many updates (modes
-        whose steps wait for the previous ones). The batch carries its placement for push,
+        whose steps wait for the previous ones). The batch carries its routing for push,
         each shard's version (``versions``) and the dense vector if a shard holds it
         (``dense``).
         """
@@ -87,10 +87,10 @@ class PSClient:
         """Send a batch's pull to every shard and return at once; ``complete`` waits for it."""
         tables = self.plan.dedup(batch)
         ids = [u for u, _ in tables]
-        placement = Placement([split_by_shard(u, len(self.shards)) for u in ids])
-        refs = [s.pull.remote(placement.ids_for(ids, i), min_version)
+        routing = ShardRouting([split_by_shard(u, len(self.shards)) for u in ids])
+        refs = [s.pull.remote(routing.ids_for(ids, i), min_version)
                 for i, s in enumerate(self.shards)]
-        return PendingPull(batch, tables, placement, refs, min_version)
+        return PendingPull(batch, tables, routing, refs, min_version)
 
     def _answers(self, pending: PendingPull) -> list:
         if not self.survive_shard_restarts:
@@ -111,7 +111,7 @@ class PSClient:
                                                  timeout=SHARD_RESTART_TIMEOUT_S)
                     else:
                         time.sleep(0.2)  # Ray is restarting the shard: ask the new one
-                    ref = self.shards[i].pull.remote(pending.placement.ids_for(ids, i),
+                    ref = self.shards[i].pull.remote(pending.routing.ids_for(ids, i),
                                                      pending.min_version)
         return answers
 
@@ -136,12 +136,12 @@ class PSClient:
         dense_vector = None
         for s, (shard_rows, dense, _) in enumerate(answers):
             for t, r in enumerate(shard_rows):
-                rows[t][pending.placement.positions[t][s].numpy()] = r
+                rows[t][pending.routing.positions[t][s].numpy()] = r
             if dense is not None:
                 dense_vector = dense
         pulled = self.plan.fuse(pending.batch, pending.tables,
                                 [torch.from_numpy(r) for r in rows])
-        pulled.placement = pending.placement
+        pulled.routing = pending.routing
         pulled.versions = [a[2] for a in answers]
         pulled.dense = dense_vector
         self._see(pulled.versions)
@@ -171,7 +171,7 @@ class PSClient:
 
     def _grads_for(self, pulled: PulledBatch, shard: int, scale: float) -> list[np.ndarray]:
         grads = pulled.row_grads()
-        out = [g[p[shard]] for g, p in zip(grads, pulled.placement.positions)]  # gathers: copies
+        out = [g[p[shard]] for g, p in zip(grads, pulled.routing.positions)]  # gathers: copies
         return [(g * scale if scale != 1.0 else g).numpy() for g in out]
 
     def push(self, pulled: PulledBatch | None, dense_grad: np.ndarray | None = None, *,
@@ -191,7 +191,7 @@ class PSClient:
                 ids = [np.empty(0, np.int64) for _ in self.dims]
                 grads = [np.empty((0, d), np.float32) for d in self.dims]
             else:
-                ids = pulled.placement.ids_for(pulled.ids, s)
+                ids = pulled.routing.ids_for(pulled.ids, s)
                 grads = self._grads_for(pulled, s, scale)
             shard_meta = {**meta, "version_read": pulled.versions[s] if pulled else 0,
                           "lr_scale": 1.0 if lr_scales is None else lr_scales[s],
@@ -211,7 +211,7 @@ class PSClient:
     def _sampled_on(sampled, pulled: PulledBatch, shard: int) -> list[np.ndarray] | None:
         if sampled is None:
             return None
-        return [m[p[shard]].numpy() for m, p in zip(sampled, pulled.placement.positions)]
+        return [m[p[shard]].numpy() for m, p in zip(sampled, pulled.routing.positions)]
 
     def flush(self) -> None:
         """Wait until every push sent so far has been applied (raises if a shard died, unless

@@ -14,13 +14,13 @@ import time
 import numpy as np
 import ray
 
-from recsync.placement import where
-from recsync import storage
 from recsync.checkpoint import files, reshard
 from recsync.checkpoint.writer import CheckpointWriter
-from recsync.emulation import EmulatedMachine, RequestPacer
-from recsync.stopping import ignore_interrupts
+from recsync.cluster import storage
+from recsync.cluster.emulation import EmulatedMachine, RequestPacer
+from recsync.cluster.placement import where
 from recsync.ps.core import ShardCore
+from recsync.run.signals import ignore_interrupts
 
 
 def nbytes(x) -> int:
@@ -44,8 +44,8 @@ class PSShard:
         (plus the answer's bytes) before it answers. Other calls are served meanwhile.
         ``checkpoint_dir``: where ``checkpoint`` writes this shard's checkpoints. ``cores``
         (> 0): the EMULATED cluster's cores of this shard, on which pulls and pushes are paced
-        (recsync/emulation.py). ``warm_with`` (a standby): a core builder whose core is built
-        and dropped at once, so that a take-over finds what building one imports (torch's
+        (recsync/cluster/emulation.py). ``warm_with`` (a standby): a core builder whose core is
+        built and dropped at once, so that a take-over finds what building one imports (torch's
         optimizers: 1.3 s in the first measurement) already imported."""
         ignore_interrupts()
         self.core: ShardCore | None = build_core() if build_core is not None else None

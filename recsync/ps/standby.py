@@ -22,7 +22,7 @@ from collections import deque
 import ray
 
 from recsync.checkpoint import job
-from recsync.placement import Placement, on_driver_node, place
+from recsync.cluster.placement import Placement, on_driver_node, place
 from recsync.ps.build import make_core
 from recsync.ps.shard import PSShard
 
@@ -40,7 +40,7 @@ class ShardDirectory:
         shard's core builder (ps/build.py); ``checkpoint_dirs``: each shard's checkpoints;
         ``standby_args``: (network, keep, cores) of ``PSShard``; ``standbys``: how many to
         keep ready; ``max_take_overs``: per shard, after which a death is not taken over;
-        ``placement``: where a standby goes (placement.py)."""
+        ``placement``: where a standby goes (cluster/placement.py)."""
         self.placement = placement or Placement("none")
         self.shards = list(shards)
         self.builders, self.dirs = builders, checkpoint_dirs

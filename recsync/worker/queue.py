@@ -17,7 +17,7 @@ from collections import Counter, deque
 import ray
 
 from recsync.data.chunk import Chunk
-from recsync.stopping import ignore_interrupts
+from recsync.run.signals import ignore_interrupts
 
 Item = tuple[int, Chunk]  # (epoch, chunk)
 

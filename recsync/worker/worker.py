@@ -26,19 +26,19 @@ import traceback
 import ray
 import torch
 
-from recsync import storage
-from recsync.placement import where
+from recsync.cluster import storage
+from recsync.cluster.device import group_backend, worker_device
+from recsync.cluster.emulation import EmulatedMachine, StepPacer, shadow_cores
+from recsync.cluster.net import is_loopback, listening_socket, loopback_interface
+from recsync.cluster.placement import where
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
-from recsync.device import group_backend, worker_device
-from recsync.emulation import EmulatedMachine, StepPacer, shadow_cores
 from recsync.model.optim import import_optimizers
 from recsync.model.setup import model_for
 from recsync.modes import MODES
 from recsync.modes.base import STOP, WorkerContext
-from recsync.net import is_loopback, listening_socket, loopback_interface
 from recsync.ps.client import PSClient
-from recsync.stopping import check_loss, ignore_interrupts, known_cause
+from recsync.run.signals import check_loss, ignore_interrupts, known_cause
 
 INTERVAL_KEYS = ("loss_sum", "loss_samples", "step_s", "interval_steps", "straggle_s",
                  "compute_s", "compute_steps", "pull_wait_s", "push_wait_s")
@@ -186,7 +186,7 @@ class Worker:
         self._resumed.set()
 
     def where(self) -> dict:
-        """This process's node and pid (placement.py)."""
+        """This process's node and pid (cluster/placement.py)."""
         return where()
 
     def die(self) -> None:

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from recsync.cli import main
-from recsync.metrics import read_jsonl
+from recsync.metrics.core import read_jsonl
 
 SAMPLE = (Path(__file__).resolve().parents[3] / "shared" / "data" / "criteo_kaggle_train_head1k"
           / "train_head1k.txt")

@@ -12,7 +12,7 @@ import pytest
 from recsync.bench import chaos
 from recsync.config import load_config
 from recsync.data.reader import Dataset
-from recsync.run import run
+from recsync.run.driver import run
 
 pytestmark = pytest.mark.slow
 B = 64

@@ -12,7 +12,7 @@ import pytest
 
 from harness_config import config
 from recsync.distributed.errors import RunFailed
-from recsync.run import run
+from recsync.run.driver import run
 
 
 def test_a_diverging_model_stops_the_run_at_that_step_with_its_summary(fake_ray, data,

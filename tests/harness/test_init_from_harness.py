@@ -14,10 +14,10 @@ from model_dirs import write_model_dir
 from recsync.checkpoint import files, job, reshard
 from recsync.data.reader import Dataset
 from recsync.distributed.train import run_distributed
-from recsync.local_run import build_local_model, train_step
-from recsync.metrics import MetricsLog
-from recsync.run import run
-from recsync.warm_start import load_warm_start
+from recsync.metrics.core import MetricsLog
+from recsync.run.driver import run
+from recsync.run.local_run import build_local_model, train_step
+from recsync.run.warm_start import load_warm_start
 from harness_config import B, config
 
 

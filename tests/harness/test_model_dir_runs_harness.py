@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from recsync.cli import main
-from recsync.metrics import auc_logloss
+from recsync.metrics.core import auc_logloss
 from recsync.model_dir import read_model_dir
-from recsync.run import run
+from recsync.run.driver import run
 from harness_config import config
 
 DISTRIBUTED = ["cluster.workers=2", "cluster.ps_shards=2"]

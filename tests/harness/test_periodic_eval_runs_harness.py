@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from recsync.metrics import read_jsonl
-from recsync.run import run
+from recsync.metrics.core import read_jsonl
+from recsync.run.driver import run
 from harness_config import config
 
 TENSORBOARD = importlib.util.find_spec("tensorboard") is not None

@@ -12,7 +12,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from recsync.data.reader import Dataset
-from recsync.run import run
+from recsync.run.driver import run
 from harness_config import config
 
 

@@ -12,7 +12,7 @@ import pytest
 from recsync.checkpoint import files, job, reshard
 from recsync.data.reader import Dataset
 from recsync.distributed.train import run_distributed
-from recsync.metrics import MetricsLog
+from recsync.metrics.core import MetricsLog
 from harness_config import B, config
 
 

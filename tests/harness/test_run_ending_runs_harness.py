@@ -18,7 +18,7 @@ import pytest
 from recsync.data.reader import Dataset
 from recsync.distributed.errors import RunFailed
 from recsync.model_dir import read_model_dir
-from recsync.run import run
+from recsync.run.driver import run
 from harness_config import config
 
 LAST_STEP = 32

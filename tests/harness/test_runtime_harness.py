@@ -20,9 +20,9 @@ from torch.nn.utils import parameters_to_vector
 from recsync.data.reader import Batch, Dataset
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.train import run_distributed
-from recsync.metrics import MetricsLog
-from recsync.local_run import build_local_model, train_step
-from recsync.run import run
+from recsync.metrics.core import MetricsLog
+from recsync.run.driver import run
+from recsync.run.local_run import build_local_model, train_step
 from harness_config import B, config
 
 
@@ -198,8 +198,8 @@ def test_periodic_shard_checkpoints_are_written_complete_and_restore(fake_ray, d
                                                                      tmp_path):
     from recsync.checkpoint import files
     from recsync.distributed.checkpoints import JOB_KEEP_EXTRA
-    from recsync.ps.build import make_core
     from recsync.model.setup import model_for
+    from recsync.ps.build import make_core
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
                  "train.epochs=6", "recovery.checkpoint_every_s=1.0", "recovery.keep=2")
     summary = run(cfg, tmp_path)

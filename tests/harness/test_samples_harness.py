@@ -9,7 +9,7 @@ import pytest
 import recsync
 from recsync.bench.quality import shared_data_dir
 from recsync.data.reader import Dataset
-from recsync.run import run
+from recsync.run.driver import run
 from harness_config import config
 
 SHARED = shared_data_dir()

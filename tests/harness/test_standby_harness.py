@@ -15,7 +15,7 @@ from recsync.checkpoint import files, job
 from recsync.data.reader import Dataset
 from recsync.model.setup import model_for
 from recsync.ps.standby import start_shards
-from recsync.run import run
+from recsync.run.driver import run
 from harness_config import config
 
 RECOVERY = ['mode="async"', "cluster.workers=2", "cluster.ps_shards=2",

@@ -13,7 +13,7 @@ def ray_cluster():
 
     import ray
 
-    from recsync.cluster import loopback_node, remove_session
+    from recsync.cluster.ray_session import loopback_node, remove_session
     with loopback_node():
         ctx = ray.init(include_dashboard=False, object_store_memory=256 * 2**20, num_cpus=2,
                        log_to_driver=False)

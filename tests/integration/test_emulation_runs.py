@@ -7,8 +7,8 @@ ends before its emulated time (a loaded machine can only make it later)."""
 import pytest
 
 from recsync.data.reader import Dataset
-from recsync.metrics import read_jsonl
-from recsync.run import run
+from recsync.metrics.core import read_jsonl
+from recsync.run.driver import run
 from runs import config
 
 EMULATION = ["emulation.cores_per_worker=0.25", "emulation.cores_per_shard=0.25"]

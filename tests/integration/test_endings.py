@@ -18,7 +18,7 @@ import psutil
 from runs import config, train_cli, wait_gone, wait_trained
 
 from recsync.distributed.errors import RunFailed
-from recsync.run import run
+from recsync.run.driver import run
 
 pytestmark = pytest.mark.slow
 

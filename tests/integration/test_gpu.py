@@ -6,7 +6,7 @@ machine: `.venv/bin/python -m pytest -q tests/integration/test_gpu.py`."""
 import pytest
 import torch
 
-from recsync.run import run
+from recsync.run.driver import run
 from runs import config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -43,7 +43,7 @@ def head_with_job_server(monkeypatch):
     too) run with loopback addresses and without usage reporting; shut down after."""
     from ray.cluster_utils import Cluster
 
-    from recsync.cluster import loopback_node
+    from recsync.cluster.ray_session import loopback_node
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray's processes: loopback
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

@@ -2,7 +2,7 @@
 listening TCP socket of the driver and of each process under it (Ray's GCS, raylet and agents,
 the actors, the gloo group of sync mode) is bound to 127.0.0.1 or ::1; at exit no process of
 it is left and its Ray session folder is gone (tests/unit/test_cluster.py: the rest of
-recsync.cluster, cluster.keep_ray_logs included).
+recsync.cluster.ray_session, cluster.keep_ray_logs included).
 
 Run: .venv/bin/pytest -q tests/integration/test_loopback.py
 """
@@ -16,7 +16,7 @@ import ray  # noqa: F401  (before psutil: it puts the psutil it bundles on sys.p
 import psutil
 from runs import train_cli, trained
 
-from recsync.net import is_loopback
+from recsync.cluster.net import is_loopback
 
 pytestmark = pytest.mark.slow
 

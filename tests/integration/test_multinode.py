@@ -24,7 +24,7 @@ def three_nodes():
     """Three raylets (the head and two more) of one GCS, on loopback; shut down after."""
     from ray.cluster_utils import Cluster
 
-    from recsync.cluster import loopback_node
+    from recsync.cluster.ray_session import loopback_node
     args = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
     with loopback_node():
         cluster = Cluster(initialize_head=True, connect=False,
@@ -137,7 +137,7 @@ def summary_events(out) -> list[dict]:
 def test_a_request_the_cluster_cannot_meet_fails_at_once_naming_it(ray_cluster, data,
                                                                     tmp_path):
     from recsync.distributed.errors import RunFailed
-    from recsync.run import run
+    from recsync.run.driver import run
     from runs import config
     cfg = config(data, 'mode="async"', "cluster.workers=2", "cluster.worker_gpus=1")
     begin = time.perf_counter()

@@ -14,7 +14,7 @@ import pytest
 
 from recsync.data.reader import Dataset
 from recsync.model_dir import read_model_dir
-from recsync.run import run
+from recsync.run.driver import run
 from runs import config
 
 LAST_STEP = 32

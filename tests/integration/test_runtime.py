@@ -25,9 +25,9 @@ from torch.nn.utils import parameters_to_vector
 from recsync.checkpoint import files, job
 from recsync.data.reader import Batch, Dataset
 from recsync.distributed.train import run_distributed
-from recsync.metrics import MetricsLog
-from recsync.local_run import build_local_model, train_step
-from recsync.run import run
+from recsync.metrics.core import MetricsLog
+from recsync.run.driver import run
+from recsync.run.local_run import build_local_model, train_step
 from runs import B, config
 
 

@@ -9,7 +9,7 @@ from recsync.distributed.handle import DistributedRun
 from recsync.distributed.shard_watch import ShardWatch
 from recsync.distributed.tallies import RunTallies
 from recsync.modes import MODES
-from recsync.record import RunRecord
+from recsync.run.record import RunRecord
 
 
 class FakeActors:

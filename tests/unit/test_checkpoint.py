@@ -379,7 +379,7 @@ def _job_run(tmp_path):
 
 
 def test_resume_refuses_a_job_checkpoint_whose_config_was_deleted(tmp_path):
-    from recsync.run import resume_point
+    from recsync.run.driver import resume_point
     cfg, manifest = _job_run(tmp_path)
     _edit(manifest, lambda m: m["meta"].pop("config"), keep_digest=True)
     with pytest.raises(ValueError, match=r"no complete job checkpoint to resume from .*"
@@ -390,7 +390,7 @@ def test_resume_refuses_a_job_checkpoint_whose_config_was_deleted(tmp_path):
 
 
 def test_resume_of_a_job_checkpoint_without_final_is_one_line_naming_it(tmp_path):
-    from recsync.run import resume_point
+    from recsync.run.driver import resume_point
     cfg, manifest = _job_run(tmp_path)
     _edit(manifest, lambda m: m["meta"].pop("final"))  # and its checksum: an older manifest
     with pytest.raises(CheckpointError, match=r"job/ckpt-000001\.json: meta lacks 'final'"):

@@ -204,7 +204,7 @@ def _mutate_files(rng, op, manifest, data, outside) -> str:
 
 def _readers(run: Path, cfg: RunConfig):
     """Every reader of a resume, on the folder ``run``."""
-    from recsync.run import resume_point
+    from recsync.run.driver import resume_point
     root = run / "checkpoints"
     for d in (job.job_dir(root), job.shard_dir(root, 0)):
         for manifest in files.manifests(d):

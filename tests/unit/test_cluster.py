@@ -1,6 +1,6 @@
-"""recsync.cluster without starting Ray (ray.init and ray.shutdown replaced): the embedded
-start on loopback, Ray's token file readable by its owner only, the session folder removed at
-exit unless cluster.keep_ray_logs. tests/integration/test_loopback.py looks at the sockets
+"""recsync.cluster.ray_session without starting Ray (ray.init and ray.shutdown replaced): the
+embedded start on loopback, Ray's token file readable by its owner only, the session folder removed
+at exit unless cluster.keep_ray_logs. tests/integration/test_loopback.py looks at the sockets
 of a real run."""
 
 import logging
@@ -12,7 +12,7 @@ import pytest
 import ray
 from ray._private import ray_constants
 
-from recsync.cluster import private_auth_token, ray_session, remove_session
+from recsync.cluster.ray_session import private_auth_token, ray_session, remove_session
 from recsync.config import ClusterConfig
 
 
@@ -65,7 +65,7 @@ def test_an_existing_token_is_left_as_it_is_with_a_warning_if_others_can_read_it
     path.parent.mkdir()
     path.write_text("theirs")
     path.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="recsync.cluster"):
+    with caplog.at_level(logging.WARNING, logger="recsync.cluster.ray_session"):
         private_auth_token(no_auth_env)
     assert path.read_text() == "theirs" and stat.S_IMODE(path.stat().st_mode) == 0o644
     assert "can be read by other users" in caplog.text
@@ -136,7 +136,7 @@ def test_the_session_folder_goes_also_when_the_run_fails(fake_ray):
 
 def test_an_embedded_start_beyond_loopback_is_reported(fake_ray, caplog):
     fake_ray.node_ip = "10.1.2.3"
-    with caplog.at_level(logging.WARNING, logger="recsync.cluster"), \
+    with caplog.at_level(logging.WARNING, logger="recsync.cluster.ray_session"), \
             ray_session(ClusterConfig()):
         pass
     assert "runs on 10.1.2.3, not on loopback" in caplog.text

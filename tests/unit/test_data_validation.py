@@ -21,7 +21,7 @@ from recsync.embedding.memory import TableMemoryError, check_table_memory, table
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
-from recsync.local_run import build_local_model
+from recsync.run.local_run import build_local_model
 from test_reader import TABLE_ROWS, make_dataset
 
 

@@ -20,7 +20,6 @@ from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import RowSGD
 from recsync.embedding.spec import TableSpec
-from recsync.local_run import build_local_model, train_step
 from recsync.model.optim import (UPDATES, dense_step, dense_updates, make_dense_optimizer,
                                  warmup_factor)
 from recsync.model.setup import model_for
@@ -30,7 +29,8 @@ from recsync.modes.sync import SyncWorker
 from recsync.ps.build import make_core
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState
-from recsync.warm_start import flat_optimizer_state
+from recsync.run.local_run import build_local_model, train_step
+from recsync.run.warm_start import flat_optimizer_state
 
 LR, W = 0.1, 4
 

@@ -1,12 +1,12 @@
-"""recsync.device: a worker's device from the config, a clear error where a GPU is asked for
+"""recsync.cluster.device: a worker's device from the config, a clear error where a GPU is asked for
 and none is seen, optimizer states brought to host memory before they cross processes, and
 the collective backend per device. (The GPU runs themselves: tests/integration/test_gpu.py.)"""
 
 import pytest
 import torch
 
+from recsync.cluster.device import group_backend, host, on_host, worker_device
 from recsync.config import load_config
-from recsync.device import group_backend, host, on_host, worker_device
 
 
 def test_a_worker_without_gpus_computes_on_the_cpu():
@@ -36,7 +36,7 @@ def test_groups_of_gpu_workers_use_nccl():
 
 
 def test_modes_that_train_on_the_cpu_refuse_gpus():
-    from recsync.preflight import check_gpu_mode
+    from recsync.run.preflight import check_gpu_mode
     for mode in ("shadow", "foreground", "local"):
         with pytest.raises(ValueError, match=f"mode '{mode}' trains on the CPU; GPU workers "
                                              f"run modes sync, async, gba, eager, hybrid"):

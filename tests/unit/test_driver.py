@@ -11,14 +11,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from recsync import local_run
 from recsync.cli import main
 from recsync.config import load_config
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.metrics import read_jsonl
-from recsync.plot import plot_runs
-from recsync.run import run
-from recsync.stopping import Interrupted
+from recsync.metrics.core import read_jsonl
+from recsync.metrics.plot import plot_runs
+from recsync.run import local_run
+from recsync.run.driver import run
+from recsync.run.signals import Interrupted
 
 TRAIN_ROWS, EVAL_ROWS, BATCH = 1200, 300, 50
 
@@ -201,7 +201,7 @@ def test_ctrl_c_during_the_final_evaluation_keeps_the_record(data, tmp_path, mon
 
     def evaluate_once_interrupted(*args):
         calls.append(1)
-        raise KeyboardInterrupt  # in the run's own final evaluation; run.py evaluates again
+        raise KeyboardInterrupt  # in the run's own final evaluation; run/driver.py evaluates again
 
     monkeypatch.setattr(local_run, "final_eval", evaluate_once_interrupted)
     with pytest.raises(Interrupted):
@@ -254,7 +254,7 @@ def test_plot_without_metrics(run2, tmp_path):
 def test_the_plot_shades_the_periods_a_run_spent_in_another_mode():
     import matplotlib.pyplot as plt
 
-    from recsync.plot import _shade_switched_modes
+    from recsync.metrics.plot import _shade_switched_modes
     fig, ax = plt.subplots()
     modes = [{"mode": "sync", "from_s": 0.0, "to_s": 30.0, "cause": "config"},
              {"mode": "gba", "from_s": 30.0, "to_s": 60.0, "cause": "auto: ..."},

@@ -1,13 +1,13 @@
-"""The EMULATED cluster's pacing arithmetic (recsync/emulation.py) on a fake clock, and the
+"""The EMULATED cluster's pacing arithmetic (recsync/cluster/emulation.py) on a fake clock, and the
 config's refusal of an emulated cluster larger than the machine."""
 
 import asyncio
 
 import pytest
 
-from recsync.config import ConfigError, load_config
-from recsync.emulation import (EmulatedMachine, RequestPacer, StepPacer, cluster_label,
+from recsync.cluster.emulation import (EmulatedMachine, RequestPacer, StepPacer, cluster_label,
                                shard_entry, worker_entry)
+from recsync.config import ConfigError, load_config
 
 
 class FakeClock:

@@ -22,11 +22,11 @@ from click.testing import CliRunner
 from recsync.cli import main
 from recsync.data.reader import Chunk, Dataset
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.local_run import build_local_model, train_step
-from recsync.model_dir import write_model_dir
 from recsync.model_dir import outfile
+from recsync.model_dir import write_model_dir
 from recsync.model_dir.state import local_state
-from recsync.run import run
+from recsync.run.driver import run
+from recsync.run.local_run import build_local_model, train_step
 from test_model_dir import config
 from test_multi_hot import make_dataset
 

@@ -9,7 +9,7 @@ import ray
 
 from recsync.config import load_config
 from recsync.distributed.faults import FaultInjector, death_cause, fault_schedule
-from recsync.record import RunRecord
+from recsync.run.record import RunRecord
 
 
 def points(kills):

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from recsync.config import ConfigError, RunConfig, load_config
-from recsync.summary import per_worker, staleness
+from recsync.run.summary import per_worker, staleness
 from recsync.worker.worker import straggle_factor
 
 

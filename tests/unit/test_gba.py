@@ -21,11 +21,11 @@ from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import RowSGD, make_row_optimizer
 from recsync.embedding.spec import TableSpec
 from recsync.model.setup import model_for
+from recsync.modes.gba import GBAWorker
 from recsync.ps.aggregation import GradientBuffer, StalenessDecay
 from recsync.ps.client import PSClient
 from recsync.ps.core import DenseState, ShardCore
-from recsync.modes.gba import GBAWorker
-from recsync.local_run import build_local_model, train_step
+from recsync.run.local_run import build_local_model, train_step
 
 TABLES = [TableSpec("a", 40, 4), TableSpec("b", 25, 4)]
 LR = 0.5

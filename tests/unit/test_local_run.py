@@ -15,9 +15,9 @@ from recsync.config import ModelConfig, TrainConfig
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.store import initial_rows
-from recsync.evaluate import evaluate
-from recsync.local_run import build_local_model, train_step
+from recsync.metrics.evaluate import evaluate
 from recsync.model.inputs import inputs_of
+from recsync.run.local_run import build_local_model, train_step
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from recsync.metrics import MetricsLog, auc_logloss, binary_entropy
+from recsync.metrics.core import MetricsLog, auc_logloss, binary_entropy
 
 
 def test_ne_and_calibration_by_hand():

@@ -23,13 +23,13 @@ from recsync.cli import main
 from recsync.config import load_config
 from recsync.data.reader import Chunk, Dataset
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.local_run import build_local_model, train_step
-from recsync.metrics import auc_logloss
+from recsync.metrics.core import auc_logloss
 from recsync.model.loss import logits
 from recsync.model_dir import ModelDirError, read_model_dir, write_model_dir
 from recsync.model_dir.export import export_model
 from recsync.model_dir.state import local_state
-from recsync.run import run
+from recsync.run.driver import run
+from recsync.run.local_run import build_local_model, train_step
 from test_multi_hot import make_dataset
 
 SMALL = ["model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
@@ -151,7 +151,7 @@ def test_a_completed_run_only_writes_model_and_a_failed_one_none(data, tmp_path,
     def fail(*args):
         raise RuntimeError("bad step")
 
-    monkeypatch.setattr("recsync.local_run._train", fail)
+    monkeypatch.setattr("recsync.run.local_run._train", fail)
     with pytest.raises(RuntimeError):
         run(config(data), tmp_path / "failed")
     assert sorted(p.name for p in (tmp_path / "failed").iterdir()) == [

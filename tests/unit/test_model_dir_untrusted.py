@@ -23,13 +23,13 @@ from recsync.cli import main
 from recsync.config import ConfigError, load_config
 from recsync.data.reader import Chunk, Dataset
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.local_run import build_local_model, train_step
 from recsync.model.loss import logits
 from recsync.model_dir import ModelDirError, write_model_dir
 from recsync.model_dir.export import export_model
 from recsync.model_dir.state import local_state
 from recsync.model_dir.trained import load_model
-from recsync.warm_start import load_warm_start
+from recsync.run.local_run import build_local_model, train_step
+from recsync.run.warm_start import load_warm_start
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "user_model.py"
 SMALL = ["model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",

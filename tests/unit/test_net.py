@@ -1,11 +1,11 @@
-"""recsync.net: which addresses are loopback, the loopback interface, a socket listening on
+"""recsync.cluster.net: which addresses are loopback, the loopback interface, a socket listening on
 one address only."""
 
 import socket
 
 import pytest
 
-from recsync.net import is_loopback, listening_socket, loopback_interface
+from recsync.cluster.net import is_loopback, listening_socket, loopback_interface
 
 
 @pytest.mark.parametrize("host, loopback", [

@@ -13,7 +13,7 @@ import torch
 
 from recsync.config import load_config
 from recsync.distributed.evals import PeriodicEval
-from recsync.record import RunRecord
+from recsync.run.record import RunRecord
 
 
 class DeadShard:

@@ -1,13 +1,13 @@
-"""recsync.placement without Ray (the cluster's node table replaced): a request no node or no
-cluster total can meet fails at once naming the key and what is missing; "auto" spreads only
-on a cluster of several nodes; the actors' options. And recsync.cluster: which address a run
-joins, and the runtime environment that ships a user's model module."""
+"""recsync.cluster.placement without Ray (the cluster's node table replaced): a request no node or
+no cluster total can meet fails at once naming the key and what is missing; "auto" spreads only
+on a cluster of several nodes; the actors' options. And recsync.cluster.ray_session: which address a
+run joins, and the runtime environment that ships a user's model module."""
 
 import pytest
 import ray
 
-from recsync import placement
-from recsync.cluster import cluster_address, runtime_env_for, user_module_path
+from recsync.cluster import placement
+from recsync.cluster.ray_session import cluster_address, runtime_env_for, user_module_path
 from recsync.config import load_config
 
 

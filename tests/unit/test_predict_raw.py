@@ -15,9 +15,9 @@ from click.testing import CliRunner
 import recsync
 from recsync.cli import main
 from recsync.config import load_config
-from recsync.data.schema import parse_schema
-from recsync.run import run
 from recsync.data.reader import Batch
+from recsync.data.schema import parse_schema
+from recsync.run.driver import run
 from test_rows import BAD, ROWS, SCHEMA, converted, read_text, whole  # noqa: F401
 
 

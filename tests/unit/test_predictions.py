@@ -13,13 +13,13 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 import recsync
-from recsync import local_run
 from recsync.config import load_config
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.evaluate import evaluate
-from recsync.run import run
-from recsync.stopping import Interrupted
+from recsync.metrics.evaluate import evaluate
+from recsync.run import local_run
+from recsync.run.driver import run
+from recsync.run.signals import Interrupted
 
 
 @pytest.fixture(scope="module", autouse=True)

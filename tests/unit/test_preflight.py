@@ -10,12 +10,12 @@ from collections import namedtuple
 import pytest
 from click.testing import CliRunner
 
-from recsync import preflight
 from recsync.cli import main
 from recsync.config import ConfigError, load_config
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.distributed.errors import RunFailed
-from recsync.run import run
+from recsync.run import preflight
+from recsync.run.driver import run
 
 SMALL = ["model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
          "train.batch_size=50", "output.progress=false", "output.plot=false"]

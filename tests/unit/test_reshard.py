@@ -152,7 +152,7 @@ def test_a_resumed_run_may_change_where_it_runs_not_what_it_trains():
 
 def test_resume_point_names_what_changes_and_refuses_a_model_change(tmp_path):
     from recsync.checkpoint import files, job
-    from recsync.run import resume_point
+    from recsync.run.driver import resume_point
     cfg = RunConfig(mode="gba", cluster={"ps_shards": 2}, recovery={"checkpoint_every_s": 1.0})
     root = tmp_path / "checkpoints"
     for shard in range(2):

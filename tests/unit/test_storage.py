@@ -1,4 +1,4 @@
-"""recsync.storage on fsspec's in-memory filesystem (memory://): a URL's staging folder and
+"""recsync.cluster.storage on fsspec's in-memory filesystem (memory://): a URL's staging folder and
 back, fetching only what is missing, uploading a run's folder, and checkpoints that go up as
 they are written (the data file before its manifest) and are deleted there when pruned."""
 
@@ -6,9 +6,9 @@ import fsspec
 import numpy as np
 import pytest
 
-from recsync import storage
 from recsync.checkpoint import files
 from recsync.checkpoint.writer import CheckpointWriter
+from recsync.cluster import storage
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_checkpoints_go_up_as_written_and_are_removed_there_when_pruned(staging,
 
 
 def test_metrics_at_a_url_go_up_as_the_run_writes_them(staging, monkeypatch, capsys):
-    from recsync.metrics import MetricsLog
+    from recsync.metrics.core import MetricsLog
 
     folder = storage.local("memory://b/run")
     folder.mkdir(parents=True)
@@ -103,7 +103,7 @@ def test_metrics_at_a_url_go_up_as_the_run_writes_them(staging, monkeypatch, cap
 
 
 def test_a_new_run_at_a_url_refuses_an_earlier_runs_outputs_as_a_local_out_does(staging):
-    from recsync.run import check_remote_out
+    from recsync.run.driver import check_remote_out
 
     fs = fsspec.filesystem("memory")
     out = storage.local("memory://b/run")
@@ -120,7 +120,7 @@ def test_a_new_run_at_a_url_refuses_an_earlier_runs_outputs_as_a_local_out_does(
 
 def test_outputs_only_in_the_staging_folder_are_not_thrown_away(staging):
     """An upload that failed leaves the run's outputs in the staging folder only."""
-    from recsync.run import check_remote_out
+    from recsync.run.driver import check_remote_out
 
     out = storage.local("memory://b/run")
     out.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""summary.json (recsync/summary.py): every mode's key is there, None unless the run used the
+"""summary.json (recsync/run/summary.py): every mode's key is there, None unless the run used the
 mode; the workers' figures go to the mode the run ended in; worker restarts in the recovery
 section."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-import recsync.summary as summary
+import recsync.run.summary as summary
 from recsync.config import load_config
 from recsync.modes.base import Mode
-from recsync.record import RunRecord
+from recsync.run.record import RunRecord
 
 
 def section_mode(name, key):

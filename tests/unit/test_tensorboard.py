@@ -11,8 +11,8 @@ import pytest
 
 from recsync.config import load_config
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.metrics import MetricsLog, read_jsonl
-from recsync.run import run
+from recsync.metrics.core import MetricsLog, read_jsonl
+from recsync.run.driver import run
 
 BATCH = 50
 

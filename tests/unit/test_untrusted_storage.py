@@ -9,8 +9,8 @@ import fsspec
 import pytest
 from click.testing import CliRunner
 
-from recsync import storage
 from recsync.cli import main
+from recsync.cluster import storage
 from recsync.config import ConfigError, RunConfig, load_config
 from recsync.safe_names import UnsafeName
 

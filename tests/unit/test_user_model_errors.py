@@ -14,11 +14,11 @@ import torch
 
 from recsync.config import ModelConfig, load_config
 from recsync.data.reader import Chunk, Dataset
-from recsync.local_run import build_local_model, train_step
 from recsync.model.inputs import DataTable, ModelInputs, SparseFeature
 from recsync.model.loss import ModelContractError
 from recsync.model.registry import build_model
 from recsync.model_dir.trained import load_model
+from recsync.run.local_run import build_local_model, train_step
 from test_model_dir_untrusted import make_data, write_trained
 
 USER = '''

@@ -1,4 +1,4 @@
-"""train.init_from in the local run (recsync/warm_start.py): a model directory's parameters
+"""train.init_from in the local run (recsync/run/warm_start.py): a model directory's parameters
 and optimizer state are what the first step starts from; a model that does not fit this run is
 refused in one line."""
 
@@ -11,10 +11,10 @@ from model_dirs import write_model_dir
 from recsync.config import load_config
 from recsync.data.reader import Dataset, chunk_order
 from recsync.data.synthetic import SynthSpec, generate
-from recsync.local_run import CHUNK_BATCHES, build_local_model, final_eval, train_step
 from recsync.modes.handover import to_flat
-from recsync.run import run
-from recsync.warm_start import apply_local, load_warm_start
+from recsync.run.driver import run
+from recsync.run.local_run import CHUNK_BATCHES, build_local_model, final_eval, train_step
+from recsync.run.warm_start import apply_local, load_warm_start
 
 B = 64
 

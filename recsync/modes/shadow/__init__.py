@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from recsync.metrics.stats import distribution, merged_counts
 from recsync.model.optim import DENSE_OPTIMIZERS
 from recsync.modes.async_ps import ApplyNow
 from recsync.modes.base import FROM_REPLICA, Mode, WorkerMode
@@ -24,7 +25,6 @@ from recsync.modes.shadow.hogwild import HogwildTrainer
 from recsync.modes.shadow.replica import DenseReplica, HogwildStep
 from recsync.modes.shadow.rules import BMUF
 from recsync.modes.shadow.synchronizers import AveragingSync, CenterCopy, ElasticSync
-from recsync.stats import distribution, merged_counts
 
 SHADOW_TIMEOUT_S = 300  # a round waits this long for the other trainers before failing
 

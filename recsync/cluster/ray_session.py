@@ -19,8 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
+from recsync.cluster.net import is_loopback
 from recsync.config import ClusterConfig
-from recsync.net import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +142,9 @@ def runtime_env_for(cluster: ClusterConfig, model_name: str) -> dict:
     """The runtime environment a run that joins a cluster gives its processes:
     ``cluster.runtime_env``, plus the user's model module (``model.name`` =
     "package.module:builder" or "file.py:builder") in ``py_modules`` where it is not installed,
-    so that every node imports it, and the driver's RECSYNC_STAGING (storage.py: every process
-    must name a URL's staging folder alike). Under ``ray job submit`` the job's own environment
-    holds (its ``--working-dir``/``--py-modules``/``env_vars``): nothing is added."""
+    so that every node imports it, and the driver's RECSYNC_STAGING (cluster/storage.py: every
+    process must name a URL's staging folder alike). Under ``ray job submit`` the job's own
+    environment holds (its ``--working-dir``/``--py-modules``/``env_vars``): nothing is added."""
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
     env = dict(cluster.runtime_env)
     if RAY_JOB_CONFIG_JSON_ENV_VAR in os.environ:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
 
-from recsync import storage
+from recsync.cluster import storage
 
 EPS = 1e-7  # probabilities are clipped to [EPS, 1 - EPS] for the log loss
 
@@ -69,8 +69,8 @@ def _clean(value):
 class MetricsLog:
     """Appends one JSON object per line to ``metrics.jsonl``, flushed at once (crash-safe);
     with ``tensorboard`` (a directory), also TensorBoard event files of the same records
-    (recsync/tb_sink.py). A file in a URL's staging folder (recsync/storage.py) goes up at
-    most every ``upload_every_s`` (``output.upload_every_s``) as it grows, so that a run whose
+    (recsync/metrics/tb_sink.py). A file in a URL's staging folder (recsync/cluster/storage.py) goes
+    up at most every ``upload_every_s`` (``output.upload_every_s``) as it grows, so that a run whose
     machine is lost leaves its record at the URL up to then (``--resume`` elsewhere appends
     to it)."""
 
@@ -80,7 +80,7 @@ class MetricsLog:
         self._f = open(self.path, "a", buffering=1)
         self._tb = None
         if tensorboard is not None:
-            from recsync.tb_sink import TensorBoardSink
+            from recsync.metrics.tb_sink import TensorBoardSink
             self._tb = TensorBoardSink(tensorboard)
         self.url = storage.remote_of(self.path)
         self.upload_every_s = upload_every_s

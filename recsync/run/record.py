@@ -1,6 +1,6 @@
 """What a run (local or distributed) records while it goes on: counts, evaluations, events,
 checkpoint rounds, recoveries, the modes it ran in. The run owns its record and returns it with
-its result (on Ctrl-C and RunFailed the exception carries it); the summary (recsync/summary.py)
+its result (on Ctrl-C and RunFailed the exception carries it); the summary (recsync/run/summary.py)
 is built from it."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class RunRecord:
     recoveries: list[dict] = field(default_factory=list)  # {kind, shard, lost_samples, ...}
     interval_decision: dict | None = None  # recovery.mtbf_s: how the interval was chosen
     train_s_before: float = 0.0  # resumed: training time of the run(s) before
-    placement: dict | None = None  # each actor's node when training started (placement.py)
+    placement: dict | None = None  # each actor's node when training started (cluster/placement.py)
 
     def elapsed(self) -> float:
         """Seconds since the run began (start-up included)."""

@@ -19,17 +19,17 @@ from pathlib import Path
 
 import torch
 
-from recsync import storage
+from recsync.cluster import storage
 from recsync.config import RunConfig
-from recsync.local_run import final_eval, run_local
-from recsync.metrics import MetricsLog, write_json
-from recsync.predictions import FILE as PREDICTIONS
-from recsync.predictions import save_predictions
-from recsync.preflight import preflight
-from recsync.record import RunRecord
-from recsync.stopping import catch_signals, ending, keep_signals_from_ray, remove_temp_files
-from recsync.summary import build_summary
-from recsync.warm_start import load_warm_start
+from recsync.metrics.core import MetricsLog, write_json
+from recsync.run.local_run import final_eval, run_local
+from recsync.run.predictions import FILE as PREDICTIONS
+from recsync.run.predictions import save_predictions
+from recsync.run.preflight import preflight
+from recsync.run.record import RunRecord
+from recsync.run.signals import catch_signals, ending, keep_signals_from_ray, remove_temp_files
+from recsync.run.summary import build_summary
+from recsync.run.warm_start import load_warm_start
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS, "tb",
              "model")
@@ -111,7 +111,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                 if not cfg.distributed:
                     result = run_local(cfg, ds, log, started, warm)
                 else:
-                    from recsync.cluster import ray_session, runtime_env_for
+                    from recsync.cluster.ray_session import ray_session, runtime_env_for
                     from recsync.distributed.train import run_distributed
                     keep_signals_from_ray()
                     with ray_session(cfg.cluster, runtime_env_for(cfg.cluster, cfg.model.name)):
@@ -183,7 +183,7 @@ def write_outputs(cfg: RunConfig, out: Path, summary: dict) -> None:
               f"{json.dumps(summary, default=str)}", file=sys.stderr)
         return
     if cfg.output.plot:
-        from recsync.plot import plot_runs
+        from recsync.metrics.plot import plot_runs
         try:
             plot_runs([out], out / "training.png")
         except OSError as e:

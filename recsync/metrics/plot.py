@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from recsync.metrics import read_jsonl  # noqa: E402
+from recsync.metrics.core import read_jsonl  # noqa: E402
 
 
 def _load(run: Path) -> tuple[list[dict], dict | None]:

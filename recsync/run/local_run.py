@@ -18,14 +18,14 @@ from recsync.data.reader import Batch, Dataset, chunk_order
 from recsync.embedding.lookup import LocalLookup
 from recsync.embedding.row_optim import make_row_optimizer
 from recsync.embedding.store import EmbeddingStore
-from recsync.evaluate import evaluate
-from recsync.metrics import MetricsLog
+from recsync.metrics.core import MetricsLog
+from recsync.metrics.evaluate import evaluate
+from recsync.metrics.progress import progress
 from recsync.model import loss as model_loss
 from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.model.setup import model_for
-from recsync.progress import progress
-from recsync.record import RunRecord
-from recsync.stopping import check_loss
+from recsync.run.record import RunRecord
+from recsync.run.signals import check_loss
 
 
 @dataclass
@@ -86,12 +86,12 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
               warm=None) -> dict:
     """Train as ``cfg`` says in this process; returns the final evaluation and the run's record
     (``started``: when the run began; ``warm``: the model directory to start from,
-    warm_start.py). An exception (Ctrl-C, a failure) carries ``record`` and ``model`` (the
+    run/warm_start.py). An exception (Ctrl-C, a failure) carries ``record`` and ``model`` (the
     work done so far, to evaluate)."""
     record = RunRecord(start=started)
     model = build_local_model(cfg.model, cfg.train, ds)
     if warm is not None:
-        from recsync.warm_start import apply_local
+        from recsync.run.warm_start import apply_local
         apply_local(model, warm, cfg)
     record.train_start = time.perf_counter()
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from recsync.data.format import DataFormatError
 from recsync.distributed.errors import RunFailed
-from recsync.stopping import (Interrupted, NonFiniteLoss, catch_signals, check_loss, ending,
+from recsync.run.signals import (Interrupted, NonFiniteLoss, catch_signals, check_loss, ending,
                               known_cause, remove_temp_files)
 
 

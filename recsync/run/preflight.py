@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsync import storage
+from recsync.cluster import storage
 from recsync.config import RunConfig
 from recsync.data.format import DataFormatError
 from recsync.data.reader import Dataset
@@ -38,7 +38,7 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
     """Open the data set and check every path the run writes to; ValueError (one line,
     naming the path) if the run cannot start. Prints the free space against the estimate."""
     if cfg.output.tensorboard:
-        from recsync.tb_sink import require_tensorboard
+        from recsync.metrics.tb_sink import require_tensorboard
         require_tensorboard()
     check_gpu_mode(cfg)
     ds = open_data(cfg)
@@ -73,7 +73,7 @@ def check_gpu_mode(cfg: RunConfig) -> None:
 
 def open_data(cfg: RunConfig) -> Dataset:
     """The run's data set, opened (and so checked); the error says how to make one. A URL's
-    data set is fetched to this node first (storage.py)."""
+    data set is fetched to this node first (cluster/storage.py)."""
     try:
         path = storage.local_data(cfg.data.path)
     except (OSError, ValueError) as e:

@@ -1,4 +1,4 @@
-"""AUC, log loss, NE and calibration (recsync/metrics.py) of a trained model on the eval
+"""AUC, log loss, NE and calibration (recsync/metrics/core.py) of a trained model on the eval
 split: the local run's model, or a distributed run's dense parameters with its rows served by
 the PS."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from recsync.data.reader import Chunk, Dataset
-from recsync.metrics import auc_logloss
+from recsync.metrics.core import auc_logloss
 from recsync.model.loss import logits
 
 

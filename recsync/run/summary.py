@@ -1,4 +1,4 @@
-"""summary.json, built in one place from what a run returns: its record (recsync/record.py:
+"""summary.json, built in one place from what a run returns: its record (recsync/run/record.py:
 counts, events, checkpoints, recoveries, modes) and its result (the final evaluation,
 the shards' and workers' figures, the queue's counts)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import statistics
 
-from recsync.emulation import label_of, shadow_cores, shard_entry, worker_entry
+from recsync.cluster.emulation import label_of, shadow_cores, shard_entry, worker_entry
+from recsync.metrics.stats import distribution, merged_counts
 from recsync.modes import MODES
-from recsync.stats import distribution, merged_counts
 
 
 def build_summary(cfg, ds, record, result: dict, status: str, error: str | None) -> dict:
@@ -155,7 +155,7 @@ def staleness(shard_stats: list[dict]) -> dict:
 
 def emulation_section(cfg, result: dict, shards: list[dict]) -> dict | None:
     """The EMULATED cluster's label and how closely each process kept its emulated cores'
-    pace (recsync/emulation.py), or None without emulation."""
+    pace (recsync/cluster/emulation.py), or None without emulation."""
     label = label_of(cfg)
     if label is None:
         return None

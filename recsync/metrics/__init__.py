@@ -1,0 +1,2 @@
+"""A run's numbers and their outputs: metrics and metrics.jsonl, evaluation, distributions,
+TensorBoard, plots, progress."""

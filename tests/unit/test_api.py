@@ -3,9 +3,11 @@ result read back. Run: pytest -q tests/unit/test_api.py"""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,26 @@ def test_import_recsync_is_light():
             " recsync.override")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_recsync_run_keeps_the_names_of_the_module_it_was_and_loads_them_on_first_use():
+    """`from recsync.run import run` (and every public name run.py had, now run/driver.py's)
+    works; importing a part of the package (run/signals.py, as the command does) loads no torch."""
+    code = ("import sys, recsync.run.signals; print('torch' in sys.modules); "
+            "from recsync.run import run, resume_point; print(run.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "recsync.run.driver"]
+    import recsync.run
+    driver = Path(recsync.run.__file__).with_name("driver.py")
+    defined = set()
+    for node in ast.parse(driver.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+    assert sorted(recsync.run.__all__) == sorted(n for n in defined if not n.startswith("_"))
+    assert all(callable(getattr(recsync.run, n)) or n == "RUN_FILES" for n in recsync.run.__all__)
 
 
 def test_override_checks_values_like_a_config_file(tmp_path):

@@ -177,7 +177,8 @@ def torch_threads() -> int:
 
 def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
     """The ``ray`` points, on an embedded Ray instance (loopback, no dashboard) shut down after;
-    and facts: the shard process's torch threads, a call without arrays (ms, median)."""
+    and facts: the shard process's torch threads, a call without arrays (ms, median), Ray's
+    version."""
     import ray
 
     from recsync.bench.overhead import embedded_ray
@@ -199,7 +200,8 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
             "push": lambda ids, grads: ray.get(shard.push.remote(ids, grads, None, PUSH_META))},
             rows, calls, warmup)
         ray.kill(shard)
-    return points, {"torch_threads": threads, "noop_ms": statistics.median(noop) * 1e3}
+    return points, {"torch_threads": threads, "noop_ms": statistics.median(noop) * 1e3,
+                    "ray": ray.__version__}
 
 
 # -- the result ----------------------------------------------------------------------------------
@@ -263,6 +265,7 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
              "the shard's process (Ray's); the in-process paths used as many"],
             ["Ray call without arrays (ms)", facts["noop_ms"],
              "PSShard.where round trip, median: Ray's fixed cost per call"],
+            ["Ray version", facts["ray"], "the embedded instance (loopback, no dashboard)"],
             ["1-minute load average before", load, "the machine should be idle"],
         ]},
     }

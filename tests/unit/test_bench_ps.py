@@ -19,7 +19,7 @@ RAY_MS = 10.0  # every fake Ray call
 def _fake_ray(rows, calls, warmup):
     points = [ps.point("ray", op, n, [RAY_MS / 1e3] * calls)
               for n in ps.IDS_PER_TABLE for op in ("pull", "push")]
-    return points, {"torch_threads": 1, "noop_ms": 0.5}
+    return points, {"torch_threads": 1, "noop_ms": 0.5, "ray": "test"}
 
 
 def test_scenario_ps_times_every_path_op_and_size_and_writes_the_ratios_checks_read(

@@ -47,18 +47,21 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def write_results(out: Path, results: dict) -> None:
-    """Write results.json, report.md and throughput.png for one scenario run."""
+    """Write results.json, report.md and throughput.png for one scenario run. Arms whose
+    ``samples_per_s`` is None (no training: scenario ps) are left out of the plot and the
+    arms' table; a scenario without any writes neither."""
     results.setdefault("environment", environment())
     write_json(out / "results.json", results)
-    arms = results["arms"]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = list(arms)
-    ax.bar(names, [arms[n]["samples_per_s"] for n in names], color="tab:blue")
-    ax.set(ylabel="training samples/s (median of rounds)", title=f"{results['scenario']}")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=110)
-    plt.close(fig)
+    arms = {n: a for n, a in results["arms"].items() if a.get("samples_per_s") is not None}
+    if arms:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        names = list(arms)
+        ax.bar(names, [arms[n]["samples_per_s"] for n in names], color="tab:blue")
+        ax.set(ylabel="training samples/s (median of rounds)", title=f"{results['scenario']}")
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=110)
+        plt.close(fig)
 
     env = results["environment"]
     md = [f"# Benchmark `{results['scenario']}`", "",
@@ -70,7 +73,7 @@ def write_results(out: Path, results: dict) -> None:
     if results.get("description"):
         md += [results["description"], ""]
     runs = "seed" if results.get("seeds") else "round"
-    md += ["## Arms", "", _table(
+    md += [] if not arms else ["## Arms", "", _table(
         ["arm", "samples/s (median)", f"samples/s per {runs}",
          "eval AUC" + (" (mean of seeds)" if results.get("seeds") else ""), "eval rows"],
         [[n, a["samples_per_s"], ", ".join(f"{x:,.0f}" for x in a.get("rounds_samples_per_s", [])),
@@ -89,6 +92,7 @@ def write_results(out: Path, results: dict) -> None:
         md += ["## Configs", ""]
         for name, text in results["configs"].items():
             md += [f"`{name}`:", "", "```toml", text.rstrip(), "```", ""]
-    md += ["Plots: `throughput.png`" + (", `quality.png`" if (out / "quality.png").exists()
-                                        else ""), ""]
+    plots = (["`throughput.png`"] if arms else []) + (
+        ["`quality.png`"] if (out / "quality.png").exists() else [])
+    md += [f"Plots: {', '.join(plots)}", ""] if plots else []
     (out / "report.md").write_text("\n".join(md))

@@ -1,0 +1,78 @@
+"""Scenario `ps` without Ray: its in-process and raw paths measured at a tiny scale, the Ray
+path replaced by fixed timings; the result's shape and the names the issue's checks read.
+
+Run: python -m pytest tests/unit/test_bench_ps.py
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from recsync.bench import ps, run_scenario
+from recsync.embedding.row_optim import RowAdagrad
+
+RAY_MS = 10.0  # every fake Ray call
+
+
+def _fake_ray(rows, calls, warmup):
+    points = [ps.point("ray", op, n, [RAY_MS / 1e3] * calls)
+              for n in ps.IDS_PER_TABLE for op in ("pull", "push")]
+    return points, {"torch_threads": 1, "noop_ms": 0.5, "ray": "test"}
+
+
+def test_scenario_ps_times_every_path_op_and_size_and_writes_the_ratios_checks_read(
+        monkeypatch, tmp_path):
+    monkeypatch.setattr(ps, "through_ray", _fake_ray)
+    r = run_scenario("ps", tmp_path, scale=0.001)
+    assert r["scenario"] == "ps"
+    at = {(p["path"], p["op"], p["ids_per_table"]): p for p in r["points"]}
+    expected = {(path, op, n) for path in ps.PATHS for op in ("pull", "push")
+                for n in ps.IDS_PER_TABLE}
+    expected |= {("raw_index_add", "push", n) for n in ps.IDS_PER_TABLE}
+    assert set(at) == expected
+    for p in r["points"]:
+        assert p["calls"] == ps.MIN_CALLS
+        assert p["rows_per_call"] == 26 * p["ids_per_table"]
+        assert p["rows_per_s"] == pytest.approx(p["rows_per_call"] / p["ms_per_call"] * 1e3)
+        assert p["ms_min"] <= p["ms_per_call"] <= p["ms_max"]
+    ratios = r["ratios"]
+    for op in ("pull", "push"):
+        assert ratios[f"ray_vs_core_{op}_2048"] == pytest.approx(
+            at["core", op, 2048]["ms_per_call"] / RAY_MS)
+    assert ratios["pull_ms_256"] == pytest.approx(RAY_MS)
+    assert set(r["arms"]) == set(ps.PATHS)
+    assert r["arms"]["ray"]["pull_ms_per_call"]["256"] == pytest.approx(RAY_MS)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["ratios"]["ray_vs_core_push_2048"] == pytest.approx(
+        ratios["ray_vs_core_push_2048"])
+    report = (tmp_path / "report.md").read_text()
+    assert "PSShard via Ray" in report and "16,384 (425,984)" in report
+    assert not (tmp_path / "throughput.png").exists()  # no arm trains: no samples/s plot
+
+
+def test_the_raw_push_is_the_row_wise_adagrad_a_shard_applies():
+    rows, n = 1000, 300
+    raw = ps.RawTables(rows, lr=0.05)
+    weights = [w.clone() for w in raw.weights]
+    state = [s.clone() for s in raw.state]
+    rng = np.random.default_rng(1)
+    ids = ps.random_ids(rng, rows, n)
+    grads = [rng.standard_normal((n, ps.DIM), dtype=np.float32) for _ in ids]
+    raw.push_adagrad(ids, grads)
+    rule = RowAdagrad(lr=0.05)
+    for t in (0, 25):
+        rule.apply_to_table(weights[t], state[t], torch.from_numpy(ids[t]),
+                            torch.from_numpy(grads[t]))
+        torch.testing.assert_close(raw.weights[t], weights[t])
+        torch.testing.assert_close(raw.state[t], state[t])
+
+
+def test_the_timed_core_has_every_row_touched_and_applies_pushes_at_once():
+    core = ps.touched_core(ps.table_specs(70_000), ps.shard_config())
+    assert core.store.num_initialized() == 26 * 70_000
+    assert core.mode == "async" and type(core.store.optimizer) is RowAdagrad
+    ids = [np.array([3, 69_999], np.int64)] * 26
+    core.push(ids, [np.ones((2, ps.DIM), np.float32)] * 26, None, dict(ps.PUSH_META))
+    assert core.version == 1

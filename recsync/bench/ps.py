@@ -7,9 +7,8 @@ lazy initialisation is checked but never run (the steady state of a long run). A
 call, the same sequence on every path), three paths:
 
 - ``ray``: one PSShard actor on an embedded Ray instance, called as PSClient calls it:
-  ``pull.remote(packed ids, 0)`` and ``push.remote(packed ids, packed grads, None, meta)``, each
-  table's int64 ids and float32 [n, 16] gradients packed into one buffer per kind (ps/wire.py,
-  the packing timed); each call is waited for (``ray.get``) before the next.
+  ``pull.remote(ids, 0)`` and ``push.remote(ids, grads, None, meta)`` with one int64 array and
+  one float32 [n, 16] array per table; each call is waited for (``ray.get``) before the next.
   Timed: serialisation both ways, the object store for arguments over Ray's inline limit, the
   actor's event loop and ShardCore's work. Not timed: the client's dedup and merge.
 - ``core``: the same ShardCore in this process, the same calls, no Ray.
@@ -184,7 +183,6 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
 
     from recsync.bench.overhead import embedded_ray
     from recsync.cluster.ray_session import ray_session
-    from recsync.ps import wire
     from recsync.ps.shard import PSShard
     cfg = shard_config()
     with embedded_ray(), ray_session(cfg.cluster):
@@ -198,9 +196,8 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
             if k >= warmup:
                 noop.append(time.perf_counter() - begin)
         points = measure_path("ray", {
-            "pull": lambda ids, grads: ray.get(shard.pull.remote(wire.pack(ids, np.int64), 0)),
-            "push": lambda ids, grads: ray.get(shard.push.remote(
-                wire.pack(ids, np.int64), wire.pack(grads, np.float32), None, PUSH_META))},
+            "pull": lambda ids, grads: ray.get(shard.pull.remote(ids, 0)),
+            "push": lambda ids, grads: ray.get(shard.push.remote(ids, grads, None, PUSH_META))},
             rows, calls, warmup)
         ray.kill(shard)
     return points, {"torch_threads": threads, "noop_ms": statistics.median(noop) * 1e3,
@@ -243,9 +240,8 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
         + _table(header, table) + "\n\n"
         "What each path times: **PSShard via Ray**: `ray.get(shard.pull.remote(ids, 0))` and "
         "`ray.get(shard.push.remote(ids, grads, None, meta))` from this process (the driver) to "
-        "one PSShard actor, the arguments PSClient sends (every table's sorted unique ids in "
-        "one int64 buffer, their float32 [n, 16] gradients in one float32 buffer, packed by "
-        "ps/wire.py as part of the call; no dense part), each call waited "
+        "one PSShard actor, the arguments PSClient sends (one int64 array of sorted unique ids "
+        "and one float32 [n, 16] gradient array per table, no dense part), each call waited "
         "for before the next: serialisation both ways, Ray's object store, the actor's event "
         "loop and ShardCore's work; not the client's dedup and merge, and not the overlap of a "
         "push window. **ShardCore in process**: `core.pull(ids)` and `core.push(ids, grads, "

@@ -1,6 +1,5 @@
 """PSClient: a worker's view of the parameter server. One pull and one push call per shard per
-step, carrying every table's ids for that shard (deduplicated) in one int64 buffer, and the
-rows or gradients in one float32 buffer (ps/wire.py).
+step, carrying every table's ids for that shard as int64 arrays (deduplicated).
 
 It serves the same ``pull(batch) -> PulledBatch`` as LocalLookup, so ``evaluate`` runs
 unchanged against a sharded PS. A pulled batch carries the version each shard read and the dense
@@ -20,7 +19,6 @@ import torch
 from recsync.embedding.lookup import LookupPlan, PulledBatch
 from recsync.embedding.sharding import split_by_shard
 from recsync.embedding.spec import TableSpec
-from recsync.ps import wire
 
 
 @dataclass
@@ -90,7 +88,7 @@ class PSClient:
         tables = self.plan.dedup(batch)
         ids = [u for u, _ in tables]
         routing = ShardRouting([split_by_shard(u, len(self.shards)) for u in ids])
-        refs = [s.pull.remote(wire.pack(routing.ids_for(ids, i), np.int64), min_version)
+        refs = [s.pull.remote(routing.ids_for(ids, i), min_version)
                 for i, s in enumerate(self.shards)]
         return PendingPull(batch, tables, routing, refs, min_version)
 
@@ -113,8 +111,8 @@ class PSClient:
                                                  timeout=SHARD_RESTART_TIMEOUT_S)
                     else:
                         time.sleep(0.2)  # Ray is restarting the shard: ask the new one
-                    packed = wire.pack(pending.routing.ids_for(ids, i), np.int64)
-                    ref = self.shards[i].pull.remote(packed, pending.min_version)
+                    ref = self.shards[i].pull.remote(pending.routing.ids_for(ids, i),
+                                                     pending.min_version)
         return answers
 
     def _wait_push(self, ref):
@@ -137,7 +135,7 @@ class PSClient:
         rows = [np.empty((len(u), d), np.float32) for u, d in zip(ids, self.dims)]
         dense_vector = None
         for s, (shard_rows, dense, _) in enumerate(answers):
-            for t, r in enumerate(wire.unpack(shard_rows)):
+            for t, r in enumerate(shard_rows):
                 rows[t][pending.routing.positions[t][s].numpy()] = r
             if dense is not None:
                 dense_vector = dense
@@ -198,9 +196,7 @@ class PSClient:
             shard_meta = {**meta, "version_read": pulled.versions[s] if pulled else 0,
                           "lr_scale": 1.0 if lr_scales is None else lr_scales[s],
                           "sampled": self._sampled_on(sampled, pulled, s)}
-            self._in_flight.append(shard.push.remote(wire.pack(ids, np.int64),
-                                                     wire.pack(grads, np.float32), dense,
-                                                     shard_meta))
+            self._in_flight.append(shard.push.remote(ids, grads, dense, shard_meta))
         while len(self._in_flight) > self.push_window * len(self.shards):
             self._wait_push(self._in_flight.popleft())
 

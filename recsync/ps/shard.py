@@ -19,7 +19,6 @@ from recsync.checkpoint.writer import CheckpointWriter
 from recsync.cluster import storage
 from recsync.cluster.emulation import EmulatedMachine, RequestPacer
 from recsync.cluster.placement import where
-from recsync.ps import wire
 from recsync.ps.core import ShardCore
 from recsync.run.signals import ignore_interrupts
 
@@ -156,19 +155,18 @@ class PSShard:
             latency_s, s_per_byte = self.network
             await asyncio.sleep(latency_s / 2 + nbytes(payload) * s_per_byte)
 
-    async def pull(self, packed_ids: wire.Packed, min_version: int = 0):
-        """Rows of the ids per table (int64, unique, owned here; packed in one buffer,
-        ps/wire.py) in one buffer, dense vector or None, version.
+    async def pull(self, ids: list[np.ndarray], min_version: int = 0):
+        """Rows of ``ids`` per table (int64, unique, owned here), dense vector or None, version.
 
         Waits until the shard's version is at least ``min_version`` (modes whose steps wait
         for the previous ones).
         """
-        await self._travel(packed_ids)
+        await self._travel(ids)
         if self.core.version < min_version:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.core.version >= min_version)
         paced = self.pacer and self.pacer.start()
-        answer = wire.serve_pull(self.core, packed_ids)
+        answer = self.core.pull(ids)
         if paced:
             await self.pacer.finish(paced)
         await self._travel(answer)
@@ -176,15 +174,13 @@ class PSShard:
             self.first_pull_unix = time.time()
         return answer
 
-    async def push(self, packed_ids: wire.Packed, packed_grads: wire.Packed, dense_grad,
-                   meta: dict):
-        """One worker's push (ids and their rows' gradients per table, each packed in one
-        buffer; the dense gradient if this shard holds the dense parameters, and what the mode
-        sends with it), handed to the mode's rule."""
-        await self._travel((packed_ids, packed_grads, dense_grad))
+    async def push(self, ids, grads, dense_grad, meta: dict):
+        """One worker's push (rows' gradients per table, the dense gradient if this shard holds
+        the dense parameters, and what the mode sends with it), handed to the mode's rule."""
+        await self._travel((ids, grads, dense_grad))
         version = self.core.version
         paced = self.pacer and self.pacer.start()
-        result = wire.serve_push(self.core, packed_ids, packed_grads, dense_grad, meta)
+        result = self.core.push(ids, grads, dense_grad, meta)
         if paced:
             await self.pacer.finish(paced)
         if self.core.version != version:

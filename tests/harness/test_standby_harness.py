@@ -14,7 +14,6 @@ from torch.nn.utils import parameters_to_vector
 from recsync.checkpoint import files, job
 from recsync.data.reader import Dataset
 from recsync.model.setup import model_for
-from recsync.ps import wire
 from recsync.ps.standby import start_shards
 from recsync.run.driver import run
 from harness_config import config
@@ -38,8 +37,7 @@ def push(shard, tables, ids, version_read=0):
     ids_ = [np.array(ids if t == 0 else [], np.int64) for t in range(len(tables))]
     grads = [np.ones((len(i), spec.dim), np.float32) for i, spec in zip(ids_, tables)]
     meta = {"version_read": version_read, "lr_scale": 1.0, "sampled": None}
-    return ray.get(shard.push.remote(wire.pack(ids_, np.int64), wire.pack(grads, np.float32),
-                                     None, meta))
+    return ray.get(shard.push.remote(ids_, grads, None, meta))
 
 
 def killed(handle) -> None:

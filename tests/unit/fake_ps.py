@@ -1,7 +1,6 @@
 """ShardCores behind objects shaped like Ray actor handles, for PSClient tests without Ray.
 
-Each ``handle.method.remote(*args)`` runs the core's method at once (through ps/wire.py, as
-PSShard does) and returns its result with
+Each ``handle.method.remote(*args)`` runs the core's method at once and returns its result with
 arrays made read-only, as Ray hands them over; patch ``recsync.ps.client.ray.get`` to the
 identity (``patch_ray_get``) so that the client's waits return those results.
 """
@@ -13,7 +12,6 @@ from types import SimpleNamespace
 import numpy as np
 
 import recsync.ps.client as client_mod
-from recsync.ps import wire
 
 
 def readonly(a: np.ndarray) -> np.ndarray:
@@ -32,8 +30,8 @@ def _ro(x):
 
 def fake_shards(cores) -> list[SimpleNamespace]:
     return [SimpleNamespace(
-        pull=SimpleNamespace(remote=lambda ids, min_version=0, c=c: _ro(wire.serve_pull(c, ids))),
-        push=SimpleNamespace(remote=lambda *a, c=c: wire.serve_push(c, *_ro(a))),
+        pull=SimpleNamespace(remote=lambda ids, min_version=0, c=c: _ro(c.pull(ids))),
+        push=SimpleNamespace(remote=lambda *a, c=c: c.push(*_ro(a))),
     ) for c in cores]
 
 

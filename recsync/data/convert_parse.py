@@ -6,9 +6,9 @@ run on a small thread pool (pyarrow and numpy release the GIL).
 A row is bad (skipped and counted) when its field count differs from the header's, its label is
 missing, not a number or (without a threshold) not 0 or 1, its weight is missing or not a finite
 number >= 0, or a dense value is present but not a finite number. A number may have spaces or
-tabs around it (as pyarrow's CSV reader takes it), whichever path reads it. Categorical values are never
-bad: any text hashes. A multi-hot list longer than max_len is truncated, not bad. (Text blocks
-are read into tables by convert_fast.py or convert_csv.py.)
+tabs around it (as pyarrow's CSV reader takes it), whichever path reads it. Categorical values
+are never bad: any text hashes. A multi-hot list longer than max_len is truncated, not bad.
+(Text blocks are read into tables by convert_fast.py or convert_csv.py.)
 """
 
 from __future__ import annotations

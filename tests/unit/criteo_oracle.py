@@ -136,8 +136,9 @@ def read_splits(out) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     for split, info in meta["splits"].items():
         got = {k: [np.load(out / split / f"{p['name']}.{k}.npy") for p in info["parts"]]
                for k in ("dense", "sparse", "label")}
-        res[split] = (np.concatenate(got["dense"]) if got["dense"] else np.zeros((0, 13), np.float32),
-                      np.concatenate(got["sparse"]) if got["sparse"] else np.zeros((0, 26), np.int32),
-                      np.concatenate(got["label"]) if got["label"] else np.zeros(0, np.float32))
+        empty = {"dense": np.zeros((0, 13), np.float32), "sparse": np.zeros((0, 26), np.int32),
+                 "label": np.zeros(0, np.float32)}
+        res[split] = tuple(np.concatenate(got[k]) if got[k] else empty[k]
+                           for k in ("dense", "sparse", "label"))
         assert len(res[split][0]) == info["rows"]
     return res

@@ -142,7 +142,8 @@ def test_every_byte_lane_of_the_fast_paths(tmp_path):
     for n in range(1, 9):
         for pos in range(n):
             digits = "".join(str((pos + k) % 10) for k in range(n))
-            for v in [digits] + (["-" + digits] if n < 8 else []) + ([digits + ".0"] if n < 7 else []):
+            signed = ["-" + digits] if n < 8 else []
+            for v in [digits, *signed] + ([digits + ".0"] if n < 7 else []):
                 at = pos + v.startswith("-")
                 numbers += [v] + [v[:at] + c + v[at + 1:] for c in "/:"]
     for pos in range(8):
@@ -197,7 +198,8 @@ def test_table_sizes_and_overrides(tmp_path):
     sparse = load_all(tmp_path / "out")[1]
     assert (sparse[:, 0] == 1).all()  # a 2-row table: one id for all present values
     assert sparse[0].tolist() == [category_id(v.encode(), r) for v, r in zip(vals, rows)]
-    for bad, match in (({"C27": 10}, "C27"), ({"c1": 10}, "c1"), ({"C3": 1}, "C3"), ({}, "table_rows")):
+    for bad, match in (({"C27": 10}, "C27"), ({"c1": 10}, "c1"), ({"C3": 1}, "C3"),
+                       ({}, "table_rows")):
         with pytest.raises(SchemaError, match=match):
             convert(p, tmp_path / "o2", overrides=bad, table_size=1000 if bad else 1)
     assert not (tmp_path / "o2").exists()

@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from recsync.data.convert import HASH_NAME, ConvertReport, convert
 from recsync.data.convert_input import ConvertError, head_bytes, open_source
 from recsync.data.format import Layout, criteo_layout
 from recsync.data.output import check_target
-from recsync.data.schema import Schema, SchemaError, load_preset
+from recsync.data.schema import Schema, SchemaError, describe_errors, load_preset
 
 CSV_START = b"label,"  # DeepCTR's CSV header starts so; a raw TSV line starts with its label
 
@@ -44,9 +46,9 @@ def criteo_preset(paths) -> str:
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
         raise ValueError("no input files given")
-    kinds = []
+    kinds, tsv = [], load_preset("criteo")
     for p in paths:
-        src = open_source(str(p), load_preset("criteo"))
+        src = open_source(str(p), tsv)
         if src.kind != "text":
             raise ConvertError(f"{p}: a Parquet file, not Criteo text; convert it with "
                                f"`recsync data convert --schema`")
@@ -74,10 +76,8 @@ def criteo_schema(preset: str = "criteo", *, table_size: int = 1_000_000,
     tree["split"] = {"eval_fraction": eval_fraction}
     try:
         return Schema.model_validate(tree)
-    except ValueError as e:  # pydantic's ValidationError: the value and its bound
-        err = e.errors()[0] if hasattr(e, "errors") else {"loc": (), "msg": str(e)}
-        key = ".".join(str(k) for k in err["loc"])
-        raise SchemaError(f"criteo: {key}: {err['msg']}") from None
+    except ValidationError as e:  # a table size or fraction out of its bounds
+        raise SchemaError(f"criteo: {describe_errors(e)}") from None
 
 
 def criteo_preprocessing(meta: dict) -> dict:

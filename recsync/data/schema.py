@@ -255,10 +255,11 @@ def parse_schema(text: str, source: str) -> Schema:
     try:
         return Schema.model_validate(tree)
     except ValidationError as e:
-        raise SchemaError(f"{source}: {_describe(e)}") from None
+        raise SchemaError(f"{source}: {describe_errors(e)}") from None
 
 
-def _describe(err: ValidationError) -> str:
+def describe_errors(err: ValidationError) -> str:
+    """A ValidationError of a schema in one line: each bad key and what is wrong with it."""
     parts = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])

@@ -203,20 +203,15 @@ def to_ids(hashes: np.ndarray, rows: int, present: np.ndarray | None = None) -> 
     return ids.view(np.int64)
 
 
-ENCODINGS = ("text", "hex32")
-
-
 def ids_of(values: pa.Array, rows: int, encoding: str = "text") -> np.ndarray:
     """Row ids of a column of values (text or integers): null or empty text -> 0."""
     h, present = (hash_hex32 if encoding == "hex32" else hash_text)(values)
     return to_ids(h, rows, present)
 
 
-def hash_one(text: str, encoding: str = "text") -> int:
+def hash_one(text: str) -> int:
     """The hash of one value, written out byte by byte: the reference the tests hold the
     vectorised version to."""
-    if encoding == "hex32" and len(text) == 8 and all(c in "0123456789abcdefABCDEF" for c in text):
-        return int(splitmix64(np.array([int(text, 16)], dtype=np.uint64))[0])
     h = 0xCBF29CE484222325
     for b in text.encode("utf-8"):
         h = ((h ^ b) * 0x100000001B3) % 2**64

@@ -20,8 +20,8 @@ def shard_time(cfg, data: Path, calls: int) -> dict:
     ``cfg``'s emulated cores, called through PSClient as a worker calls it: ``calls`` pulls in a
     row (their rows new: initialised by these pulls), the same pulls again (warm, as in the
     arms), then their pushes, each waited for; the shard's EmulatedMachine totals (CPU charged
-    and not charged yet) read between the blocks; then ``IDLE_S`` of no calls, whose CPU
-    (Ray's threads) the machine charges to the next request. Beside it, ShardCore's own work
+    and not charged yet) read between the blocks; then, after ``IDLE_S`` to settle, ``IDLE_S``
+    of no calls, whose CPU (Ray's threads) the machine charges to the next request. Beside it, ShardCore's own work
     for the same calls in this process."""
     import ray
     import torch
@@ -61,6 +61,8 @@ def shard_time(cfg, data: Path, calls: int) -> dict:
             client.push(p, p.dense_grad)  # waits for the one before (push_window 1)
         client.flush()
         pacing.append(ray.get(shard.stats.remote())["pacing"])
+        time.sleep(IDLE_S)  # the last push's objects released; then nothing to serve:
+        pacing.append(ray.get(shard.stats.remote())["pacing"])
         time.sleep(IDLE_S)  # what the shard's process uses while it serves nothing
         pacing.append(ray.get(shard.stats.remote())["pacing"])
         ray.kill(shard)
@@ -77,7 +79,7 @@ def shard_time(cfg, data: Path, calls: int) -> dict:
     rows = [sum(len(u) for u in ids) for ids, _, _ in pushes]
     return {"calls": calls, "cold_pull_cpu_ms": per_call(0, 1), "pull_cpu_ms": per_call(1, 2),
             "push_cpu_ms": per_call(3, 4), "rows_per_call": statistics.median(rows),
-            "dense_params": len(pushes[0][2]), "idle_cores": cpu(4, 5) / IDLE_S, **core}
+            "dense_params": len(pushes[0][2]), "idle_cores": cpu(5, 6) / IDLE_S, **core}
 
 
 def core_time(core, pushes: list) -> dict:

@@ -157,7 +157,9 @@ def warm_model(data: Path, out: Path, steps: int) -> Path:
     from recsync.run.driver import run as run_training
     print(f"saturation: a local run over the {steps} batches, so that every arm starts with "
           f"their rows (train.init_from) ...", flush=True)
-    cfg = ov.arm_config(data, steps, ['mode="local"', 'train.embedding_optimizer="adagrad"'])
+    # with the optimizers' state: a fresh dense Adagrad's first steps would jolt the model
+    cfg = ov.arm_config(data, steps, ['mode="local"', 'train.embedding_optimizer="adagrad"',
+                                      "output.save_optimizer_state=true"])
     run_training(cfg, out, overwrite=True)
     return out / "model"
 

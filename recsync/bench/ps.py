@@ -21,6 +21,9 @@ call, the same sequence on every path), three paths:
 Each point: ``WARMUP_CALLS`` calls, then ``CALLS`` timed ones (x ``--scale``, at least
 ``MIN_CALLS``); medians. rows/s = 26 x ids / seconds per call. The in-process paths run with as
 many torch threads as the shard's process has.
+
+Then the saturation curve (ps_saturation.py): DLRM async with 1 to 12 workers against one shard
+on the EMULATED cluster, ``ratios.workers_per_shard_at_90pct`` and where the shard's time goes.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ SCENARIOS = {
     "chaos": "every mode under random kills of workers and shards (emulated)",
     "quality": "every built-in model against logistic regression on the Avazu sample",
     "sizing": "memory per PS shard per million rows of each dim, per worker",
-    "ps": "one PS shard's pull and push rows/s: via Ray, in process, raw torch",
+    "ps": "one PS shard's pull and push rows/s (Ray, in process, raw torch); its saturation "
+          "curve with 1-12 async workers (EMULATED)",
 }
 
 

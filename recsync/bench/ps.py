@@ -21,6 +21,9 @@ call, the same sequence on every path), three paths:
 Each point: ``WARMUP_CALLS`` calls, then ``CALLS`` timed ones (x ``--scale``, at least
 ``MIN_CALLS``); medians. rows/s = 26 x ids / seconds per call. The in-process paths run with as
 many torch threads as the shard's process has.
+
+Then the saturation curve (ps_saturation.py): DLRM async with 1 to 12 workers against one shard
+on the EMULATED cluster, ``ratios.workers_per_shard_at_90pct`` and where the shard's time goes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from recsync.bench import ps_saturation as saturation
 
 NUM_TABLES = 26
 TABLE_ROWS = 1_000_000  # per table, x --scale
@@ -56,8 +61,10 @@ def run(out: Path, scale: float) -> dict:
     load = os.getloadavg()[0]
     ray_points, facts = through_ray(rows, calls, WARMUP_CALLS)
     points = in_process(rows, calls, WARMUP_CALLS, facts["torch_threads"]) + ray_points
+    curve = saturation.measure(out, scale)
     return results(points, facts, rows=rows, calls=calls, load=load,
-                   wall_s=time.perf_counter() - started)
+                   wall_s=time.perf_counter() - started,
+                   saturation=saturation.result_part(curve, out))
 
 
 # -- what is measured ----------------------------------------------------------------------------
@@ -206,8 +213,9 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
 
 # -- the result ----------------------------------------------------------------------------------
 def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: float,
-            wall_s: float) -> dict:
-    """The scenario's result from its points (any order) and the Ray facts."""
+            wall_s: float, saturation: dict | None = None) -> dict:
+    """The scenario's result from its points (any order) and the Ray facts, with the
+    saturation curve's part (ps_saturation.result_part) where there is one."""
     from recsync.bench.report import _table  # here: the shard's process imports this module
     at = {(p["path"], p["op"], p["ids_per_table"]): p for p in points}
     ratios = {f"ray_vs_core_{op}_{n}": (at["ray", op, n]["rows_per_s"]
@@ -255,9 +263,12 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
         f"instance was shut down, with {facts['torch_threads']} torch thread(s), as many as "
         f"the shard's process has. The machine's 1-minute load average before the run: {load:.2f}. "
         f"Scenario wall time {wall_s / 60:.1f} min.")
+    sat = saturation or {}
     return {
-        "scenario": "ps", "description": description, "arms": arms, "ratios": ratios,
-        "points": points, "wall_s": wall_s,
+        "scenario": "ps", "description": description + sat.get("description", ""),
+        "arms": {**arms, **sat.get("arms", {})}, "ratios": {**ratios, **sat.get("ratios", {})},
+        "points": points, "wall_s": wall_s, "curve": sat.get("curve"), "probe": sat.get("probe"),
+        "emulation_label": sat.get("emulation_label"), "configs": sat.get("configs", {}),
         "tables": {"The run": [
             ["table rows", rows, f"{NUM_TABLES} tables x dim {DIM} (x --scale)"],
             ["timed calls per point", calls, f"after {WARMUP_CALLS} warm-up calls; medians"],
@@ -267,5 +278,5 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
              "PSShard.where round trip, median: Ray's fixed cost per call"],
             ["Ray version", facts["ray"], "the embedded instance (loopback, no dashboard)"],
             ["1-minute load average before", load, "the machine should be idle"],
-        ]},
+        ], **sat.get("tables", {})},
     }

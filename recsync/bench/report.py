@@ -92,7 +92,7 @@ def write_results(out: Path, results: dict) -> None:
         md += ["## Configs", ""]
         for name, text in results["configs"].items():
             md += [f"`{name}`:", "", "```toml", text.rstrip(), "```", ""]
-    plots = (["`throughput.png`"] if arms else []) + (
-        ["`quality.png`"] if (out / "quality.png").exists() else [])
+    plots = (["`throughput.png`"] if arms else []) + [
+        f"`{name}`" for name in ("quality.png", "saturation.png") if (out / name).exists()]
     md += [f"Plots: {', '.join(plots)}", ""] if plots else []
     (out / "report.md").write_text("\n".join(md))

@@ -1,5 +1,6 @@
 """Scenario `ps` without Ray: its in-process and raw paths measured at a tiny scale, the Ray
-path replaced by fixed timings; the result's shape and the names the issue's checks read.
+path and the saturation curve's runs replaced by fixed figures; the result's shape and the names
+the issue's checks read.
 
 Run: python -m pytest tests/unit/test_bench_ps.py
 """
@@ -12,6 +13,7 @@ import torch
 
 from recsync.bench import ps, run_scenario
 from recsync.embedding.row_optim import RowAdagrad
+from test_bench_ps_saturation import PROBE, fake_arm  # tests/unit is on the path
 
 RAY_MS = 10.0  # every fake Ray call
 
@@ -22,9 +24,16 @@ def _fake_ray(rows, calls, warmup):
     return points, {"torch_threads": 1, "noop_ms": 0.5, "ray": "test"}
 
 
+def _fake_curve(out, scale):
+    speeds = dict(zip(ps.saturation.WORKERS, (2000.0, 4000.0, 7900.0, 14800.0, 15000.0)))
+    return {"arms": {f"async_{n}w": fake_arm(n, s) for n, s in speeds.items()}, "probe": PROBE,
+            "steps": 20, "configs": {"async_1w (recsync config)": 'mode = "async"\n'}}
+
+
 def test_scenario_ps_times_every_path_op_and_size_and_writes_the_ratios_checks_read(
         monkeypatch, tmp_path):
     monkeypatch.setattr(ps, "through_ray", _fake_ray)
+    monkeypatch.setattr(ps.saturation, "measure", _fake_curve)
     r = run_scenario("ps", tmp_path, scale=0.001)
     assert r["scenario"] == "ps"
     at = {(p["path"], p["op"], p["ids_per_table"]): p for p in r["points"]}
@@ -42,14 +51,16 @@ def test_scenario_ps_times_every_path_op_and_size_and_writes_the_ratios_checks_r
         assert ratios[f"ray_vs_core_{op}_2048"] == pytest.approx(
             at["core", op, 2048]["ms_per_call"] / RAY_MS)
     assert ratios["pull_ms_256"] == pytest.approx(RAY_MS)
-    assert set(r["arms"]) == set(ps.PATHS)
+    assert set(r["arms"]) == set(ps.PATHS) | {f"async_{n}w" for n in ps.saturation.WORKERS}
+    assert ratios["workers_per_shard_at_90pct"] == 8
     assert r["arms"]["ray"]["pull_ms_per_call"]["256"] == pytest.approx(RAY_MS)
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["ratios"]["ray_vs_core_push_2048"] == pytest.approx(
         ratios["ray_vs_core_push_2048"])
     report = (tmp_path / "report.md").read_text()
     assert "PSShard via Ray" in report and "16,384 (425,984)" in report
-    assert not (tmp_path / "throughput.png").exists()  # no arm trains: no samples/s plot
+    assert "EMULATED" in report and "saturation.png" in report
+    assert (tmp_path / "saturation.png").exists()
 
 
 def test_the_raw_push_is_the_row_wise_adagrad_a_shard_applies():

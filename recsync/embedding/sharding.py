@@ -17,8 +17,8 @@ def shard_of(ids: torch.Tensor, num_shards: int) -> torch.Tensor:
 
 
 def local_index(ids: torch.Tensor, num_shards: int) -> torch.Tensor:
-    """Row index of each id within its owning shard's table."""
-    return ids // num_shards
+    """Row index of each id within its owning shard's table (``ids`` itself with one shard)."""
+    return ids if num_shards == 1 else ids // num_shards
 
 
 def rows_on_shard(rows: int, shard: int, num_shards: int) -> int:

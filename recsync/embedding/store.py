@@ -130,8 +130,9 @@ class EmbeddingStore:
 
     def _ensure_initialized(self, table: int, ids: torch.Tensor) -> torch.Tensor:
         local = local_index(ids, self.num_shards)
-        fresh = ~self.initialized[table].index_select(0, local)
-        if bool(fresh.any()):
+        known = self.initialized[table].index_select(0, local)
+        if not bool(known.all()):  # the steady state of a run skips the rest
+            fresh = ~known
             new_ids = torch.unique(ids[fresh])
             new_local = local_index(new_ids, self.num_shards)
             spec = self.tables[table]

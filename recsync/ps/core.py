@@ -20,7 +20,7 @@ from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
 from recsync.model.optim import dense_step, make_dense_optimizer
-from recsync.ps.aggregation import GradientBuffer, as_tensor
+from recsync.ps.aggregation import GradientBuffer, as_tensor, read_only_tensor
 
 
 class DenseState:
@@ -64,7 +64,7 @@ class ShardCore:
     def pull(self, ids: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
         """Rows of each table's ``ids`` (int64, owned here), the dense vector if held, version."""
         self.pulls += 1
-        rows = [self.store.pull(t, as_tensor(i)).numpy() for t, i in enumerate(ids)]
+        rows = [self.store.pull(t, read_only_tensor(i)).numpy() for t, i in enumerate(ids)]
         dense = self.dense.params.detach().numpy().copy() if self.dense is not None else None
         return rows, dense, self.version
 
@@ -142,7 +142,7 @@ class ShardCore:
     def _apply(self, ids, grads, dense_grad, lr_scale: float) -> None:
         for t, (i, g) in enumerate(zip(ids, grads)):
             if len(i):
-                self.store.push(t, as_tensor(i), as_tensor(g), lr_scale)
+                self.store.push(t, read_only_tensor(i), read_only_tensor(g), lr_scale)
         if dense_grad is not None:
             self.dense.apply(as_tensor(dense_grad), lr_scale)
 

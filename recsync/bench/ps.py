@@ -11,6 +11,9 @@ call, the same sequence on every path), three paths:
   one float32 [n, 16] array per table; each call is waited for (``ray.get``) before the next.
   Timed: serialisation both ways, the object store for arguments over Ray's inline limit, the
   actor's event loop and ShardCore's work. Not timed: the client's dedup and merge.
+- ``ray_echo``: Ray's transport floor: an asyncio actor taking the same arguments and answering
+  with arrays of the same shapes, doing no work (``_Echo``). ``ray`` minus ``ray_echo`` is about
+  what the shard's work adds to a call; ``ray_echo`` is what no shard code can take away.
 - ``core``: the same ShardCore in this process, the same calls, no Ray.
 - ``raw``: plain tensors of the same size, no store: ``index_select`` per table for a pull; for a
   push, row-wise Adagrad by hand: rows and state gathered (``index_select``), state += mean(g²),
@@ -50,7 +53,7 @@ WARMUP_CALLS = 3
 TOUCH_IDS = 65_536  # ids per table of each pull that touches every row before timing
 SEED = 0
 PUSH_META = {"version_read": 0, "lr_scale": 1.0, "sampled": None}  # what PSClient adds (async)
-PATHS = ("raw", "core", "ray")
+PATHS = ("raw", "core", "ray", "ray_echo")
 Call = Callable[[list[np.ndarray], list[np.ndarray]], object]
 
 
@@ -182,6 +185,20 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
+class _Echo:
+    """Ray's transport floor: an asyncio actor, as PSShard, that takes a pull's or a push's
+    arguments and answers with arrays of the shapes PSShard answers with, doing no work."""
+
+    def __init__(self, max_ids: int):
+        self.rows = np.zeros((max_ids, DIM), np.float32)
+
+    async def pull(self, ids, min_version: int = 0):
+        return [self.rows[:len(i)] for i in ids], None, 0
+
+    async def push(self, ids, grads, dense_grad, meta: dict) -> int:
+        return 0
+
+
 def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
     """The ``ray`` points, on an embedded Ray instance (loopback, no dashboard) shut down after;
     and facts: the shard process's torch threads, a call without arrays (ms, median), Ray's
@@ -191,6 +208,7 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
     from recsync.bench.overhead import embedded_ray
     from recsync.cluster.ray_session import ray_session
     from recsync.ps.shard import PSShard
+    RayEcho = ray.remote(num_cpus=0)(_Echo)  # noqa: N806 (an actor class)
     cfg = shard_config()
     with embedded_ray(), ray_session(cfg.cluster):
         # a task with no CPUs, as the shard: Ray gives its process the same thread settings
@@ -207,6 +225,12 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
             "push": lambda ids, grads: ray.get(shard.push.remote(ids, grads, None, PUSH_META))},
             rows, calls, warmup)
         ray.kill(shard)
+        echo = RayEcho.remote(max(IDS_PER_TABLE))
+        points += measure_path("ray_echo", {
+            "pull": lambda ids, grads: ray.get(echo.pull.remote(ids, 0)),
+            "push": lambda ids, grads: ray.get(echo.push.remote(ids, grads, None, PUSH_META))},
+            rows, calls, warmup)
+        ray.kill(echo)
     return points, {"torch_threads": threads, "noop_ms": statistics.median(noop) * 1e3,
                     "ray": ray.__version__}
 
@@ -224,6 +248,8 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
     ratios["pull_ms_256"] = at["ray", "pull", 256]["ms_per_call"]
     ratios["push_ms_256"] = at["ray", "push", 256]["ms_per_call"]
     for op in ("pull", "push"):
+        ratios[f"transport_share_{op}_2048"] = (at["ray_echo", op, 2048]["ms_per_call"]
+                                                / at["ray", op, 2048]["ms_per_call"])
         ratios[f"core_vs_raw_{op}_2048"] = (at["core", op, 2048]["rows_per_s"]
                                             / at["raw", op, 2048]["rows_per_s"])
     arms = {path: {"samples_per_s": None, **{
@@ -236,7 +262,7 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
         return "" if p is None else f"{p['rows_per_s'] / 1e6:.2f} ({p['ms_per_call']:.2f} ms)"
 
     header = ["op", "unique ids per table (rows per call)", "raw torch", "ShardCore in process",
-              "PSShard via Ray", "raw index_add_ (no state)"]
+              "PSShard via Ray", "Ray transport only (echo)", "raw index_add_ (no state)"]
     table = [[op, f"{n:,} ({NUM_TABLES * n:,})",
               *(cell(path, op, n) for path in (*PATHS, "raw_index_add"))]
              for op in ("pull", "push") for n in IDS_PER_TABLE]
@@ -252,7 +278,9 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
         "and one float32 [n, 16] gradient array per table, no dense part), each call waited "
         "for before the next: serialisation both ways, Ray's object store, the actor's event "
         "loop and ShardCore's work; not the client's dedup and merge, and not the overlap of a "
-        "push window. **ShardCore in process**: `core.pull(ids)` and `core.push(ids, grads, "
+        "push window. **Ray transport only (echo)**: the same calls to an asyncio actor that "
+        "answers with arrays of the same shapes and does no work: Ray's floor for these "
+        "arguments and answers. **ShardCore in process**: `core.pull(ids)` and `core.push(ids, grads, "
         "None, meta)` on the same core built by ps/build.py, no Ray. **raw torch**: "
         "`index_select` per table for a pull; for a push, row-wise Adagrad written by hand: "
         "rows and state gathered (`index_select`), state += mean(g²), rows -= lr g / "

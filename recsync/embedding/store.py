@@ -105,7 +105,7 @@ class EmbeddingStore:
             raise RuntimeError("the store cannot be restored while a copy of it is in progress")
         for t, (w, st, init) in enumerate(zip(self.weights, self.state, self.initialized)):
             try:
-                local = torch.from_numpy(np.asarray(arrays[f"t{t}.local"], dtype=np.int64))
+                local = torch.from_numpy(np.array(arrays[f"t{t}.local"], dtype=np.int64))
                 rows = torch.from_numpy(np.array(arrays[f"t{t}.weights"], dtype=np.float32))
                 state = torch.from_numpy(np.array(arrays[f"t{t}.state"], dtype=np.float32))
             except KeyError as e:

@@ -16,10 +16,12 @@ from recsync.embedding.row_optim import RowAdagrad
 from test_bench_ps_saturation import PROBE, fake_arm  # tests/unit is on the path
 
 RAY_MS = 10.0  # every fake Ray call
+ECHO_MS = 4.0  # every fake call to the echo actor (Ray's transport alone)
 
 
 def _fake_ray(rows, calls, warmup):
-    points = [ps.point("ray", op, n, [RAY_MS / 1e3] * calls)
+    points = [ps.point(path, op, n, [ms / 1e3] * calls)
+              for path, ms in (("ray", RAY_MS), ("ray_echo", ECHO_MS))
               for n in ps.IDS_PER_TABLE for op in ("pull", "push")]
     return points, {"torch_threads": 1, "noop_ms": 0.5, "ray": "test"}
 
@@ -50,6 +52,7 @@ def test_scenario_ps_times_every_path_op_and_size_and_writes_the_ratios_checks_r
     for op in ("pull", "push"):
         assert ratios[f"ray_vs_core_{op}_2048"] == pytest.approx(
             at["core", op, 2048]["ms_per_call"] / RAY_MS)
+        assert ratios[f"transport_share_{op}_2048"] == pytest.approx(ECHO_MS / RAY_MS)
     assert ratios["pull_ms_256"] == pytest.approx(RAY_MS)
     assert set(r["arms"]) == set(ps.PATHS) | {f"async_{n}w" for n in ps.saturation.WORKERS}
     assert ratios["workers_per_shard_at_90pct"] == 8

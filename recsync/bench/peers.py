@@ -21,8 +21,13 @@ One pass over the same synthetic data (SynthSpec's defaults, 147 x 4,096 trainin
 warm-up of ``overhead.WARMUP_STEPS`` steps, as in scenario `overhead`; eval AUC on the whole
 eval split, recsync's metrics (scikit-learn's AUC) for every arm.
 
+Beside the TorchRec arm only, ``local_no_row_decay``: mode local with
+``train.embedding_weight_decay`` = 0, the maths the TorchRec arm runs (FBGEMM's CPU kernel
+ignores the rows' L2 decay), so that the AUCs can also be compared like for like.
+
 Ratios (of the means over seeds): ``local_vs_torchrec_speed``, ``local_minus_torchrec_auc``
-(also the mean of the paired per-seed differences), ``async_1w_vs_local_speed``.
+(also the mean of the paired per-seed differences), ``async_1w_vs_local_speed`` and
+``local_no_row_decay_minus_torchrec_auc``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
 
+TORCHREC, NO_DECAY = "torchrec", "local_no_row_decay"
 STEPS = 147  # one pass, x --scale: 602,112 training rows (the issue's probe used 600k)
 BATCH = 4096
 EVAL_ROWS = 100_000
@@ -49,8 +55,11 @@ OUTPUT = [  # the only settings changed from recsync's defaults: what is recorde
 RECSYNC_ARMS = {
     "local": ['mode="local"'],
     "async_1w1s": ['mode="async"', "cluster.workers=1", "cluster.ps_shards=1"],
+    # the maths TorchRec's arm runs on a CPU, whose FBGEMM kernel ignores the rows' L2 decay:
+    # its AUC against TorchRec's is the like-for-like one (run only beside the TorchRec arm)
+    NO_DECAY: ['mode="local"', "train.embedding_weight_decay=0"],
 }
-TORCHREC = "torchrec"
+OPTION_WORDS = {"threads", "dtype", "autocast", "compile", "precision", "bf16", "amp"}
 
 
 def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
@@ -65,7 +74,8 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
         print(f"peers: TorchRec is not installed here ({skipped}); its arm is skipped, the "
               f"recsync arms run. Install it with {peers_torchrec.INSTALL_HINT}.", flush=True)
     ds = None if skipped else Dataset(data)
-    runs: dict[str, list[dict]] = {name: [] for name in [*cfgs, *([] if skipped else [TORCHREC])]}
+    names = [n for n in cfgs if n != NO_DECAY] + ([] if skipped else [NO_DECAY, TORCHREC])
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     for s in range(seeds):
         for name in runs:
             print(f"seed {s + 1}/{seeds}: {name} ...", flush=True)
@@ -75,8 +85,8 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
                               if name == TORCHREC else ov.run_arm(cfg, arm_dir, name))
             print(f"  eval AUC {runs[name][-1]['eval']['auc']:.4f}", flush=True)
     arms = {name: arm_entry(r) for name, r in runs.items()}
-    differences = ({"local_minus_torchrec_auc": sd.auc_difference(arms, "local", TORCHREC)}
-                   if TORCHREC in arms else {})
+    differences = ({f"{a}_minus_torchrec_auc": sd.auc_difference(arms, a, TORCHREC)
+                    for a in ("local", NO_DECAY)} if TORCHREC in arms else {})
     wall_s = time.perf_counter() - started
     return {
         "scenario": "peers",
@@ -93,7 +103,7 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
                    + [sd.difference_row(k, d) for k, d in differences.items()],
                    "Samples/s per seed (after the warm-up)": speed_rows(arms)},
         "configs": {f"{name} (recsync config, seed 0)": cfg.to_toml()
-                    for name, cfg in cfgs.items()},
+                    for name, cfg in cfgs.items() if name in arms},
     }
 
 
@@ -123,6 +133,8 @@ def ratios(arms: dict) -> dict[str, float | None]:
         "local_minus_torchrec_auc": (local["eval"]["auc"] - peer["eval"]["auc"]
                                      if peer else None),
         "async_1w_vs_local_speed": arms["async_1w1s"]["samples_per_s"] / local["samples_per_s"],
+        f"{NO_DECAY}_minus_torchrec_auc": (arms[NO_DECAY]["eval"]["auc"] - peer["eval"]["auc"]
+                                           if peer and NO_DECAY in arms else None),
     }
 
 
@@ -130,15 +142,14 @@ def option_rows(cfgs: dict[str, RunConfig], arms: dict) -> list[list]:
     """What each arm ran with: threads, and every train/model option about precision or
     compilation that recsync's config has (a default another change may set)."""
     rows = []
-    for name, cfg in cfgs.items():
-        options = {f"train.{k}": v for k, v in cfg.train.model_dump().items() if k == "threads"}
-        options.update({f"{section}.{k}": v for section in ("train", "model")
-                        for k, v in getattr(cfg, section).model_dump().items()
-                        if any(w in k for w in ("dtype", "autocast", "compile", "precision",
-                                                "bf16", "amp"))})
+    for name, cfg in ((n, c) for n, c in cfgs.items() if n in arms):
+        options = {f"{section}.{k}": v for section in ("train", "model")
+                   for k, v in getattr(cfg, section).model_dump().items()
+                   if OPTION_WORDS & set(k.split("_"))}
         rows.append([f"{name}: options", ", ".join(f"{k} = {v}" for k, v in options.items()),
-                     "recsync's defaults (only output settings changed); parameters float32 "
-                     "unless an option above says otherwise"])
+                     "recsync's defaults (only output settings changed"
+                     + (", and train.embedding_weight_decay = 0" if name == NO_DECAY else "")
+                     + "); parameters float32 unless an option above says otherwise"])
     if TORCHREC in arms:
         a = arms[TORCHREC]
         rows.append([f"{TORCHREC}: options", f"torch threads = {a['threads']}, float32",

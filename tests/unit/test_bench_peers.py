@@ -12,8 +12,10 @@ from recsync.bench import overhead as ov
 from recsync.bench import peers
 from recsync.bench import peers_torchrec as pt
 
-SPEED = {"local": 30_000.0, "async_1w1s": 27_000.0, "torchrec": 24_000.0}
-RATIOS = ("local_vs_torchrec_speed", "local_minus_torchrec_auc", "async_1w_vs_local_speed")
+SPEED = {"local": 30_000.0, "async_1w1s": 27_000.0, "local_no_row_decay": 30_000.0,
+         "torchrec": 24_000.0}
+RATIOS = ("local_vs_torchrec_speed", "local_minus_torchrec_auc", "async_1w_vs_local_speed",
+          "local_no_row_decay_minus_torchrec_auc")
 
 
 def _summary(name: str, seed: int) -> dict:
@@ -49,7 +51,8 @@ def test_peers_is_seeded_with_three_seeds_by_default(calls, monkeypatch, tmp_pat
     monkeypatch.setattr(pt, "missing", lambda: None)
     r = run_scenario("peers", tmp_path)
     assert "peers" in SEEDED and r["seeds"] == 3
-    assert calls == [(arm, s) for s in range(3) for arm in ("local", "async_1w1s", "torchrec")]
+    assert calls == [(arm, s) for s in range(3)
+                     for arm in ("local", "async_1w1s", "local_no_row_decay", "torchrec")]
 
 
 def test_the_ratios_are_ratios_of_the_means_over_seeds(calls, monkeypatch, tmp_path):
@@ -60,9 +63,11 @@ def test_the_ratios_are_ratios_of_the_means_over_seeds(calls, monkeypatch, tmp_p
     assert ratios["local_vs_torchrec_speed"] == pytest.approx(30_050 / 24_050)
     assert ratios["async_1w_vs_local_speed"] == pytest.approx(27_050 / 30_050)
     assert ratios["local_minus_torchrec_auc"] == pytest.approx(0.002)
+    assert ratios["local_no_row_decay_minus_torchrec_auc"] == pytest.approx(0.0)
     assert r["differences"]["local_minus_torchrec_auc"]["n"] == 2
     report = (tmp_path / "report.md").read_text()
     assert "samples/s (mean)" in report and "NOT applied" in report
+    assert "| local: options | train.threads = 1 |" in report  # the threads and nothing else
 
 
 def test_without_torchrec_its_arm_is_skipped_with_one_line_and_its_ratios_are_none(
@@ -77,6 +82,7 @@ def test_without_torchrec_its_arm_is_skipped_with_one_line_and_its_ratios_are_no
     assert set(r["arms"]) == {"local", "async_1w1s"} and r["skipped"]["torchrec"]
     assert r["ratios"]["local_vs_torchrec_speed"] is None
     assert r["ratios"]["local_minus_torchrec_auc"] is None
+    assert r["ratios"]["local_no_row_decay_minus_torchrec_auc"] is None
     assert r["ratios"]["async_1w_vs_local_speed"] == pytest.approx(27_000 / 30_000)
     assert "TorchRec is not installed" in (tmp_path / "report.md").read_text()
 

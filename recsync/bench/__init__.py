@@ -29,11 +29,12 @@ SCENARIOS = {
     "sizing": "memory per PS shard per million rows of each dim, per worker",
     "ps": "one PS shard's pull and push rows/s (Ray, in process, raw torch); its saturation "
           "curve with 1-12 async workers (EMULATED)",
+    "peers": "recsync local and async (1 worker, 1 shard) against TorchRec on the same DLRM",
 }
 
 
 # Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
-SEEDED = ("stragglers", "switching", "shadow", "eager")
+SEEDED = ("stragglers", "switching", "shadow", "eager", "peers")
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:

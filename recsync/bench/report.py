@@ -53,11 +53,13 @@ def write_results(out: Path, results: dict) -> None:
     results.setdefault("environment", environment())
     write_json(out / "results.json", results)
     arms = {n: a for n, a in results["arms"].items() if a.get("samples_per_s") is not None}
+    runs = "seed" if results.get("seeds") else "round"
+    speed = results.get("speed_statistic", "median")  # over the rounds or seeds
     if arms:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         names = list(arms)
         ax.bar(names, [arms[n]["samples_per_s"] for n in names], color="tab:blue")
-        ax.set(ylabel="training samples/s (median of rounds)", title=f"{results['scenario']}")
+        ax.set(ylabel=f"training samples/s ({speed} of {runs}s)", title=f"{results['scenario']}")
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "throughput.png", dpi=110)
@@ -72,9 +74,8 @@ def write_results(out: Path, results: dict) -> None:
         md += [f"**{results['emulation_label']}**", ""]
     if results.get("description"):
         md += [results["description"], ""]
-    runs = "seed" if results.get("seeds") else "round"
     md += [] if not arms else ["## Arms", "", _table(
-        ["arm", "samples/s (median)", f"samples/s per {runs}",
+        ["arm", f"samples/s ({speed})", f"samples/s per {runs}",
          "eval AUC" + (" (mean of seeds)" if results.get("seeds") else ""), "eval rows"],
         [[n, a["samples_per_s"], ", ".join(f"{x:,.0f}" for x in a.get("rounds_samples_per_s", [])),
           (a.get("eval") or {}).get("auc"), (a.get("eval") or {}).get("rows")]

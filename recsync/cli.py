@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 import click  # noqa: E402
 
-from recsync.bench import SCENARIOS  # noqa: E402
+from recsync.bench import SCENARIOS, SEEDED  # noqa: E402
 from recsync.config import ConfigError, load_config  # noqa: E402
 from recsync.run.signals import EXIT_FAILED, EXIT_USAGE, Interrupted, catch_signals  # noqa: E402
 
@@ -354,8 +354,8 @@ def export_cmd(model_dir, fmt, out, max_bytes, overwrite, builder):
 @click.option("--scale", type=float, default=1.0, show_default=True,
               help="Multiply the scenario's default size (rows, steps).")
 @click.option("--seeds", type=int, default=None,
-              help="Runs per arm, train.seed 0, 1, ... (stragglers, switching, shadow, eager; "
-                   "default 3): quality is the mean, differences are paired by seed.")
+              help=f"Runs per arm, train.seed 0, 1, ... ({', '.join(SEEDED)}; default 3): "
+                   "quality is the mean, differences are paired by seed.")
 def bench(scenario, out, scale, seeds):
     """Run every arm of a benchmark scenario side by side; write results.json and report.md."""
     from recsync.bench import run_scenario

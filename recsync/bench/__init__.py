@@ -28,11 +28,12 @@ SCENARIOS = {
     "quality": "every built-in model against logistic regression on the Avazu sample",
     "sizing": "memory per PS shard per million rows of each dim, per worker",
     "ps": "one PS shard's pull and push rows/s: via Ray, in process, raw torch",
+    "dense": "the dense step: float32, bfloat16 autocast, torch.compile; threads or processes",
 }
 
 
 # Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
-SEEDED = ("stragglers", "switching", "shadow", "eager")
+SEEDED = ("stragglers", "switching", "shadow", "eager", "dense")
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:

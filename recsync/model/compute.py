@@ -83,6 +83,9 @@ class DenseCompute:
         # forward (it calls the original module)
         return DenseCompute(self.precision, None, self.device_type)
 
+    def __getstate__(self):  # the same for a pickled module (compiled code does not pickle)
+        return {**self.__dict__, "forward": None}
+
 
 def compute_of(model: torch.nn.Module) -> DenseCompute:
     """The module's DenseCompute (a plain float32 one if ``prepare`` never ran)."""
@@ -106,16 +109,17 @@ def prepare(model: torch.nn.Module, precision: str = "float32", compile: bool = 
     return compute
 
 
-def warm_up(model: torch.nn.Module, plan, batch, who: str = "the run") -> float:
+def warm_up(model: torch.nn.Module, plan, ds, batch_size: int, who: str = "the run") -> float:
     """Compile the module's training forward and backward now, if ``prepare`` asked for it:
-    one forward and backward of ``batch`` (a real batch: its shapes) on zero rows from
-    ``plan`` (a LookupPlan), gradients dropped, no optimizer step. Returns the seconds it took
-    (0.0 when not compiling). The parameters and the optimizers are untouched; a model with
-    dropout draws its masks once more from torch's generator."""
+    one forward and backward of the first training batch of ``ds`` (its shapes) on zero rows
+    from ``plan`` (a LookupPlan), gradients dropped, no optimizer step. Returns the seconds it
+    took (0.0 when not compiling). The parameters and the optimizers are untouched; a model
+    with dropout draws its masks once more from torch's generator."""
     compute = compute_of(model)
-    if compute.forward is None or batch is None:
+    batch = first_batch(ds, batch_size) if compute.forward is not None else None
+    if batch is None:
         return 0.0
-    from recsync.model import loss as model_loss
+    from recsync.model import loss as model_loss  # here: loss.py imports this module
     print(f"{who}: compiling the dense model (train.compile) ...", flush=True)
     start = time.perf_counter()
     tables = plan.dedup(batch)

@@ -22,7 +22,7 @@ from recsync.metrics.core import MetricsLog
 from recsync.metrics.evaluate import evaluate
 from recsync.metrics.progress import progress
 from recsync.model import loss as model_loss
-from recsync.model.compute import first_batch, prepare, warm_up
+from recsync.model.compute import prepare, warm_up
 from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.model.setup import model_for
 from recsync.run.record import RunRecord
@@ -95,7 +95,7 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
     if warm is not None:
         from recsync.run.warm_start import apply_local
         apply_local(model, warm, cfg)
-    warm_up(model.dense, model.lookup.plan, first_batch(ds, cfg.train.batch_size))  # compile
+    warm_up(model.dense, model.lookup.plan, ds, cfg.train.batch_size)  # compiles, if set
     record.train_start = time.perf_counter()
     try:
         try:

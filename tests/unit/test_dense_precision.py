@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import pickle
 
 import pytest
 import torch
@@ -176,7 +177,7 @@ def test_compile_wraps_the_module_and_training_calls_the_wrapper(tiny, fake_comp
 def test_warm_up_compiles_before_training_and_changes_no_parameter(tiny, fake_compile):
     m = _model(tiny, compile=True)
     before = [p.detach().clone() for p in m.dense.parameters()]
-    took = warm_up(m.dense, m.lookup.plan, first_batch(tiny, 64))
+    took = warm_up(m.dense, m.lookup.plan, tiny, 64)
     assert took >= 0 and compute_of(m.dense).forward.calls == 1
     assert all(p.grad is None for p in m.dense.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, m.dense.parameters()))
@@ -185,14 +186,14 @@ def test_warm_up_compiles_before_training_and_changes_no_parameter(tiny, fake_co
 
 def test_warm_up_does_nothing_without_compile(tiny):
     m = _model(tiny, compile=False)
-    assert warm_up(m.dense, m.lookup.plan, first_batch(tiny, 64)) == 0.0
+    assert warm_up(m.dense, m.lookup.plan, tiny, 64) == 0.0
 
 
-def test_a_copy_of_a_prepared_module_keeps_the_precision_not_the_compiled_forward(
+def test_a_copied_or_pickled_module_keeps_the_precision_not_the_compiled_forward(
         tiny, fake_compile, bf16_cpu):
     m = _model(tiny, dense_precision="bfloat16", compile=True)
-    twin = copy.deepcopy(m.dense)
-    assert compute_of(twin).precision == "bfloat16" and compute_of(twin).forward is None
+    for twin in (copy.deepcopy(m.dense), pickle.loads(pickle.dumps(m.dense))):
+        assert compute_of(twin).precision == "bfloat16" and compute_of(twin).forward is None
 
 
 def test_an_unprepared_module_trains_float32_eager():

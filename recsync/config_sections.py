@@ -104,6 +104,17 @@ class TrainConfig(Section):
     """seeds model init, embedding init and data order"""
     threads: int = Field(1, ge=1)
     """torch intra-op threads per training process"""
+    dense_precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    """precision of the dense model's training forward and backward (bfloat16 autocast: the
+    parameters, embedding rows, row gradients, optimizer state and the loss stay float32;
+    evaluation and predict always run float32). "auto": bfloat16 where the process's CPU (or
+    GPU) has native bfloat16 (AVX512-BF16 or AMX), float32 elsewhere; "bfloat16" on a CPU
+    without it falls back to float32 with a warning. Measured with DLRM at batch 4,096:
+    model/compute.py, docs/models.md "Dense compute" """
+    compile: bool = False
+    """torch.compile the dense model's training forward (compiled at start-up, before the
+    training clock starts; needs a C++ compiler on a CPU). Off by default: measured no faster
+    than eager for the built-in models (docs/models.md "Dense compute")"""
     eval_every_samples: int = Field(0, ge=0)
     """evaluate (AUC, log loss, NE, calibration) on eval_sample_rows every this many training
     samples (0: 8 times per run); local training waits for each, distributed workers never do

@@ -30,11 +30,12 @@ SCENARIOS = {
     "ps": "one PS shard's pull and push rows/s (Ray, in process, raw torch); its saturation "
           "curve with 1-12 async workers (EMULATED)",
     "peers": "recsync local and async (1 worker, 1 shard) against TorchRec on the same DLRM",
+    "dense": "the dense step: float32, bfloat16 autocast, torch.compile; threads or processes",
 }
 
 
 # Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
-SEEDED = ("stragglers", "switching", "shadow", "eager", "peers")
+SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense")
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:

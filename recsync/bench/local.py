@@ -1,7 +1,8 @@
 """Scenario `local`: recsync's single-process trainer against a hand-written PyTorch loop.
 
-Arms (same DLRM module, 26 tables x 1e6 rows x 16, batch 4096, one intra-op thread, SGD on
-embedding rows and Adagrad on dense parameters with the same learning rates):
+Arms (same DLRM module, 26 tables x 1e6 rows x 16, batch 4096, one intra-op thread, float32
+(scenario `dense` measures bfloat16), SGD on embedding rows and Adagrad on dense parameters with
+the same learning rates):
 
 - ``plain_torch``: the reference: ``nn.Embedding(sparse=True)`` tables, ``torch.optim.SGD`` on
   them, batches preloaded in memory, nothing else in the loop.
@@ -49,6 +50,7 @@ ARM_SETTINGS = [  # shared by both arms
     "train.dense_optimizer=\"adagrad\"", "train.dense_lr=0.01",
     "train.eval_every_samples=1000000000000", "data.shuffle=false", "output.progress=false",
     "output.plot=false",
+    "train.dense_precision=\"float32\"",  # as the plain loop: the runtime's cost, like for like
 ]
 
 

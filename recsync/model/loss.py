@@ -12,17 +12,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from recsync.model.compute import compute_of
+
 
 class ModelContractError(ValueError):
     """A model's forward broke the contract (logits [B], floating point): a user's model, not
     recsync, is at fault, so the one-line message is the whole story."""
 
 
-def logits(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:
+def logits(model: torch.nn.Module, batch, embeddings: torch.Tensor,
+           forward=None) -> torch.Tensor:
     """The model's logits [B] for ``batch`` (its dense features) and its looked-up rows;
     ModelContractError naming the model if its forward breaks the contract (a user's model may: a
-    [B, 1] output would otherwise broadcast against the labels, integers would not train)."""
-    out = model(on_model(model, batch.dense), embeddings)
+    [B, 1] output would otherwise broadcast against the labels, integers would not train).
+    ``forward``: what to call instead of ``model`` (its compiled form: model/compute.py)."""
+    out = (model if forward is None else forward)(on_model(model, batch.dense), embeddings)
     rows = batch.dense.shape[0]
     if not isinstance(out, torch.Tensor) or out.shape != (rows,) or not out.is_floating_point():
         got = (f"a {out.dtype} tensor of shape {list(out.shape)}"
@@ -35,8 +39,13 @@ def logits(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Ten
 
 
 def loss(model: torch.nn.Module, batch, embeddings: torch.Tensor) -> torch.Tensor:
-    """The batch's mean binary cross-entropy (with logits): a scalar to differentiate."""
-    out = logits(model, batch, embeddings)
+    """The batch's mean binary cross-entropy (with logits): a scalar to differentiate. The
+    forward runs as ``prepare`` set the module up (model/compute.py: bfloat16 autocast,
+    compiled); the loss is always computed from float32 logits."""
+    compute = compute_of(model)
+    with compute.autocast():
+        out = logits(model, batch, embeddings, compute.forward)
+    out = out.float()
     label = on_model(model, batch.label)
     weight = getattr(batch, "weight", None)
     if weight is None:

@@ -22,6 +22,7 @@ from recsync.metrics.core import MetricsLog
 from recsync.metrics.evaluate import evaluate
 from recsync.metrics.progress import progress
 from recsync.model import loss as model_loss
+from recsync.model.compute import prepare, warm_up
 from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.model.setup import model_for
 from recsync.run.record import RunRecord
@@ -47,6 +48,7 @@ def build_local_model(model_cfg: ModelConfig, train_cfg: TrainConfig, ds: Datase
                            init_scale=model_cfg.embedding_init_scale)
     optimizer = make_dense_optimizer(train_cfg.dense_optimizer, built.module.parameters(),
                                      train_cfg.dense_lr, train_cfg.dense_weight_decay)
+    prepare(built.module, train_cfg.dense_precision, train_cfg.compile)
     return LocalModel(built.module, LocalLookup(store, built.plan), optimizer,
                       train_cfg.dense_warmup_steps)
 
@@ -93,6 +95,7 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
     if warm is not None:
         from recsync.run.warm_start import apply_local
         apply_local(model, warm, cfg)
+    warm_up(model.dense, model.lookup.plan, ds, cfg.train.batch_size)  # compiles, if set
     record.train_start = time.perf_counter()
     try:
         try:

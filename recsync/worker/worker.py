@@ -33,6 +33,7 @@ from recsync.cluster.net import is_loopback, listening_socket, loopback_interfac
 from recsync.cluster.placement import where
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
+from recsync.model.compute import prepare, warm_up
 from recsync.model.optim import import_optimizers
 from recsync.model.setup import model_for
 from recsync.modes import MODES
@@ -71,6 +72,9 @@ class Worker:
         built = model_for(cfg.model, self.ds)
         self.device = worker_device(cfg)  # a GPU with cluster.worker_gpus > 0
         self.model, self.plan = built.module.to(self.device), built.plan
+        t, who = cfg.train, f"worker {rank}"
+        prepare(self.model, t.dense_precision, t.compile, who=who)
+        warm_up(self.model, self.plan, self.ds, t.batch_size, who=who)  # compiles, if set
         self.clients: list[PSClient] = []
         self.state, self.error = "created", None
         self.steps = self.samples = 0

@@ -194,7 +194,8 @@ def test_gba_with_m_equal_n_and_no_staleness_equals_one_step_on_the_global_batch
     model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8],
                             embedding_init_scale=0.3)
     train_cfg = TrainConfig(embedding_optimizer="adagrad", embedding_lr=0.3,
-                            dense_optimizer="adagrad", dense_lr=0.05, seed=3)
+                            dense_optimizer="adagrad", dense_lr=0.05, seed=3,
+                            dense_precision="float32")  # an equality: bfloat16 rounds apart
     local = build_local_model(model_cfg, train_cfg, tiny)
     replicas = []
     for _ in range(2):

@@ -54,7 +54,8 @@ def test_local_training_matches_a_reference_loop(tiny):
     """recsync's step (dedup, pull, push through a row-wise SGD store) is plain SGD on a model
     whose tables are ordinary dense nn.Embedding parameters."""
     train_cfg = TrainConfig(embedding_optimizer="sgd", embedding_lr=0.3, dense_optimizer="sgd",
-                            dense_lr=0.2, dense_warmup_steps=0, seed=7)
+                            dense_lr=0.2, dense_warmup_steps=0, seed=7,
+                            dense_precision="float32")  # the reference loop is float32
     m = build_local_model(MODEL, train_cfg, tiny)
     store = m.lookup.store
 

@@ -138,6 +138,14 @@ def ratios(arms: dict) -> dict[str, float | None]:
     }
 
 
+def dense_precision_used(cfg: RunConfig) -> str:
+    """What ``train.dense_precision`` resolves to on this machine's CPU (model/compute.py)."""
+    import torch
+
+    from recsync.model.compute import resolve_precision
+    return resolve_precision(cfg.train.dense_precision, torch.device("cpu"))[0]
+
+
 def option_rows(cfgs: dict[str, RunConfig], arms: dict) -> list[list]:
     """What each arm ran with: threads, and every train/model option about precision or
     compilation that recsync's config has (a default another change may set)."""
@@ -149,7 +157,8 @@ def option_rows(cfgs: dict[str, RunConfig], arms: dict) -> list[list]:
         rows.append([f"{name}: options", ", ".join(f"{k} = {v}" for k, v in options.items()),
                      "recsync's defaults (only output settings changed"
                      + (", and train.embedding_weight_decay = 0" if name == NO_DECAY else "")
-                     + "); parameters float32 unless an option above says otherwise"])
+                     + f"); the dense training steps ran in {dense_precision_used(cfg)} here; "
+                     "parameters, rows and optimizer state float32"])
     if TORCHREC in arms:
         a = arms[TORCHREC]
         rows.append([f"{TORCHREC}: options", f"torch threads = {a['threads']}, float32",

@@ -11,6 +11,7 @@ from recsync.bench import SEEDED, run_scenario
 from recsync.bench import overhead as ov
 from recsync.bench import peers
 from recsync.bench import peers_torchrec as pt
+from recsync.model.compute import resolve_precision
 
 SPEED = {"local": 30_000.0, "async_1w1s": 27_000.0, "local_no_row_decay": 30_000.0,
          "torchrec": 24_000.0}
@@ -67,7 +68,10 @@ def test_the_ratios_are_ratios_of_the_means_over_seeds(calls, monkeypatch, tmp_p
     assert r["differences"]["local_minus_torchrec_auc"]["n"] == 2
     report = (tmp_path / "report.md").read_text()
     assert "samples/s (mean)" in report and "NOT applied" in report
-    assert "| local: options | train.threads = 1 |" in report  # the threads and nothing else
+    assert ("| local: options | train.threads = 1, train.dense_precision = auto, "
+            "train.compile = False |") in report  # the options about threads, precision, compile
+    used = resolve_precision("auto", torch.device("cpu"))[0]  # bfloat16 on a CPU with AMX
+    assert f"the dense training steps ran in {used} here" in report
 
 
 def test_without_torchrec_its_arm_is_skipped_with_one_line_and_its_ratios_are_none(

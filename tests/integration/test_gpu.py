@@ -13,6 +13,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 
 def _pair(data, tmp_path, *overrides, gpus: float):
+    """The same run on CPU and GPU workers, both in float32: "auto" would be bfloat16 on a
+    GPU and on a CPU with AMX, whose rounding differs between the two devices."""
+    overrides = (*overrides, 'train.dense_precision="float32"')
     cpu = run(config(data, *overrides), tmp_path / "cpu")
     gpu = run(config(data, *overrides, f"cluster.worker_gpus={gpus}"), tmp_path / "gpu")
     return cpu, gpu
@@ -42,3 +45,12 @@ def test_gpu_sync_all_reduce_on_nccl_equals_the_cpu_run(ray_cluster, data, tmp_p
     cpu, gpu = _pair(data, tmp_path, 'mode="sync"', "cluster.workers=2", "cluster.ps_shards=2",
                      "train.epochs=2", gpus=1)
     _close(cpu, gpu, 1e-3)
+
+
+def test_gpu_worker_in_bfloat16_trains_as_the_float32_cpu_run(ray_cluster, data, tmp_path):
+    """A GPU's bfloat16 autocast (what "auto" picks there) changes rounding, not the model."""
+    base = ('mode="sync"', "cluster.workers=1", "cluster.ps_shards=2", "train.epochs=2")
+    cpu = run(config(data, *base, 'train.dense_precision="float32"'), tmp_path / "cpu")
+    gpu = run(config(data, *base, 'train.dense_precision="bfloat16"', "cluster.worker_gpus=1"),
+              tmp_path / "gpu")
+    _close(cpu, gpu, 0.02)

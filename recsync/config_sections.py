@@ -39,6 +39,40 @@ class DataConfig(Section):
     """rows per unit of work (0: 16 batches); a chunk is a contiguous row range of one part"""
 
 
+class DynamicTableConfig(Section):
+    capacity: int = Field(1_000_000, ge=1, le=MAX_TABLE_ROWS)
+    """rows a dynamic table holds per PS shard (the local run: in all); memory is checked for
+    a full table at start-up"""
+    admit_after: int = Field(1, ge=1)
+    """an id gets a row once it was seen in this many batches (1: at once); until then it
+    reads zeros and its gradients are dropped"""
+    eviction: Literal["lfu", "lru"] = "lfu"
+    """when a shard's table is full, which rows make room: "lfu" the least often seen, "lru"
+    the longest unseen"""
+    ttl: int = Field(0, ge=0)
+    """rows unseen for this many updates of their table go at each checkpoint (0: never)"""
+
+
+class DynamicTableOverride(Section):
+    """One table's own settings; a key left out is the section's."""
+    capacity: int | None = Field(None, ge=1, le=MAX_TABLE_ROWS)
+    admit_after: int | None = Field(None, ge=1)
+    eviction: Literal["lfu", "lru"] | None = None
+    ttl: int | None = Field(None, ge=0)
+
+
+class DynamicConfig(DynamicTableConfig):
+    tables: dict[str, DynamicTableOverride] = {}
+    """[model.dynamic.tables.NAME]: another capacity, admission, eviction or ttl for one table
+    (keys left out are the section's)"""
+
+    def for_table(self, name: str) -> DynamicTableConfig:
+        """The settings of dynamic table ``name``: the section's, with its own on top."""
+        own = self.tables.get(name)
+        mine = own.model_dump(exclude_none=True) if own is not None else {}
+        return DynamicTableConfig(**{**self.model_dump(exclude={"tables"}), **mine})
+
+
 class ModelConfig(Section):
     name: str = "dlrm"
     """model: "dlrm" (DLRM, dot interaction), "dcn" (DCN-v2: cross network + deep MLP),
@@ -66,6 +100,9 @@ class ModelConfig(Section):
     """rows of every embedding table (0: each table as large as the data set says)"""
     embedding_init_scale: float = Field(0.15, gt=0)
     """embedding rows start uniform in [-scale, scale)"""
+    dynamic: DynamicConfig = DynamicConfig()
+    """[model.dynamic]: rows per shard, admission and eviction of the data set's dynamic tables
+    (a schema's `kind = "dynamic"`, docs/data.md); fixed tables ignore it"""
 
 
 class TrainConfig(Section):

@@ -222,7 +222,8 @@ def check(meta, sequence: int, where: str) -> None:
 def check_rows(arrays: dict, meta: dict, where: str) -> None:
     """A shard checkpoint's rows as restoring and resharding read them: per table
     (``meta["tables"]``) integer local indices ``t{t}.local`` (>= 0) and as many ``weights``
-    and ``state`` rows; ValueError naming ``where`` (the manifest) and the array otherwise."""
+    and ``state`` rows (a dynamic table's also ``ids``, ``counts``, ``last`` and ``clock``);
+    ValueError naming ``where`` (the manifest) and the array otherwise."""
     for t in range(meta["tables"]):
         local = arrays.get(f"t{t}.local")
         if local is None or local.ndim != 1 or local.dtype.kind not in "iu" \
@@ -233,3 +234,12 @@ def check_rows(arrays: dict, meta: dict, where: str) -> None:
             if a is None or a.ndim < 1 or len(a) != len(local) or a.dtype.kind not in "fiu":
                 raise ValueError(f"{where}: t{t}.{part} is missing or has not one numeric "
                                  f"row per index of t{t}.local")
+        if f"t{t}.ids" in arrays:  # a dynamic table's: each row's id and scores, its clock
+            for part in ("ids", "counts", "last"):
+                a = arrays.get(f"t{t}.{part}")
+                if a is None or a.ndim != 1 or len(a) != len(local) or a.dtype.kind not in "iu":
+                    raise ValueError(f"{where}: t{t}.{part} is missing or has not one integer "
+                                     f"per index of t{t}.local")
+            clock = arrays.get(f"t{t}.clock")
+            if clock is None or clock.ndim != 0 or clock.dtype.kind not in "iu":
+                raise ValueError(f"{where}: t{t}.clock is missing or not one integer")

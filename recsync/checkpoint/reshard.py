@@ -5,7 +5,8 @@ snapshots of S_new shards, so that ``recsync train --resume`` can go on with ano
 A shard checkpoint keeps rows by local index (sharding.py): global id = local * S_old + shard.
 Each old shard's chain (its full checkpoint and the partial ones after it, CPR) is first
 resolved into one full snapshot (the rows the later ones saved win), then its rows go to the
-new shard ``id % S_new`` at local index ``id // S_new``, with their row-optimizer state. Only
+new shard ``id % S_new`` at local index ``id // S_new``, with their row-optimizer state (a
+dynamic table's rows keep their ids and scores and take slots 0, 1, ... on the new shard). Only
 one old shard's chain is in memory at a time (``snapshot_for`` takes them one by one), besides
 the rows the new shard ends up holding.
 
@@ -73,6 +74,7 @@ def snapshot_for(old: Iterable[Snapshot], old_shards: int, shard: int, num_shard
     versions, seen = [], 0
     counters = {"pulls": 0, "pushes": 0, "samples_applied": 0}
     staleness: Counter = Counter()
+    clocks: dict[int, list[int]] = {}  # dynamic tables: each old shard's clock
     own = None  # the old shard with this index, if any
     dense_arrays, dense_meta = {}, None
     for k, (arrays, meta) in enumerate(old):
@@ -85,10 +87,17 @@ def snapshot_for(old: Iterable[Snapshot], old_shards: int, shard: int, num_shard
                              f"0's {tables}")
         versions.append(meta["version"])
         for t in range(tables):
-            ids = arrays[f"t{t}.local"].astype(np.int64) * old_shards + k
-            mine = ids % num_shards == shard
-            parts.setdefault(f"t{t}.local", []).append(ids[mine] // num_shards)
-            for part in ("weights", "state"):
+            if f"t{t}.ids" in arrays:  # a dynamic table: slots are given anew below
+                ids = arrays[f"t{t}.ids"].astype(np.int64)
+                mine = ids % num_shards == shard
+                moved = ("ids", "counts", "last", "weights", "state")
+                clocks.setdefault(t, []).append(int(arrays[f"t{t}.clock"]))
+            else:
+                ids = arrays[f"t{t}.local"].astype(np.int64) * old_shards + k
+                mine = ids % num_shards == shard
+                parts.setdefault(f"t{t}.local", []).append(ids[mine] // num_shards)
+                moved = ("weights", "state")
+            for part in moved:
                 parts.setdefault(f"t{t}.{part}", []).append(arrays[f"t{t}.{part}"][mine])
         if k == 0 and shard == 0:
             dense_arrays = {n: a for n, a in arrays.items() if n.startswith("dense.")}
@@ -104,9 +113,13 @@ def snapshot_for(old: Iterable[Snapshot], old_shards: int, shard: int, num_shard
         raise ValueError(f"{seen} old shard checkpoints given, the job checkpoint names "
                          f"{old_shards}")
     out = {key: np.concatenate(chunks) for key, chunks in parts.items()}
+    for t, clock in clocks.items():  # a dynamic table's rows take slots 0, 1, ... in order
+        out[f"t{t}.local"] = np.arange(len(out[f"t{t}.ids"]), dtype=np.int64)
+        out[f"t{t}.clock"] = np.array(max(clock), np.int64)
     order = {t: np.argsort(out[f"t{t}.local"], kind="stable") for t in range(tables)}
     for key in out:
-        out[key] = out[key][order[int(key[1:key.index(".")])]]
+        if out[key].ndim:  # a dynamic table's clock is a scalar
+            out[key] = out[key][order[int(key[1:key.index(".")])]]
     out.update(dense_arrays)
     rule_arrays, rule_meta = ((({n.removeprefix("rule."): a for n, a in own[0].items()
                                  if n.startswith("rule.")}), own[1]["rule"])

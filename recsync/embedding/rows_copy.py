@@ -11,6 +11,11 @@ copied or a pushed row is saved, never for the whole copy.
 Rows first touched after the copy began are not in it: they were at their initial values then,
 which a restore gives them again. Each row saved is written into its place in arrays allocated
 once per table (in ascending row order, no sort): the copy takes its rows' bytes once.
+
+A dynamic table's rows are its slots; the copy begins by expiring its idle rows (``ttl``) and
+taking the map's entries (slot -> id, scores), so each saved row comes with the id it had when
+the copy began, also where an eviction gave its slot to another id meanwhile (the store calls
+``before_write`` for a slot before it reuses it).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class RowsCopy:
         if rows is not None and choose is not None:
             raise ValueError("rows or choose, not both")
         self.store, self.choose = store, choose
+        store.expire_idle()  # a dynamic table's rows idle for longer than its ttl
+        self.maps = {t: (table.ids_state(), table.clock) for t, table in store.dynamic.items()}
         self.chosen: list[torch.Tensor] | None = None  # what choose() returned
         self.keep: list[torch.Tensor | None] = [None for _ in store.initialized]
         self.lock = threading.Lock()
@@ -120,6 +127,16 @@ class RowsCopy:
                 rows, weights, state = rows[kept], weights[kept], state[kept]
             out.update({f"t{t}.local": rows.numpy(), f"t{t}.weights": weights.numpy(),
                         f"t{t}.state": state.numpy()})
+            if t in self.maps:
+                out.update(self._map_part(t, rows.numpy()))
             self.rows += len(rows)
         self.copy_s = time.perf_counter() - begin
         return out
+
+    def _map_part(self, t: int, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """A dynamic table's ids and scores of the saved ``slots``, as they were at the copy's
+        beginning, and the table's clock then."""
+        entries, clock = self.maps[t]
+        at = np.searchsorted(entries["slots"], slots)
+        return {f"t{t}.ids": entries["ids"][at], f"t{t}.counts": entries["counts"][at],
+                f"t{t}.last": entries["last"][at], f"t{t}.clock": np.array(clock, np.int64)}

@@ -9,6 +9,10 @@ of (seed, table, id, column). So a row's initial value does not depend on how ta
 or in which order rows are touched, start-up costs nothing, and resident memory grows only with
 the rows actually used (the table tensors are allocated with ``torch.empty``, whose untouched
 pages the OS never materialises).
+
+A dynamic table (``TableSpec.dynamic``) takes any int64 id instead: its rows live in slots of a
+map per store (embedding/dynamic_table.py), with admission and eviction; ``weights``, ``state``
+and ``initialized`` then index slots, and snapshots add each saved slot's id (``t{t}.ids``).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import numpy as np
 import torch
 
 from recsync.data.hashing import splitmix64
+from recsync.embedding.dynamic_table import DynamicTable
 from recsync.embedding.memory import check_table_memory
 from recsync.embedding.rows_copy import RowsCopy
-from recsync.embedding.sharding import local_index, rows_on_shard
+from recsync.embedding.sharding import local_index
 from recsync.embedding.spec import TableSpec
+
 
 def initial_rows(seed: int, table: int, ids: torch.Tensor, dim: int, scale: float) -> torch.Tensor:
     """Initial values of rows ``ids`` of table number ``table``: uniform in [-scale, scale).
@@ -51,20 +57,30 @@ class EmbeddingStore:
         self.tables, self.optimizer = tables, optimizer
         self.seed, self.init_scale = seed, init_scale
         self.shard, self.num_shards = shard, num_shards
-        local_rows = [rows_on_shard(t.rows, shard, num_shards) for t in tables]
+        local_rows = [t.rows_per_shard(shard, num_shards) for t in tables]
         # before any allocation: table sizes come from a data set's meta.json
         check_table_memory(local_rows, max((t.dim for t in tables), default=1),
                            state_dim=optimizer.state_dim, table_names=[t.name for t in tables])
-        self.weights = [torch.empty(n, t.dim) for n, t in zip(local_rows, tables)]
-        self.state = [torch.empty(n, optimizer.state_dim) for n in local_rows]
-        self.initialized = [torch.zeros(n, dtype=torch.bool) for n in local_rows]
+        self.dynamic = {i: DynamicTable(t, i, optimizer, seed=seed, init_scale=init_scale,
+                                        initial_rows=initial_rows)
+                        for i, t in enumerate(tables) if t.dynamic is not None}
+        self.weights = [self.dynamic[i].weights if i in self.dynamic else torch.empty(n, t.dim)
+                        for i, (n, t) in enumerate(zip(local_rows, tables))]
+        self.state = [self.dynamic[i].state if i in self.dynamic
+                      else torch.empty(n, optimizer.state_dim) for i, n in enumerate(local_rows)]
+        self.initialized = [self.dynamic[i].live if i in self.dynamic
+                            else torch.zeros(n, dtype=torch.bool)
+                            for i, n in enumerate(local_rows)]
         self.copying: RowsCopy | None = None  # a background copy in progress (begin_copy)
 
     def pull(self, table: int, ids: torch.Tensor) -> torch.Tensor:
         """Rows of ``ids`` (int64 [n], global ids owned by this store, duplicates allowed).
 
         Returns a new float32 tensor [n, dim] (a copy: later pushes do not change it). Blocks.
+        A dynamic table's ids without a row read zeros.
         """
+        if table in self.dynamic:
+            return self.dynamic[table].pull(ids, self.copying)
         local = self._ensure_initialized(table, ids)
         return self.weights[table].index_select(0, local)
 
@@ -75,6 +91,8 @@ class EmbeddingStore:
         ``ids`` must be unique (sum duplicate gradients first); ``lr_scale`` multiplies the
         learning rate of this update (staleness-aware modes use it). Blocks.
         """
+        if table in self.dynamic:
+            return self.dynamic[table].push(ids, grads, lr_scale, self.copying)
         local = self._ensure_initialized(table, ids)
         copying = self.copying
         if copying is not None:
@@ -111,18 +129,45 @@ class EmbeddingStore:
             except KeyError as e:
                 raise ValueError(f"the snapshot lacks {e.args[0]} (table {t} of "
                                  f"{len(self.weights)})") from None
-            if len(local) and (int(local.max()) >= len(w) or int(local.min()) < 0):
-                raise ValueError(f"table {t}: the snapshot has rows outside this store's "
-                                 f"{len(w)}")
             if rows.shape != (len(local), w.shape[1]) or state.shape != (len(local),
                                                                          st.shape[1]):
                 raise ValueError(f"table {t}: the snapshot's rows {tuple(rows.shape)} / state "
                                  f"{tuple(state.shape)} do not fit this store")
+            if t in self.dynamic:
+                self._restore_dynamic(t, arrays, rows, state, on_top)
+                continue
+            if len(local) and (int(local.max()) >= len(w) or int(local.min()) < 0):
+                raise ValueError(f"table {t}: the snapshot has rows outside this store's "
+                                 f"{len(w)}")
             if not on_top:
                 init.fill_(False)
             w.index_copy_(0, local, rows)
             st.index_copy_(0, local, state)
             init.index_fill_(0, local, True)
+
+    def _restore_dynamic(self, t: int, arrays, rows, state, on_top: bool) -> None:
+        name = self.tables[t].name
+        if f"t{t}.ids" not in arrays:
+            raise ValueError(f"table {name} is dynamic, but the snapshot has no ids for it "
+                             f"(t{t}.ids): it was taken of a fixed table")
+        if on_top:
+            raise ValueError(f"table {name} is dynamic: a partial snapshot cannot be applied "
+                             f"on top of a full one (not supported yet)")
+        extra = {k: np.asarray(arrays[f"t{t}.{k}"], dtype=np.int64) if f"t{t}.{k}" in arrays
+                 else None for k in ("counts", "last", "clock")}
+        self.dynamic[t].restore(np.asarray(arrays[f"t{t}.ids"], dtype=np.int64), rows, state,
+                                extra["counts"], extra["last"],
+                                None if extra["clock"] is None else int(extra["clock"]))
+
+    def expire_idle(self) -> int:
+        """Dynamic tables: remove rows idle for longer than their ``ttl`` (checkpoint rounds
+        call this); how many went."""
+        return sum(table.expire() for table in self.dynamic.values())
+
+    def dynamic_stats(self) -> dict[str, dict]:
+        """Per dynamic table (by name): live rows, capacity, admitted, refused, evicted,
+        expired, dropped gradients."""
+        return {self.tables[t].name: table.stats() for t, table in self.dynamic.items()}
 
     def num_initialized(self) -> int:
         """How many rows have been touched (and so hold memory) so far."""

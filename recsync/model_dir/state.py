@@ -26,11 +26,12 @@ class ModelState:
 
 def store_rows(store, with_state: bool) -> list[TrainedRows]:
     """Each table's touched rows of an EmbeddingStore (a shard's or the local one's), keyed by
-    global id (local index * num_shards + shard)."""
+    global id (local index * num_shards + shard; a dynamic table's snapshot names its ids)."""
     snap = store.snapshot()
     out = []
     for t in range(len(store.tables)):
-        ids = snap[f"t{t}.local"].astype(np.int64) * store.num_shards + store.shard
+        ids = (snap[f"t{t}.ids"].astype(np.int64) if f"t{t}.ids" in snap
+               else snap[f"t{t}.local"].astype(np.int64) * store.num_shards + store.shard)
         out.append(TrainedRows(ids, snap[f"t{t}.weights"],
                                snap[f"t{t}.state"] if with_state else None))
     return out

@@ -160,7 +160,7 @@ class TrainedModel(torch.nn.Module):
 
     def table_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (int64) of table ``t``: trained ones as saved, others their initial
-        values."""
+        values (zeros in a dynamic table)."""
         known, values = getattr(self, f"ids_{t}"), getattr(self, f"rows_{t}")
         spec = self.specs[t]
         out = torch.empty(len(ids), spec.dim)
@@ -172,7 +172,11 @@ class TrainedModel(torch.nn.Module):
         if bool(found.any()):
             out[found] = values[pos[found]]
         fresh = ~found
-        if bool(fresh.any()):
+        if not bool(fresh.any()):
+            return out
+        if spec.dynamic is not None:  # an id without a row reads zeros, as in training
+            out[fresh] = 0.0
+        else:
             out[fresh] = initial_rows(self.seed, t, ids[fresh].contiguous(), spec.dim,
                                       self.init_scale)
         return out

@@ -267,7 +267,7 @@ class ShardCore:
         return {"version": self.version, "pulls": self.pulls, "pushes": self.pushes,
                 "rows_touched": self.store.num_initialized(),
                 "staleness": dict(self.staleness), "samples_applied": self.samples_applied,
-                "mode": self.mode,
+                "mode": self.mode, "dynamic": self.store.dynamic_stats(),
                 **{k: v for rule in self._rules.values() for k, v in rule.stats().items()}}
 
     def record_staleness(self, staleness: int, gradients: int = 1) -> None:

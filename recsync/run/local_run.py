@@ -102,7 +102,8 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
             _train(cfg, ds, model, log, record)
         finally:
             record.stop()
-        return {"eval": final_eval(cfg, ds, model), "record": record, "model": model}
+        return {"eval": final_eval(cfg, ds, model), "record": record, "model": model,
+                "dynamic": model.lookup.store.dynamic_stats()}
     except BaseException as e:  # Ctrl-C, a diverging loss, bad data: the summary needs them
         e.record, e.model = record, model
         raise

@@ -45,7 +45,8 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
     for split in ("train", "eval"):
         ds.parts(split)  # every part file's header against meta.json, here and not in an actor
     tables = model_for(cfg.model, ds).tables  # the model's own errors (a bad name) here too
-    check_table_memory([t.rows for t in tables], max(t.dim for t in tables),
+    check_dynamic(cfg, tables)
+    check_table_memory(held_rows(cfg, tables), max(t.dim for t in tables),
                        state_dim=_state_dim(cfg), table_names=[t.name for t in tables])
     estimates = estimate_writes(cfg, ds, out)
     for e in estimates:
@@ -57,6 +58,23 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
         print(f"preflight: {e.directory}: {_size(free)} free, the run writes about "
               f"{_size(e.nbytes)} ({e.what})", file=sys.stderr)
     return ds
+
+
+def held_rows(cfg: RunConfig, tables) -> list[int]:
+    """Rows each table can hold in the whole run: a fixed table's ``rows``; a dynamic table's
+    capacity on every shard (on the one store of a local run)."""
+    stores = cfg.cluster.ps_shards if cfg.distributed else 1
+    return [t.rows if t.dynamic is None else t.dynamic.capacity * stores for t in tables]
+
+
+def check_dynamic(cfg: RunConfig, tables) -> None:
+    """Dynamic tables' checkpoints are full ones: CPR's partial ones (recovery.rows "mfu",
+    "ssu") choose rows by slot, which an eviction gives to another id."""
+    dynamic = [t.name for t in tables if t.dynamic is not None]
+    if dynamic and cfg.recovery.rows != "all":
+        raise ValueError(f"recovery.rows = {cfg.recovery.rows!r}: partial checkpoints are not "
+                         f"supported with dynamic tables yet ({', '.join(dynamic)}); use "
+                         f"recovery.rows = \"all\"")
 
 
 def check_gpu_mode(cfg: RunConfig) -> None:
@@ -100,7 +118,7 @@ def model_bytes(cfg: RunConfig, ds: Dataset) -> int:
     optimizers recsync has)."""
     built = model_for(cfg.model, ds)
     dense = sum(p.numel() for p in built.module.parameters())
-    return (table_bytes([t.rows for t in built.tables], max(t.dim for t in built.tables),
+    return (table_bytes(held_rows(cfg, built.tables), max(t.dim for t in built.tables),
                         _state_dim(cfg))
             + 3 * dense * FLOAT)
 
@@ -121,7 +139,7 @@ def estimate_writes(cfg: RunConfig, ds: Dataset, out: Path) -> list[WriteEstimat
         else:
             estimates.append(ckpt)
     if cfg.output.save_model:  # OUT/model: at most every row, with its id (model_dir/)
-        rows = sum(t.rows for t in model_for(cfg.model, ds).tables)
+        rows = sum(held_rows(cfg, model_for(cfg.model, ds).tables))
         nbytes = model_bytes(cfg, ds) + 8 * rows
         estimates[0] = WriteEstimate(out, estimates[0].nbytes + nbytes,
                                      f"{estimates[0].what}; model/ up to {_size(nbytes)}")

@@ -53,6 +53,8 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
         "per_shard": [{k: st[k] for k in ("version", "pulls", "pushes", "rows_touched",
                                           "samples_applied")}
                       for st in shards],
+        "dynamic_tables": dynamic_tables([st.get("dynamic", {}) for st in shards]
+                                         or [result.get("dynamic", {})]),
         "queue": {k: v for k, v in result.get("queue", {}).items() if k != "by_worker"},
         "failures": [e for e in record.events if "killed" in e["event"]],
         "recovery": recovery_summary(cfg, record, result, train_s),
@@ -146,6 +148,18 @@ def recovery_summary(cfg, record, result: dict, train_s: float) -> dict:
             "written_per_shard": [len(w) for w in written],
             "write_s_mean": (sum(x["write_s"] for w in written for x in w)
                              / max(1, sum(len(w) for w in written))) if any(written) else None}
+
+
+def dynamic_tables(per_store: list[dict]) -> dict | None:
+    """Each dynamic table's counts (live rows, capacity, admitted, refused, evicted, expired,
+    dropped gradients) summed over the stores that hold it; None without dynamic tables."""
+    out: dict[str, dict] = {}
+    for tables in per_store:
+        for name, counts in tables.items():
+            total = out.setdefault(name, dict.fromkeys(counts, 0))
+            for key, n in counts.items():
+                total[key] += n
+    return out or None
 
 
 def staleness(shard_stats: list[dict]) -> dict:

@@ -3,9 +3,10 @@ run): yesterday's model, today's data. The dense parameters, every row the earli
 and, where it saved them (``output.save_optimizer_state``), the rows' and the dense optimizer's
 state; rows it never trained start from this run's initial values, as any untouched row does.
 
-The model must be the same (``model.*`` but dropout and embedding_init_scale, the tables' names
-and dims, the dense parameters' names and shapes); a table may have grown (ids keep their
-meaning). Anything else is refused in one line naming the key or table and both values.
+The model must be the same (``model.*`` but dropout, embedding_init_scale and dynamic, the
+tables' names and dims, the dense parameters' names and shapes); a table may have grown (ids
+keep their meaning), and a dynamic table takes the earlier run's rows by id. Anything else is
+refused in one line naming the key or table and both values.
 
 The directory is read by recsync.model_dir.read (safetensors only: nothing is unpickled, every
 model.json field checked). The model is built from this run's own config (``model.*``), never
@@ -24,7 +25,7 @@ from recsync.model_dir.read import ModelDirError, ModelFiles, read_model_dir
 from recsync.safe_names import printable
 
 # model keys that do not change the parameters' shapes or meaning
-MODEL_KEYS_MAY_DIFFER = ("dropout", "embedding_init_scale")
+MODEL_KEYS_MAY_DIFFER = ("dropout", "embedding_init_scale", "dynamic")
 
 
 def load_warm_start(cfg, ds) -> ModelFiles:
@@ -61,7 +62,7 @@ def check_compatible(files: ModelFiles, cfg, tables, module: torch.nn.Module,
         if rows.shape[1:] != (spec.dim,):
             raise ValueError(f"{where}: table {spec.name} has dim {rows.shape[1]} in the "
                              f"model, {spec.dim} in this run")
-        if entry["rows"] > spec.rows:
+        if spec.dynamic is None and entry["rows"] > spec.rows:
             raise ValueError(f"{where}: table {spec.name} has {entry['rows']} rows in the "
                              f"model, {spec.rows} in this run")
         if state is not None and state.shape[1:] != (state_dim,):
@@ -92,12 +93,14 @@ def check_compatible(files: ModelFiles, cfg, tables, module: torch.nn.Module,
 def rows_snapshot(files: ModelFiles, shard: int, num_shards: int,
                   row_optimizer) -> dict[str, np.ndarray]:
     """The model's rows that shard ``shard`` of ``num_shards`` owns, as the arrays
-    EmbeddingStore.restore takes (local index = id // num_shards); rows saved without their
+    EmbeddingStore.restore takes (local index = id // num_shards, and the ids themselves for a
+    dynamic table); rows saved without their
     optimizer state get ``row_optimizer``'s initial state, as a fresh row does."""
     out = {}
     for t, (ids, rows, state) in enumerate(files.tables):
         mine = ids % num_shards == shard
         out[f"t{t}.local"] = (ids[mine] // num_shards).numpy()
+        out[f"t{t}.ids"] = ids[mine].numpy()  # what a dynamic table keys its rows by
         out[f"t{t}.weights"] = rows[mine].numpy()
         if state is None:
             out[f"t{t}.state"] = np.full((int(mine.sum()), row_optimizer.state_dim),

@@ -1,0 +1,171 @@
+"""DynamicTable: one dynamic table's rows on one store (the local run's, or a PS shard's).
+
+Rows are keyed by the full 64-bit id in an IdMap (embedding/id_map.py) whose slots index the
+weight and optimizer-state tensors of ``capacity`` rows, allocated once with ``torch.empty``
+(untouched pages cost no memory). A pull is a sighting: it counts the ids for admission
+(embedding/admission.py), gives a row to the ids admitted now (evicting the lowest-scored rows
+when the table is full), and scores the rows it reads (LFU count, LRU clock). Ids without a row
+read zeros and their gradients are dropped; both are counted. The clock is the table's own
+count of pushes, so LRU age and ``ttl`` are measured in the table's updates.
+
+Id 0 (a missing value) is kept under ``MISSING_KEY`` (2^63 - 1), as the map keeps no id 0: the
+missing value has a row of its own, as in a fixed table (a value whose 64-bit hash is 2^63 - 1
+shares it: one in 2^64).
+
+Writes to a slot go through ``before_write`` of a copy in progress (embedding/rows_copy.py),
+evictions included when the slot is given to another id, so a checkpoint holds every row, its
+state and its id as they were when the copy began.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from recsync.embedding.admission import Admission
+from recsync.embedding.id_map import IdMap
+
+MISSING_KEY = np.int64(np.iinfo(np.int64).max)  # where id 0 (missing) is kept in the map
+
+STAT_KEYS = ("live", "admitted", "refused", "evicted", "expired", "dropped_grads")
+
+
+class DynamicTable:
+    def __init__(self, spec, number: int, optimizer, *, seed: int, init_scale: float,
+                 initial_rows):
+        """``number``: the table's position in the store (part of its rows' initial values);
+        ``initial_rows(seed, table, ids, dim, scale)``: the store's deterministic init."""
+        d = spec.dynamic
+        self.spec, self.number, self.optimizer = spec, number, optimizer
+        self.seed, self.init_scale, self._initial_rows = seed, init_scale, initial_rows
+        self.map = IdMap(d.capacity)
+        self.admission = Admission(d.admit_after, seed=seed * 1_000_003 + number)
+        self.weights = torch.empty(d.capacity, spec.dim)
+        self.state = torch.empty(d.capacity, optimizer.state_dim)
+        self.live = torch.zeros(d.capacity, dtype=torch.bool)  # the store's `initialized`
+        self.clock = 0  # pushes applied to this table
+        self.counts = dict.fromkeys(STAT_KEYS[1:], 0)
+
+    # -- pull and push -----------------------------------------------------------------------
+    def slots_for_pull(self, ids: torch.Tensor, copying=None) -> torch.Tensor:
+        """Slots of ``ids`` (int64, duplicates allowed) after admitting those seen often enough
+        now; -1 where an id has no row. Rows this pull reads are never evicted by it."""
+        keys = keys_of(ids)
+        slots = self.map.find(keys)
+        found = slots[slots >= 0]
+        if len(found):
+            self.map.touch(found, self.clock)
+        if len(found) == len(slots):
+            return torch.from_numpy(slots)
+        new = np.unique(keys[slots < 0])
+        admitted = self.admission.admit(new)
+        fresh = new[admitted][:self.map.capacity - len(np.unique(found))]  # room at most
+        self.counts["admitted"] += len(fresh)
+        self.counts["refused"] += int(len(new) - np.count_nonzero(admitted))
+        if len(fresh):
+            self._make_room(len(fresh), keep=found)
+            self.map.touch(self._insert(fresh, copying), self.clock)
+            slots = self.map.find(keys)
+        return torch.from_numpy(slots)
+
+    def pull(self, ids: torch.Tensor, copying=None) -> torch.Tensor:
+        """Rows of ``ids`` [n, dim] (a copy); zeros where an id has no row."""
+        slots = self.slots_for_pull(ids, copying)
+        rows = self.weights.index_select(0, slots.clamp(min=0))
+        absent = slots < 0
+        if bool(absent.any()):
+            rows[absent] = 0.0
+        return rows
+
+    def push(self, ids: torch.Tensor, grads: torch.Tensor, lr_scale: float,
+             copying=None) -> None:
+        """Apply the row optimizer to the rows of ``ids`` (unique) that still have one; the
+        gradients of the others are dropped (counted)."""
+        self.clock += 1
+        slots = torch.from_numpy(self.map.find(keys_of(ids)))
+        has = slots >= 0
+        if not bool(has.all()):
+            self.counts["dropped_grads"] += int((~has).sum())
+            slots, grads = slots[has], grads[has]
+        if len(slots):
+            if copying is not None:
+                copying.before_write(self.number, slots)
+            self.optimizer.apply_to_table(self.weights, self.state, slots, grads, lr_scale)
+
+    # -- admission and eviction --------------------------------------------------------------
+    def _make_room(self, n: int, keep: np.ndarray) -> None:
+        """Evict the lowest-scored rows until ``n`` slots are free, none of ``keep``."""
+        short = n - self.map.free()
+        if short > 0:
+            candidates = self.map.lowest(short + len(keep), self.spec.dynamic.eviction)
+            slots = candidates[~np.isin(candidates, keep)][:short]
+            self._remove(slots)
+            self.counts["evicted"] += len(slots)
+
+    def _insert(self, keys: np.ndarray, copying) -> np.ndarray:
+        """Give ``keys`` rows at their initial values; their slots."""
+        placed = self.map.insert(keys, now=self.clock)
+        slots = torch.from_numpy(placed)
+        if copying is not None:  # a slot freed by an eviction may still be due in the copy
+            copying.before_write(self.number, slots)
+        ids = torch.from_numpy(np.where(keys == MISSING_KEY, 0, keys))
+        self.weights.index_copy_(0, slots, self._initial_rows(
+            self.seed, self.number, ids, self.spec.dim, self.init_scale))
+        self.state.index_fill_(0, slots, self.optimizer.initial_state)
+        self.live.index_fill_(0, slots, True)
+        return placed
+
+    def _remove(self, slots: np.ndarray) -> None:
+        if len(slots):
+            self.map.remove(slots)
+            self.live.index_fill_(0, torch.from_numpy(slots), False)
+
+    def expire(self) -> int:
+        """Remove the rows not pulled in the last ``ttl`` updates (none with ttl 0); how many."""
+        ttl = self.spec.dynamic.ttl
+        if ttl <= 0 or self.clock < ttl:
+            return 0
+        slots = self.map.idle(self.clock - ttl)
+        self._remove(slots)
+        self.counts["expired"] += len(slots)
+        return len(slots)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def ids_state(self) -> dict[str, np.ndarray]:
+        """The map's live entries now (slots, ids, counts, last), with ids as the data gives
+        them (id 0 for the missing value): what a copy beginning now will save with its rows."""
+        state = {k: np.array(v) for k, v in self.map.state().items()}
+        state["ids"] = np.where(state["ids"] == MISSING_KEY, 0, state["ids"])
+        return state
+
+    def restore(self, ids: np.ndarray, rows: torch.Tensor, state: torch.Tensor,
+                counts: np.ndarray | None, last: np.ndarray | None, clock: int | None) -> None:
+        """Hold exactly these rows (ids as the data gives them), in slots 0, 1, ...: a
+        snapshot's slot numbers mean nothing once its rows are back."""
+        name, n = self.spec.name, len(ids)
+        if n > self.map.capacity:
+            raise ValueError(f"table {name}: the snapshot has {n} rows for this shard, more "
+                             f"than its capacity {self.map.capacity} (raise the table's "
+                             f"capacity or the number of shards)")
+        zeros = np.zeros(n, np.int64)
+        slots = np.arange(n, dtype=np.int64)
+        self.map.load({"slots": slots, "ids": keys_of(torch.from_numpy(ids)),
+                       "counts": zeros if counts is None else counts,
+                       "last": zeros if last is None else last})
+        t = torch.from_numpy(slots)
+        self.live.fill_(False)
+        self.weights.index_copy_(0, t, rows)
+        self.state.index_copy_(0, t, state)
+        self.live.index_fill_(0, t, True)
+        if clock is None:  # a model directory's rows: no clock, no scores
+            clock = int(last.max()) if last is not None and n else 0
+        self.clock = clock
+
+    def stats(self) -> dict:
+        return {"live": len(self.map), "capacity": self.map.capacity, **self.counts}
+
+
+def keys_of(ids: torch.Tensor) -> np.ndarray:
+    """The map's keys of ``ids`` (int64): the ids, with 0 (missing) as ``MISSING_KEY``."""
+    keys = ids.numpy()
+    return np.where(keys == 0, MISSING_KEY, keys) if (keys == 0).any() else keys

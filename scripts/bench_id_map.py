@@ -1,10 +1,12 @@
-"""Micro-benchmark of IdMap (issue 33): find and insert+find of 2,048 unique ids per table,
-26 tables of capacity 1M at load ~0.5, against torch.index_select of the same 53k rows x 16
-(the gather a fixed-table pull already pays).
+"""Micro-benchmark of IdMap and Admission (issue 33): per call on 2,048 unique ids per table,
+tables of capacity 1M at load ~0.5 (half of each batch live, half new), against
+torch.index_select of the same rows x 16 from a 1M x 16 table (the gather a fixed-table pull
+already pays).
 
-    PYTHONPATH=. python scripts/bench_id_map.py [--tables 26] [--capacity 1048576] [--repeat 30]
+    PYTHONPATH=. python scripts/bench_id_map.py [--tables 26] [--capacity 1048576] [--repeat 20]
 
-Prints medians in ms. Single process, no Ray.
+Prints medians over repeats, ms per table (each repeat runs every table once, so the maps are
+not all in cache). Single process, no Ray.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ import time
 import numpy as np
 import torch
 
+from recsync.embedding.admission import Admission
 from recsync.embedding.id_map import IdMap
 
 
-def median_ms(fn, repeat: int) -> float:
+def per_table_ms(fn, maps, repeat: int) -> float:
+    """Median over repeats of (time of fn on every table) / tables."""
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
+        for i in range(len(maps)):
+            fn(i)
         times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+    return 1e3 * float(np.median(times)) / len(maps)
 
 
 def main() -> None:
@@ -32,53 +37,65 @@ def main() -> None:
     ap.add_argument("--tables", type=int, default=26)
     ap.add_argument("--capacity", type=int, default=1 << 20)
     ap.add_argument("--batch", type=int, default=2048)
-    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     torch.set_num_threads(1)
-    maps, batches = [], []
+    half = args.batch // 2
+    maps, batches, news, adms = [], [], [], []
     for _ in range(args.tables):
         m = IdMap(args.capacity)
         ids = np.unique(rng.integers(-2**63, 2**63 - 1, args.capacity // 2, dtype=np.int64))
-        ids = ids[ids != 0]
-        m.insert(ids)
+        m.insert(ids[ids != 0])
         maps.append(m)
-        # half of each batch live, half absent: what a pull with new ids looks like
-        new = rng.integers(-2**63, 2**63 - 1, args.batch // 2, dtype=np.int64)
-        batches.append(np.concatenate([rng.choice(ids, args.batch // 2, replace=False), new]))
-    per = args.repeat
+        new = np.unique(rng.integers(-2**63, 2**63 - 1, half, dtype=np.int64))
+        news.append(new)
+        batches.append(np.concatenate([rng.choice(ids, args.batch - len(new), replace=False),
+                                       new]))
+        adms.append(Admission(3))
 
-    def find_all():
-        for m, b in zip(maps, batches):
-            m.find(b)
+    touches = [rng.choice(m.live_slots(), args.batch, replace=False) for m in maps]
 
-    def insert_find_remove():
-        # insert the absent half, find all, then undo, so every repeat starts alike
-        for m, b in zip(maps, batches):
-            slots = m.find(b)
-            new = m.insert(b[slots < 0])
-            m.find(b)
-            m.remove(new)
+    def insert_remove(i):
+        maps[i].remove(maps[i].insert(news[i]))  # so every repeat starts alike
 
-    def touch_all():
-        for m, b in zip(maps, batches):
-            m.touch(m.find(b[: args.batch // 2]), 1)
+    def insert_find_remove(i):
+        m, b = maps[i], batches[i]
+        slots = m.find(b)
+        new = m.insert(b[slots < 0])
+        m.find(b)
+        m.remove(new)
 
-    table = torch.randn(args.capacity, 16)
-    rows = torch.from_numpy(rng.integers(0, args.capacity, args.tables * args.batch))
-    n = args.tables
+    r, n = args.repeat, args.tables
     print(f"{n} tables x {args.batch} ids, capacity {args.capacity}, load "
-          f"{len(maps[0]) / args.capacity:.2f}, bytes/row {IdMap.bytes_per_row(args.capacity):.2f}")
-    print(f"find, all tables:                {median_ms(find_all, per):7.2f} ms "
-          f"({median_ms(find_all, per) / n:.3f} ms per table)")
-    t = median_ms(insert_find_remove, per)
-    print(f"find+insert+find+remove, all:    {t:7.2f} ms ({t / n:.3f} ms per table)")
-    t = median_ms(touch_all, per)
-    print(f"find+touch 1,024, all tables:    {t:7.2f} ms ({t / n:.3f} ms per table)")
-    t = median_ms(lambda: torch.index_select(table, 0, rows), per)
-    print(f"index_select {len(rows)} x 16 of 1M: {t:7.2f} ms")
-    t = median_ms(lambda: maps[0].lowest(2048, "lfu"), 5)
-    print(f"lowest(2048, lfu), one table:    {t:7.2f} ms")
+          f"{len(maps[0]) / args.capacity:.2f}, IdMap bytes/row "
+          f"{IdMap.bytes_per_row(args.capacity):.2f}, ms per table (median of {r})")
+    rows = [
+        ("find 2,048 (half present)", lambda i: maps[i].find(batches[i])),
+        (f"insert {half} + remove them", insert_remove),
+        (f"find + insert {half} + find + remove", insert_find_remove),
+        ("touch 2,048 live slots", lambda i: maps[i].touch(touches[i], 1)),
+        (f"admit {half} new ids (sketch 1M x 4)", lambda i: adms[i].admit(news[i])),
+    ]
+    for name, fn in rows:
+        print(f"  {name:40s} {per_table_ms(fn, maps, r):7.3f}")
+    table = torch.randn(args.capacity, 16)
+    idx = torch.from_numpy(rng.integers(0, args.capacity, args.batch))
+    print(f"  {'index_select 2,048 x 16 of 1M x 16':40s} "
+          f"{per_table_ms(lambda i: torch.index_select(table, 0, idx), maps, r):7.3f}")
+    allrows = torch.from_numpy(rng.integers(0, args.capacity, n * args.batch))
+    t = per_table_ms(lambda i: torch.index_select(table, 0, allrows), [0], r)
+    print(f"  index_select {len(allrows)} x 16 of 1M x 16, one call: {t:.3f} ms")
+    # sightings with a Zipf-like skew over 1,000 steps, so scores spread as in a run
+    m = maps[0]
+    live = m.live_slots()
+    for step in range(1000):
+        m.touch(live[np.minimum(rng.zipf(1.2, args.batch), len(live)) - 1], step)
+    for policy in ("lfu", "lru"):
+        t = per_table_ms(lambda i: m.lowest(args.batch, policy), [m], 5)
+        print(f"  lowest({args.batch}, {policy}) of {len(m)} live, one table: {t:.2f} ms")
+    t = per_table_ms(lambda i: maps[i].idle(1), maps[:1], 5)
+    print(f"  idle(before) scan, one table: {t:.2f} ms")
 
 
 if __name__ == "__main__":

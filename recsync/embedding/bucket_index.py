@@ -66,12 +66,14 @@ class BucketIndex:
         return self.num_tombs > self.max_tombs
 
     def _home(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Home bucket (top 32 hash bits, reduced by multiply-shift, Lemire's fastrange) and
-        fingerprint (the hash bits just below them) of each id."""
-        h = _mix(ids)
-        buckets = (((h >> _S32) * np.uint64(self.num_buckets)) >> _S32).view(np.int64)
-        fp = (h >> np.uint64(32 - self.fp_bits)) & np.uint64((1 << self.fp_bits) - 1)
-        return buckets, fp.astype(np.int32)
+        """Home bucket and fingerprint of each id, both from the top 32 hash bits: the bucket
+        is their multiply-shift reduction (Lemire's fastrange: it follows their highest bits),
+        the fingerprint their lowest ``fp_bits``, which vary within a bucket (a bucket spans
+        2**32 / num_buckets = 2**34 / capacity values, 8 times 2**fp_bits)."""
+        top = _mix(ids) >> _S32
+        buckets = ((top * np.uint64(self.num_buckets)) >> _S32).view(np.int64)
+        fp = (top & np.uint64((1 << self.fp_bits) - 1)).astype(np.int32)
+        return buckets, fp
 
     def _next(self, buckets: np.ndarray) -> np.ndarray:
         buckets = buckets + 1

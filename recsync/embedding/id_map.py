@@ -12,7 +12,9 @@ Memory per capacity row, all numpy, no Python object per row:
     free  int32   4   stack of free slots
                  32   (bytes_per_row)
 
-Not thread-safe: one caller at a time.
+A free slot's count and last hold their largest values (LAST_FREE: ``now`` must stay below
+it), so that scans of the metadata (``lowest``, ``idle``) rank free slots after every live one
+and need not first gather the live slots. Not thread-safe: one caller at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import numpy as np
 from recsync.embedding.bucket_index import BUCKET, BucketIndex, num_buckets_for
 
 COUNT_MAX = np.iinfo(np.uint32).max
+LAST_FREE = np.iinfo(np.int64).max  # a free slot's last; no ``now`` may reach it
+_SAMPLE = 4096  # slots sampled by ``lowest`` to guess a score bound
 POLICIES = ("lfu", "lru")
 
 
@@ -52,8 +56,8 @@ class IdMap:
             raise ValueError(f"capacity must be in [1, 2**31 - 2) (int32 slots), got {capacity}")
         self.capacity = capacity
         self._keys = np.zeros(capacity, dtype=np.int64)
-        self._count = np.zeros(capacity, dtype=np.uint32)
-        self._last = np.zeros(capacity, dtype=np.int64)
+        self._count = np.full(capacity, COUNT_MAX, dtype=np.uint32)
+        self._last = np.full(capacity, LAST_FREE, dtype=np.int64)
         # free slots, popped from the top; reversed so a fresh map hands out 0, 1, 2, ...
         self._free = np.arange(capacity - 1, -1, -1, dtype=np.int32)
         self._num_free = capacity
@@ -93,6 +97,7 @@ class IdMap:
         """
         ids = as_ids(ids)
         n = len(ids)
+        _check_now(now)
         if n > self._num_free:
             raise MapFullError(f"insert of {n} ids asked for {n} slots, {self._num_free} free "
                                f"(capacity {self.capacity}): remove rows first")
@@ -126,8 +131,8 @@ class IdMap:
             raise ValueError("remove: slots must be unique")
         self._index.drop(self._keys[slots], slots)
         self._keys[slots] = 0
-        self._count[slots] = 0
-        self._last[slots] = 0
+        self._count[slots] = COUNT_MAX
+        self._last[slots] = LAST_FREE
         n = len(slots)
         self._free[self._num_free:self._num_free + n] = slots
         self._num_free += n
@@ -149,6 +154,7 @@ class IdMap:
         """One sighting of each of ``slots`` (live; a slot listed twice counts twice): count
         += 1, saturating at 2**32 - 1, and last = ``now``."""
         slots = _as_slots(slots)
+        _check_now(now)
         if not len(slots):
             return
         # np.add.at is the fast path; it wraps, so counts near the top go the slow way
@@ -161,31 +167,44 @@ class IdMap:
         self._last[slots] = now
 
     def counts(self, slots) -> np.ndarray:
+        """Sightings (uint32) at live slots since their insert (COUNT_MAX at a free slot)."""
         return self._count[_as_slots(slots)]
 
     def last_seen(self, slots) -> np.ndarray:
+        """``now`` (int64) of the last insert or touch of live slots (LAST_FREE at a free one)."""
         return self._last[_as_slots(slots)]
 
     def lowest(self, k: int, policy: str) -> np.ndarray:
         """The ``k`` live slots with the lowest score, lowest first (all live if k > len).
 
         "lfu": by count, ties by older last; "lru": by last, ties by lower count; remaining
-        ties by lower slot. One scan of the capacity plus a partition, then a sort of k.
+        ties by lower slot. Costs a few passes over the capacity (about 1 ms per million
+        slots) plus a partition of the slots tied with the k-th: evict in batches.
         """
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-        live = self.live_slots()
-        count, last = self._count[live], self._last[live]
-        first, second = (count, last) if policy == "lfu" else (last, count)
-        if 0 <= k < len(live):
-            pick = _k_smallest(first, second, k)
-            live, first, second = live[pick], first[pick], second[pick]
-        order = np.lexsort((live, second, first))
-        return live[order]
+        first, second = (self._count, self._last) if policy == "lfu" else (self._last,
+                                                                           self._count)
+        if k <= 0:
+            return np.empty(0, dtype=np.int64)
+        cand = self._below_bound(first, k) if k < len(self) else self.live_slots()
+        if k < len(cand):
+            cand = cand[_k_smallest(first[cand], second[cand], k)]
+        return cand[np.lexsort((cand, second[cand], first[cand]))]
+
+    def _below_bound(self, first: np.ndarray, k: int) -> np.ndarray:
+        """Slots whose ``first`` is at most a bound that at least k of them meet (so they hold
+        the k lowest), ascending: the bound is guessed from a strided sample, with a margin,
+        and if fewer than k meet it, every live slot is returned instead. Free slots rank last,
+        and k < len(self), so no free slot is among the k lowest."""
+        sample = np.sort(first[::max(1, self.capacity // _SAMPLE)])
+        at = min(len(sample) - 1, 2 * (k * len(sample)) // self.capacity + 8)
+        cand = np.flatnonzero(first <= sample[at])
+        return cand if len(cand) >= k else self.live_slots()
 
     def idle(self, before: int) -> np.ndarray:
         """Live slots whose last sighting is older than ``before`` (last < before), ascending."""
-        return np.flatnonzero((self._keys != 0) & (self._last < before))
+        return np.flatnonzero(self._last < min(before, LAST_FREE))
 
     # ---- checkpoints ---------------------------------------------------------------------
 
@@ -202,8 +221,8 @@ class IdMap:
         """
         slots, ids, count, last = _checked_state(state, self.capacity)
         self._keys[:] = 0
-        self._count[:] = 0
-        self._last[:] = 0
+        self._count[:] = COUNT_MAX
+        self._last[:] = LAST_FREE
         self._keys[slots] = ids
         self._count[slots] = count
         self._last[slots] = last
@@ -223,6 +242,12 @@ class IdMap:
         if not self._keys[slots].all():
             raise ValueError(f"{verb}: slot {int(slots[self._keys[slots] == 0][0])} is free")
         return slots
+
+
+def _check_now(now: int) -> None:
+    if not -LAST_FREE <= now < LAST_FREE:
+        raise ValueError(f"now must be in [-2**63 + 1, 2**63 - 1) (int64, the top value marks a "
+                         f"free slot), got {now}")
 
 
 def _has_duplicates(a: np.ndarray) -> bool:

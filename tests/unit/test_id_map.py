@@ -233,6 +233,29 @@ def test_lowest_and_idle_match_a_sorted_oracle(seed):
         m.lowest(3, "fifo")
 
 
+def test_lowest_is_exact_when_its_sample_misjudges_the_bound():
+    """lowest guesses a score bound from every (capacity // 4096)-th slot: here those slots
+    are the only never-touched ones, so the guess is too low for large k and too high for
+    nothing; both must still give the exact answer."""
+    m = IdMap(1 << 14)
+    slots = m.insert(np.arange(1, (1 << 14) - 99))  # 99 free slots at the end
+    off_sample = slots[slots % 4 != 0]
+    m.touch(np.repeat(off_sample, 2), now=3)
+    for k in (100, 4000, 5000, 9000):
+        for policy in ("lfu", "lru"):
+            assert m.lowest(k, policy).tolist() == oracle_lowest(m, k, policy), (k, policy)
+
+
+def test_now_may_not_reach_the_value_that_marks_free_slots():
+    m = IdMap(4)
+    with pytest.raises(ValueError, match="now must be in"):
+        m.insert([1], now=I64.max)
+    s = m.insert([1], now=I64.max - 1)
+    with pytest.raises(ValueError, match="now must be in"):
+        m.touch(s, now=I64.max)
+    assert m.idle(I64.max).tolist() == s.tolist() and m.idle(2**70).tolist() == s.tolist()
+
+
 def test_state_and_load_round_trip_keeps_slots_ids_counts_and_free_slots():
     rng = np.random.default_rng(3)
     m = IdMap(100)

@@ -285,6 +285,7 @@ def test_state_and_load_round_trip_keeps_slots_ids_counts_and_free_slots():
     (lambda s: s.update(last=s["last"][:-1]), "lengths differ"),
     (lambda s: s.pop("counts"), r"lacks \['counts'\]"),
     (lambda s: s.update(counts=s["counts"].astype(np.int64) - 1), "counts must be in"),
+    (lambda s: s["last"].__setitem__(0, I64.max), "marks a free slot"),
 ])
 def test_load_names_the_problem_in_bad_state_and_changes_nothing(change, message):
     m = IdMap(100)

@@ -77,9 +77,9 @@ class Admission:
         return self._counters[self._cells(ids)].min(axis=0).astype(np.int64)
 
     def admit(self, ids) -> np.ndarray:
-        """Count one sighting of each id (int64; unique within a call: a repeated id counts
-        once or twice depending on collisions) and return a bool mask: True where the id has
-        now been seen at least ``admit_after`` times (by the sketch's estimate).
+        """Count one sighting of each id (int64, meant unique within a call: an id listed
+        twice is counted once) and return a bool mask: True where the id has now been seen at
+        least ``admit_after`` times (by the sketch's estimate).
 
         Pass only ids that are not in the table yet: admitted ids are not removed from the
         sketch (see the module docstring).

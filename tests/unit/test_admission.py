@@ -103,6 +103,12 @@ def test_counters_saturate_instead_of_wrapping():
     assert adm.estimate([5])[0] == COUNTER_MAX
 
 
+def test_an_id_listed_twice_in_one_call_counts_once():
+    adm = Admission(3, width=1 << 10)
+    assert not adm.admit([9, 9]).any()
+    assert adm.estimate([9])[0] == 1
+
+
 def test_uint64_ids_count_as_the_same_bits_in_int64():
     adm = Admission(2, width=1 << 10)
     adm.admit(np.array([2**64 - 1], dtype=np.uint64))

@@ -48,11 +48,11 @@ def id_pool(rng: np.random.Generator, m: IdMap, size: int) -> np.ndarray:
 
 
 def random_step(rng, m: IdMap, oracle: Oracle, pool: np.ndarray, now: int) -> None:
-    op = rng.choice(["insert", "insert", "remove", "find", "touch", "overfill"])
+    op = rng.choice(["insert", "insert", "fill", "remove", "find", "touch", "overfill"])
     absent = np.array([i for i in pool if int(i) not in oracle.slot_of], dtype=np.int64)
-    if op == "insert" and len(absent):
-        ids = rng.choice(absent, min(len(absent), m.free(), int(rng.integers(1, 40))),
-                         replace=False)
+    if op in ("insert", "fill") and len(absent):
+        n = m.free() if op == "fill" else int(rng.integers(1, 40))
+        ids = rng.choice(absent, min(len(absent), m.free(), n), replace=False)
         slots = m.insert(ids, now=now)
         assert len(set(slots.tolist())) == len(ids)
         assert not set(slots.tolist()) & set(oracle.slot_of.values()), "a live slot was reused"
@@ -91,17 +91,19 @@ def random_step(rng, m: IdMap, oracle: Oracle, pool: np.ndarray, now: int) -> No
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("capacity", [1, 13, 200])
+@pytest.mark.parametrize("capacity", [1, 13, 200, 1500])
 def test_the_map_agrees_with_a_dict_after_every_operation(seed, capacity):
     rng = np.random.default_rng(seed)
     m, oracle = IdMap(capacity), Oracle()
     pool = id_pool(rng, m, 3 * capacity + 10)
-    most_tombs = 0
+    most_tombs, times_full = 0, 0
     for step in range(400):
         random_step(rng, m, oracle, pool, now=step)
         oracle.check(m)
         most_tombs = max(most_tombs, m._index.num_tombs)
-    if capacity == 200:
+        times_full += m.free() == 0
+    assert times_full, "the run never filled the map"
+    if capacity >= 200:
         assert most_tombs > 0, "the run never removed from a full bucket"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recsync.embedding.bucket_index import BUCKET, EMPTY, TOMB
+from recsync.embedding.bucket_index import BUCKET, EMPTY, TOMB, _first_true
 from recsync.embedding.id_map import COUNT_MAX, IdMap, MapFullError
 
 I64 = np.iinfo(np.int64)
@@ -307,3 +307,8 @@ def test_metadata_is_at_most_32_bytes_per_row_and_independent_of_load():
     m.insert(np.arange(1, 1 << 15))
     assert m.nbytes == empty <= 32 * (1 << 16)
     assert m._index.table.shape[1] == BUCKET
+
+
+def test_first_true_agrees_with_argmax_on_every_bucket_pattern():
+    patterns = (np.arange(1, 256)[:, None] >> np.arange(8)) & 1 == 1
+    np.testing.assert_array_equal(_first_true(patterns), patterns.argmax(axis=1))

@@ -21,14 +21,20 @@ from recsync.embedding.admission import Admission
 from recsync.embedding.id_map import IdMap
 
 
-def per_table_ms(fn, maps, repeat: int) -> float:
-    """Median over repeats of (time of fn on every table) / tables."""
+def per_table_ms(fn, maps, repeat: int, undo=None, prepare=None) -> float:
+    """Median over repeats of (time of fn on every table) / tables. Not timed: ``prepare(i)``
+    makes fn's argument, ``undo(i, result)`` puts table i back as it was."""
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        took = 0.0
         for i in range(len(maps)):
-            fn(i)
-        times.append(time.perf_counter() - t0)
+            args = (prepare(i),) if prepare else ()
+            t0 = time.perf_counter()
+            result = fn(i, *args)
+            took += time.perf_counter() - t0
+            if undo is not None:
+                undo(i, result)
+        times.append(took)
     return 1e3 * float(np.median(times)) / len(maps)
 
 
@@ -56,29 +62,33 @@ def main() -> None:
 
     touches = [rng.choice(m.live_slots(), args.batch, replace=False) for m in maps]
 
-    def insert_remove(i):
-        maps[i].remove(maps[i].insert(news[i]))  # so every repeat starts alike
-
-    def insert_find_remove(i):
+    def find_insert_find(i):
+        """A pull with new ids: find, insert the absent ones, find again (or use the slots)."""
         m, b = maps[i], batches[i]
         slots = m.find(b)
         new = m.insert(b[slots < 0])
         m.find(b)
-        m.remove(new)
+        return new
+
+    def remove(i, new):  # not timed: every repeat starts alike
+        maps[i].remove(new)
 
     r, n = args.repeat, args.tables
     print(f"{n} tables x {args.batch} ids, capacity {args.capacity}, load "
           f"{len(maps[0]) / args.capacity:.2f}, IdMap bytes/row "
           f"{IdMap.bytes_per_row(args.capacity):.2f}, ms per table (median of {r})")
     rows = [
-        ("find 2,048 (half present)", lambda i: maps[i].find(batches[i])),
-        (f"insert {half} + remove them", insert_remove),
-        (f"find + insert {half} + find + remove", insert_find_remove),
-        ("touch 2,048 live slots", lambda i: maps[i].touch(touches[i], 1)),
-        (f"admit {half} new ids (sketch 1M x 4)", lambda i: adms[i].admit(news[i])),
+        ("find 2,048 (half present)", lambda i: maps[i].find(batches[i]), None, None),
+        (f"insert {half} new ids", lambda i: maps[i].insert(news[i]), remove, None),
+        (f"remove {half} slots", lambda i, s: maps[i].remove(s), None,
+         lambda i: maps[i].insert(news[i])),
+        (f"find + insert {half} + find", find_insert_find, remove, None),
+        ("touch 2,048 live slots", lambda i: maps[i].touch(touches[i], 1), None, None),
+        (f"admit {half} new ids (sketch 1M x 4)", lambda i: adms[i].admit(news[i]), None,
+         None),
     ]
-    for name, fn in rows:
-        print(f"  {name:40s} {per_table_ms(fn, maps, r):7.3f}")
+    for name, fn, undo, prepare in rows:
+        print(f"  {name:40s} {per_table_ms(fn, maps, r, undo, prepare):7.3f}")
     table = torch.randn(args.capacity, 16)
     idx = torch.from_numpy(rng.integers(0, args.capacity, args.batch))
     print(f"  {'index_select 2,048 x 16 of 1M x 16':40s} "

@@ -1,9 +1,9 @@
 """Micro-benchmark of IdMap and Admission (issue 33): per call on 2,048 unique ids per table,
-tables of capacity 1M at load ~0.5 (half of each batch live, half new), against
+tables of capacity 1M at load ~0.5 (--load; half of each batch live, half new), against
 torch.index_select of the same rows x 16 from a 1M x 16 table (the gather a fixed-table pull
 already pays).
 
-    PYTHONPATH=. python scripts/bench_id_map.py [--tables 26] [--capacity 1048576] [--repeat 20]
+    PYTHONPATH=. python scripts/bench_id_map.py [--tables 26] [--capacity 1048576] [--load 0.5]
 
 Prints medians over repeats, ms per table (each repeat runs every table once, so the maps are
 not all in cache). Single process, no Ray.
@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=1 << 20)
     ap.add_argument("--batch", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--load", type=float, default=0.5, help="live / capacity before a call")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     torch.set_num_threads(1)
@@ -51,7 +52,8 @@ def main() -> None:
     maps, batches, news, adms = [], [], [], []
     for _ in range(args.tables):
         m = IdMap(args.capacity)
-        ids = np.unique(rng.integers(-2**63, 2**63 - 1, args.capacity // 2, dtype=np.int64))
+        live = min(int(args.load * args.capacity), args.capacity - args.batch)
+        ids = np.unique(rng.integers(-2**63, 2**63 - 1, live, dtype=np.int64))
         m.insert(ids[ids != 0])
         maps.append(m)
         new = np.unique(rng.integers(-2**63, 2**63 - 1, half, dtype=np.int64))

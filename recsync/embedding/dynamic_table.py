@@ -6,7 +6,9 @@ weight and optimizer-state tensors of ``capacity`` rows, allocated once with ``t
 (embedding/admission.py), gives a row to the ids admitted now (evicting the lowest-scored rows
 when the table is full), and scores the rows it reads (LFU count, LRU clock). Ids without a row
 read zeros and their gradients are dropped; both are counted. The clock is the table's own
-count of pushes, so LRU age and ``ttl`` are measured in the table's updates.
+count of pushes, so LRU age and ``ttl`` are measured in the table's updates. A full table
+evicts a 64th of its rows at a time (finding the lowest scores reads every slot's). What admission
+has counted of ids not yet admitted is not in checkpoints: after a restore they count anew.
 
 Id 0 (a missing value) is kept under ``MISSING_KEY`` (2^63 - 1), as the map keeps no id 0: the
 missing value has a row of its own, as in a fixed table (a value whose 64-bit hash is 2^63 - 1
@@ -26,6 +28,10 @@ from recsync.embedding.admission import Admission
 from recsync.embedding.id_map import IdMap
 
 MISSING_KEY = np.int64(np.iinfo(np.int64).max)  # where id 0 (missing) is kept in the map
+EVICT_AT_ONCE = 1 / 64  # of the capacity: finding the lowest scores reads every slot's, so a
+# full table makes room for many rows at once rather than a few each pull
+SKETCH_ROWS_PER_CELL = 4  # admission's sketch: a counter per 4 rows of capacity in each of its
+# 4 hash rows (2 bytes a row), halved after 10 x capacity sightings (TinyLFU's reset)
 
 STAT_KEYS = ("live", "admitted", "refused", "evicted", "expired", "dropped_grads")
 
@@ -39,7 +45,9 @@ class DynamicTable:
         self.spec, self.number, self.optimizer = spec, number, optimizer
         self.seed, self.init_scale, self._initial_rows = seed, init_scale, initial_rows
         self.map = IdMap(d.capacity)
-        self.admission = Admission(d.admit_after, seed=seed * 1_000_003 + number)
+        self.admission = Admission(
+            d.admit_after, width=max(1024, d.capacity // SKETCH_ROWS_PER_CELL),
+            seed=seed * 1_000_003 + number, decay_every=10 * d.capacity)
         self.weights = torch.empty(d.capacity, spec.dim)
         self.state = torch.empty(d.capacity, optimizer.state_dim)
         self.live = torch.zeros(d.capacity, dtype=torch.bool)  # the store's `initialized`
@@ -94,11 +102,13 @@ class DynamicTable:
 
     # -- admission and eviction --------------------------------------------------------------
     def _make_room(self, n: int, keep: np.ndarray) -> None:
-        """Evict the lowest-scored rows until ``n`` slots are free, none of ``keep``."""
+        """Free at least ``n`` slots, evicting the lowest-scored rows (a 64th of the capacity at
+        least, once the table is full), none of ``keep``."""
         short = n - self.map.free()
         if short > 0:
-            candidates = self.map.lowest(short + len(keep), self.spec.dynamic.eviction)
-            slots = candidates[~np.isin(candidates, keep)][:short]
+            want = max(short, int(self.map.capacity * EVICT_AT_ONCE))
+            candidates = self.map.lowest(want + len(keep), self.spec.dynamic.eviction)
+            slots = candidates[~np.isin(candidates, keep)][:want]
             self._remove(slots)
             self.counts["evicted"] += len(slots)
 

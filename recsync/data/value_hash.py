@@ -130,16 +130,28 @@ def hash_hex32(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """:func:`hash_text` for a feature with ``encoding = "hex32"``: a value of 8 hex digits
     hashes as its 32-bit integer, any other as its text."""
     data, starts, lengths = _text_buffers(values)
+    ok, h = _hex32(data, starts, lengths)
+    text = ~ok & (lengths > 0)
+    if text.any():  # (the whole column: _fnv_rows reads values packed as Arrow packs them)
+        h[text] = _fnv_rows(data, starts, np.where(text, lengths, 0))[text]
+    return splitmix64(h), lengths > 0
+
+
+def hex32_values(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(bool: exactly 8 hex digits, uint64: their value there, arbitrary elsewhere) per value:
+    the values a feature with ``encoding = "hex32"`` hashes as integers."""
+    return _hex32(*_text_buffers(values))
+
+
+def _hex32(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
     eight = np.flatnonzero(lengths == 8)
     words = data[starts[eight, None] + np.arange(8)].view("<u8").reshape(-1)
     ok = np.zeros(len(lengths), dtype=bool)
     ok[eight], v = hex32_words(words, lengths[eight])
     h = np.empty(len(lengths), dtype=np.uint64)
     h[eight] = v
-    text = ~ok & (lengths > 0)
-    if text.any():  # (the whole column: _fnv_rows reads values packed as Arrow packs them)
-        h[text] = _fnv_rows(data, starts, np.where(text, lengths, 0))[text]
-    return splitmix64(h), lengths > 0
+    return ok, h
 
 
 def _text_buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -221,8 +221,8 @@ def _numbers(buf: np.ndarray, w: np.ndarray, n: np.ndarray, starts: np.ndarray):
 def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
          lengths: np.ndarray) -> np.ndarray:
     """plan.id_dtype [rows, categorical features]: value_hash's ids (1 + hash % (rows - 1), or
-    a dynamic table's full hash; 0 for an empty field) of the fields at ``starts`` with ``lengths`` ([rows, features]), hashed
-    from the block's bytes."""
+    a dynamic table's full hash; 0 for an empty field) of the fields at ``starts`` with
+    ``lengths`` ([rows, features]), hashed from the block's bytes."""
     n, k = lengths.shape
     if not k:
         return np.zeros((n, 0), dtype=np.int32)

@@ -14,9 +14,9 @@ A data set is a directory::
 meta.json (format version 2) lists the dense columns, the sparse features (each reads the ids of
 one table; several may share a table; a multi-hot one has a pooling), the tables (rows, the
 schema's dim if it gave one, ``"kind": "dynamic"`` for a table whose ids are full 64-bit
-hashes; without it a table is fixed, ids in [0, rows)), the id dtype, and per split its parts. Id 0 is "missing". Version 1
-(13 dense, 26 single-hot features C1..C26, one table each, int32 ids) is read as the version 2
-layout it is.
+hashes; without it a table is fixed, ids in [0, rows)), the id dtype, and per split its parts.
+Id 0 is "missing". Version 1 (13 dense, 26 single-hot features C1..C26, one table each, int32
+ids) is read as the version 2 layout it is.
 
 Parts are plain ``.npy`` files: self-describing, memory-mappable, and loaded with
 ``allow_pickle=False`` so opening a data set never runs code from it. Single-hot ids are stored as

@@ -68,8 +68,9 @@ class Dataset:
 
     Opening checks meta.json (format, feature counts, table sizes, part names: see
     data/meta_checks.py); the first use of a split checks its part files' shapes and dtypes; every
-    read checks its ids against the table sizes (a dynamic table's ids are any int64). Each failure is a one-line DataFormatError
-    naming the file (table sizes beyond memory are refused where tables are allocated).
+    read checks its ids against the table sizes (a dynamic table's ids are any int64). Each
+    failure is a one-line DataFormatError naming the file (table sizes beyond memory are
+    refused where tables are allocated).
     """
 
     def __init__(self, root: str | Path):

@@ -198,7 +198,8 @@ def test_the_reader_takes_any_int64_of_a_dynamic_table(tmp_path):
 
 
 @pytest.mark.parametrize("single, values, where", [
-    ([[5, 10], [0, 0]], [1, 2], r"row 0, column 1 \(feature b, table B\): id 10 is outside \[0, 10\)"),
+    ([[5, 10], [0, 0]], [1, 2], r"row 0, column 1 \(feature b, table B\): id 10 is outside "
+                                r"\[0, 10\)"),
     ([[5, -1], [0, 0]], [1, 2], r"row 0, column 1 \(feature b, table B\): id -1 is outside"),
     ([[5, 1], [0, 0]], [1, 2], None)])
 def test_the_reader_still_refuses_ids_past_a_fixed_tables_end(tmp_path, single, values, where):

@@ -42,11 +42,12 @@ NAME_ATTR = "recsync_model_name"  # set on every built module: loss.py names it 
 
 
 def apply_table_rows(cfg, inputs: ModelInputs) -> ModelInputs:
-    """``inputs`` with every data table ``model.table_rows`` rows if set (never fewer than the
-    data's: ids would not fit), and ``model.embedding_dim`` as the default dim."""
+    """``inputs`` with every data table ``model.table_rows`` rows if set (never fewer than a
+    fixed table's: its ids would not fit; a dynamic table's ids are not bounded by its rows),
+    and ``model.embedding_dim`` as the default dim."""
     tables = inputs.tables
     if cfg.table_rows:
-        largest = max(tables, key=lambda t: t.rows, default=None)
+        largest = max((t for t in tables if not t.dynamic), key=lambda t: t.rows, default=None)
         if largest is not None and cfg.table_rows < largest.rows:
             raise ValueError(f"model.table_rows = {cfg.table_rows} is smaller than the data "
                              f"set's largest table ({largest.name}: {largest.rows} rows): ids "

@@ -161,6 +161,11 @@ def test_meta_records_the_kind_and_the_model_sees_it(tmp_path):
     tables = inputs_of(ds, Model()).tables
     assert [(t.name, t.rows, t.dynamic) for t in tables] == [("c", 1_000_000, True),
                                                              ("f", 1000, False)]
+    Model.table_rows = 5000  # at least every fixed table's rows; a dynamic one's may be more
+    assert [t.rows for t in inputs_of(ds, Model()).tables] == [5000, 5000]
+    Model.table_rows = 999
+    with pytest.raises(ValueError, match=r"smaller than the data set's largest table \(f: "):
+        inputs_of(ds, Model())
     batch = ds.read(ds.chunks("train", 10)[0])  # full hashes pass the reader's checks
     assert batch.sparse[0, 0] == full("apple")
 

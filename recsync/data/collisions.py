@@ -65,17 +65,17 @@ def count_collisions(paths, schema: Schema, *,
         raise ValueError("no input files given")
     tables = schema.table_names()
     values = {t: _Keys() for t in tables}
-    ids: dict[str, dict[str, list[np.ndarray]]] = {}
+    ids: dict[str, dict[str, _Distinct]] = {}
     for kind in ("fixed", "dynamic"):
         s = schema.with_table_kind(kind)
-        ids[kind] = {t: [] for t in tables}
+        ids[kind] = {t: _Distinct() for t in tables}
         for p in _parsed(paths, s, block_bytes, raw=kind == "fixed"):
             for table, got in _ids_by_table(s, p):
-                ids[kind][table].append(np.unique(got[got != 0]))
+                ids[kind][table].add(got[got != 0])
             if p.raw is not None:
                 _add_values(s, p, values)
     return [TableCollisions(t, schema.table_rows(t), values[t].count(),
-                            _distinct(ids["fixed"][t]), _distinct(ids["dynamic"][t]))
+                            ids["fixed"][t].count(), ids["dynamic"][t].count())
             for t in tables]
 
 
@@ -114,7 +114,7 @@ def _add_values(schema: Schema, p: Parsed, values: dict[str, _Keys]) -> None:
         keys = values[f.table or f.name]
         if f.encoding == "hex32":
             ok, v = hex32_values(col)
-            keys.ints.append(np.unique(v[ok]))
+            keys.ints.add(v[ok])
             col = col.filter(pa.array(~ok))
         keys.add_text(col)
     for f in schema.multi_hot:
@@ -122,12 +122,40 @@ def _add_values(schema: Schema, p: Parsed, values: dict[str, _Keys]) -> None:
         values[f.table or f.name].add_text(flat.filter(pa.array(keep)))
 
 
+class _Distinct:
+    """Distinct values seen so far (numpy arrays or Arrow arrays of one type), merged every
+    ``_MERGE_EVERY`` pieces so memory follows the distinct values, not the pieces."""
+
+    def __init__(self):
+        self.pieces: list = []
+
+    def add(self, values) -> None:
+        self.pieces.append(_unique(values))
+        if len(self.pieces) >= _MERGE_EVERY:
+            self.pieces = [self._merged()]
+
+    def _merged(self):
+        if isinstance(self.pieces[0], np.ndarray):
+            return _unique(np.concatenate(self.pieces))
+        return _unique(pa.concat_arrays(self.pieces))
+
+    def count(self) -> int:
+        return len(self._merged()) if self.pieces else 0
+
+
+_MERGE_EVERY = 64
+
+
+def _unique(values):
+    return np.unique(values) if isinstance(values, np.ndarray) else pc.unique(values)
+
+
 class _Keys:
     """A table's distinct values so far: integers (hex32 values) and text (their bytes)."""
 
     def __init__(self):
-        self.ints: list[np.ndarray] = []
-        self.text: list[pa.Array] = []
+        self.ints = _Distinct()
+        self.text = _Distinct()
 
     def add_text(self, col: pa.Array) -> None:
         """The present, non-empty values of ``col`` (text, or numbers: as their decimal text,
@@ -142,13 +170,7 @@ class _Keys:
         col = pc.cast(col, pa.large_binary())
         present = valid_mask(col)
         present &= np.asarray(pc.binary_length(col).fill_null(0)) > 0
-        self.text.append(pc.unique(col.filter(pa.array(present))))
+        self.text.add(col.filter(pa.array(present)))
 
     def count(self) -> int:
-        ints = _distinct(self.ints)
-        text = len(pc.unique(pa.concat_arrays(self.text))) if self.text else 0
-        return ints + text
-
-
-def _distinct(pieces: list[np.ndarray]) -> int:
-    return len(np.unique(np.concatenate(pieces))) if pieces else 0
+        return self.ints.count() + self.text.count()

@@ -62,7 +62,7 @@ def test_counts_values_and_ids_per_table(tmp_path):
     assert shared.fixed_ids == 3  # p, q, s in 999 rows: known not to collide
 
 
-def test_the_ids_counted_are_those_a_conversion_writes(tmp_path):
+def test_the_ids_counted_are_those_a_conversion_writes(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     lines = [f"{i % 2},{i},{rng.integers(50)},{rng.integers(3000)},"
              + "|".join(str(v) for v in rng.integers(3000, size=rng.integers(4)))
@@ -70,6 +70,8 @@ def test_the_ids_counted_are_those_a_conversion_writes(tmp_path):
     (tmp_path / "in.csv").write_text("y,x,c,d,m\n" + "\n".join(lines) + "\n")
     schema = parse_schema(SCHEMA.replace("rows = 2\n", "rows = 40\n"), "t")
     got = {t.table: t for t in count_collisions(tmp_path / "in.csv", schema)}
+    monkeypatch.setattr("recsync.data.collisions._MERGE_EVERY", 2)  # many small pieces, merged
+    assert count_collisions(tmp_path / "in.csv", schema, block_bytes=1024) == list(got.values())
     for kind in ("fixed", "dynamic"):
         out = tmp_path / kind
         convert([tmp_path / "in.csv"], schema.with_table_kind(kind), out, progress=False)

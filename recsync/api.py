@@ -84,16 +84,18 @@ def train(config: RunConfig | str | Path | None = None, out: str | Path = "runs/
 
 def convert(inputs, out: str | Path, *, schema: str | Path | None = None,
             preset: str | None = None, strict: bool = False, overwrite: bool = False,
-            progress: bool = True, allow_empty_train: bool = False):
+            progress: bool = True, allow_empty_train: bool = False, dynamic: bool = False):
     """Convert CSV/TSV/Parquet files into a data set (`recsync data convert`): give a schema
     file or a shipped preset (criteo, avazu, movielens, taobao). Returns the conversion's
     report. A conversion with no training rows is refused unless ``allow_empty_train`` (an
-    eval-only data set, to score)."""
+    eval-only data set, to score). ``dynamic``: every table dynamic (`--dynamic`)."""
     from recsync.data.convert import convert as run_convert
     from recsync.data.schema import load_schema
     if (schema is None) == (preset is None):
         raise ValueError("give exactly one of schema (a TOML file) and preset (a name)")
     loaded = load_schema(schema, preset=preset) if schema is None else load_schema(schema)
+    if dynamic:
+        loaded = loaded.with_table_kind("dynamic")
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
     return run_convert([str(p) for p in inputs], loaded, out, strict=strict,

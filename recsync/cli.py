@@ -205,6 +205,11 @@ def synth(rows, out, seed, eval_rows, max_table_rows, processes, overwrite):
                f"Bayes-optimal AUC {r.bayes_auc:.4f}, logloss {r.bayes_logloss:.4f}")
 
 
+DYNAMIC_HELP = ("Make every table dynamic: a value's id is its full 64-bit hash (int64), so "
+                "distinct values never share a row; table sizes then only say how many rows "
+                "each table is sized for (docs/data.md, Dynamic tables).")
+
+
 def _table_sizes(values: tuple[str, ...]) -> tuple[int, dict[str, int]]:
     default, overrides = 1_000_000, {}
     for v in values:
@@ -229,16 +234,18 @@ def _table_sizes(values: tuple[str, ...]) -> tuple[int, dict[str, int]]:
                    "(e.g. C3=50000). Repeatable.")
 @click.option("--eval-fraction", type=float, default=0.1, show_default=True,
               help="The last fraction of the input lines becomes the eval split.")
+@click.option("--dynamic", is_flag=True, help=DYNAMIC_HELP)
 @click.option("--overwrite", is_flag=True,
               help="Replace a data set already in --out (once the new one is complete).")
-def criteo(files, out, strict, table_size, eval_fraction, overwrite):
+def criteo(files, out, strict, table_size, eval_fraction, dynamic, overwrite):
     """Convert Criteo files (raw TSV or DeepCTR's CSV sample; plain, gzip, bz2, zstd or xz)
     into training shards: `data convert` with preset criteo or criteo_csv."""
     from recsync.data.criteo import convert_criteo
     default, overrides = _table_sizes(table_size)
     with _conversion(out):
         r = convert_criteo(list(files), out, table_size=default, table_size_overrides=overrides,
-                           eval_fraction=eval_fraction, strict=strict, overwrite=overwrite)
+                           eval_fraction=eval_fraction, dynamic=dynamic, strict=strict,
+                           overwrite=overwrite)
     _report_conversion(r, files, out)
 
 
@@ -254,7 +261,8 @@ def criteo(files, out, strict, table_size, eval_fraction, overwrite):
 @click.option("--overwrite", is_flag=True,
               help="Replace a data set already in --out (once the new one is complete).")
 @click.option("--allow-empty-train", is_flag=True, help="Accept no train rows (eval only).")
-def convert(inputs, schema_path, preset, out, strict, overwrite, allow_empty_train):
+@click.option("--dynamic", is_flag=True, help=DYNAMIC_HELP + " Overrides the schema's kinds.")
+def convert(inputs, schema_path, preset, out, strict, overwrite, allow_empty_train, dynamic):
     """Convert CSV/TSV (plain, gzip, bzip2, zstd) or Parquet files, as a schema describes them,
     into training shards."""
     from recsync.data.convert import convert as run_convert
@@ -263,6 +271,8 @@ def convert(inputs, schema_path, preset, out, strict, overwrite, allow_empty_tra
         raise click.UsageError("give one of --schema FILE or --preset NAME")
     with _conversion(out):
         schema = load_schema(schema_path) if schema_path else load_preset(preset)
+        if dynamic:
+            schema = schema.with_table_kind("dynamic")
         r = run_convert(list(inputs), schema, out, strict=strict, overwrite=overwrite,
                         allow_empty_train=allow_empty_train)
     _report_conversion(r, inputs, out)

@@ -104,7 +104,8 @@ def layout_of(schema: Schema) -> Layout:
         features=(*(Feature(c.name, c.table or c.name) for c in schema.categorical),
                   *(Feature(m.name, m.table or m.name, pooling=m.pooling, max_len=m.max_len)
                     for m in schema.multi_hot)),
-        tables=tuple(Table(t, schema.table_rows(t), dims.get(t)) for t in schema.table_names()),
+        tables=tuple(Table(t, schema.table_rows(t), dims.get(t),
+                           schema.table_kind(t) == "dynamic") for t in schema.table_names()),
         weight=bool(schema.weight))
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from recsync.data.hashing import SPLITMIX_GAMMA
-from recsync.data.value_hash import FNV_OFFSET, FNV_PRIME, _fnv_rows, hex32_words
+from recsync.data.value_hash import (FNV_OFFSET, FNV_PRIME, _fnv_rows, dynamic_ids,
+                                     hex32_words)
 
 # what pyarrow's string -> float64 cast accepts and a finite number needs (no inf, nan, 0x..)
 NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
@@ -219,9 +220,9 @@ def _numbers(buf: np.ndarray, w: np.ndarray, n: np.ndarray, starts: np.ndarray):
 
 def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
          lengths: np.ndarray) -> np.ndarray:
-    """plan.id_dtype [rows, categorical features]: value_hash's ids (1 + hash % (rows - 1), 0
-    for an empty field) of the fields at ``starts`` with ``lengths`` ([rows, features]), hashed
-    from the block's bytes."""
+    """plan.id_dtype [rows, categorical features]: value_hash's ids (1 + hash % (rows - 1), or
+    a dynamic table's full hash; 0 for an empty field) of the fields at ``starts`` with
+    ``lengths`` ([rows, features]), hashed from the block's bytes."""
     n, k = lengths.shape
     if not k:
         return np.zeros((n, 0), dtype=np.int32)
@@ -251,6 +252,9 @@ def _ids(buf: np.ndarray, words: np.ndarray, plan, starts: np.ndarray,
     for j, c in enumerate(plan.cats):
         by_rows.setdefault(c[2], []).append(j)
     for rows, js in by_rows.items():
+        if rows is None:  # dynamic tables: the full hash (value_hash.dynamic_ids)
+            out[:, js] = dynamic_ids(z[:, js], present[:, js])
+            continue
         m = _U(rows - 1)
         if len(js) == k:
             np.remainder(z, m, out=z)

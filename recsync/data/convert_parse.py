@@ -38,19 +38,23 @@ class Plan:
     threshold: float | None
     weight: str
     dense: list[tuple[str, str, str]]  # (name, column, transform)
-    cats: list[tuple[str, str, int, str]]  # (name, column, table rows, encoding)
-    multi: list[tuple[str, str, int, str, int]]  # (name, column, table rows, separator, max_len)
+    # table rows: None for a dynamic table (ids are the full hash: value_hash.dynamic_ids)
+    cats: list[tuple[str, str, int | None, str]]  # (name, column, table rows, encoding)
+    multi: list[tuple[str, str, int | None, str, int]]  # (name, column, rows, separator, max_len)
     split_column: str
     split_values: list[str]
     mean: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per dense feature
     std: np.ndarray = field(default_factory=lambda: np.zeros(0))
     fit: bool = False  # the statistics pass: label, weight and dense only
     log1p_float64: bool = True  # False: as data sets converted before log1p was float64
+    raw: bool = False  # also hand back the kept rows' sparse columns (data/collisions.py)
 
     @classmethod
     def of(cls, schema: Schema) -> Plan:
         col = lambda f: f.column or f.name  # noqa: E731
-        rows = lambda f: schema.table_rows(f.table or f.name)  # noqa: E731
+        def rows(f) -> int | None:
+            t = f.table or f.name
+            return None if schema.table_kind(t) == "dynamic" else schema.table_rows(t)
         plan = cls(label=schema.label.column, threshold=schema.label.threshold,
                    weight=schema.weight,
                    dense=[(f.name, col(f), f.transform) for f in schema.dense],
@@ -72,7 +76,8 @@ class Plan:
     @property
     def id_dtype(self) -> type:
         """Single-hot ids: int32 where every table fits (as the data set stores them)."""
-        return np.int32 if all(c[2] <= MAX_INT32_ROWS for c in self.cats) else np.int64
+        fits = all(c[2] is not None and c[2] <= MAX_INT32_ROWS for c in self.cats)
+        return np.int32 if fits else np.int64
 
     def numeric_columns(self) -> set[str]:
         """Columns read only as numbers (not also hashed or split on)."""
@@ -102,6 +107,7 @@ class Parsed:
     weight: np.ndarray | None = None
     multi: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     stats: np.ndarray | None = None  # fit: [num dense, 3] (count, mean, M2) of train rows
+    raw: dict | None = None  # plan.raw: column -> Arrow array of the rows written
 
 
 def check_types(source: str, types: dict, plan: Plan) -> None:
@@ -263,6 +269,8 @@ def parse(table: pa.Table, invalid: list[tuple[int, str]], records: int, plan: P
         return out
     out.is_eval, out.label, out.weight, out.kept = is_eval, label, weight, rec
     out.dense = _transform(raw, dense_present, plan)
+    if plan.raw:
+        out.raw = {c[1]: cols[c[1]] for c in (*plan.cats, *plan.multi)}
     if fast:
         out.sparse = table.sparse
     else:
@@ -321,9 +329,17 @@ def merge_stats(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.stack([n, mean, m2], axis=1)
 
 
-def _multi_hot(col: pa.Array, rows: int, sep: str, max_len: int):
+def _multi_hot(col: pa.Array, rows: int | None, sep: str, max_len: int):
     """(int64 ids [nnz], int64 offsets [n + 1], elements per row before the cut to max_len)
     of a list column (a list type, or text split at ``sep``); empty elements are dropped."""
+    flat, h, keep, offsets, counts = list_elements(col, sep, max_len)
+    return to_ids(h[keep], rows), offsets, counts
+
+
+def list_elements(col: pa.Array, sep: str, max_len: int):
+    """(every element, its hash, bool: kept (present and among its row's first max_len),
+    int64 offsets [n + 1] of the kept ones, elements per row before the cut) of a list column
+    (a list type, or text split at ``sep``): what a multi-hot feature's ids are made of."""
     lists = col if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) \
         else pc.split_pattern(col, sep)
     lengths = np.asarray(pc.list_value_length(lists).fill_null(0), dtype=np.int64)
@@ -338,4 +354,4 @@ def _multi_hot(col: pa.Array, rows: int, sep: str, max_len: int):
     kept = np.minimum(counts, max_len)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(kept, out=offsets[1:])
-    return to_ids(h[keep], rows), offsets, counts
+    return flat, h, keep, offsets, counts

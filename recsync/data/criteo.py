@@ -27,14 +27,18 @@ CSV_START = b"label,"  # DeepCTR's CSV header starts so; a raw TSV line starts w
 
 def convert_criteo(paths, out_dir, *, table_size: int = 1_000_000,
                    table_size_overrides: dict[str, int] | None = None,
-                   eval_fraction: float = 0.1, strict: bool = False, overwrite: bool = False,
-                   progress: bool = True, block_bytes: int | None = None) -> ConvertReport:
+                   eval_fraction: float = 0.1, dynamic: bool = False, strict: bool = False,
+                   overwrite: bool = False, progress: bool = True,
+                   block_bytes: int | None = None) -> ConvertReport:
     """`recsync data criteo`: convert Criteo files (read in order, as one time-ordered stream)
     into ``out_dir`` as :func:`recsync.data.convert.convert` does, with the Criteo preset the
-    files' layout asks for; ``out_dir`` is checked before any input is read."""
+    files' layout asks for; ``dynamic``: every table dynamic (ids the values' full 64-bit
+    hashes, table sizes only what the tables are sized for). ``out_dir`` is checked before any
+    input is read."""
     check_target(Path(out_dir), overwrite)
     schema = criteo_schema(criteo_preset(paths), table_size=table_size,
-                           table_size_overrides=table_size_overrides, eval_fraction=eval_fraction)
+                           table_size_overrides=table_size_overrides, eval_fraction=eval_fraction,
+                           dynamic=dynamic)
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     return convert(paths, schema, out_dir, strict=strict, overwrite=overwrite, progress=progress,
                    **({"block_bytes": block_bytes} if block_bytes else {}))
@@ -62,9 +66,10 @@ def criteo_preset(paths) -> str:
 
 def criteo_schema(preset: str = "criteo", *, table_size: int = 1_000_000,
                   table_size_overrides: dict[str, int] | None = None,
-                  eval_fraction: float = 0.1) -> Schema:
+                  eval_fraction: float = 0.1, dynamic: bool = False) -> Schema:
     """Preset ``preset`` with every table's rows (``table_size``, or an override by table name
-    C1..C26) and the eval fraction set; SchemaError naming the bad value."""
+    C1..C26), the eval fraction and, with ``dynamic``, every table dynamic; SchemaError naming
+    the bad value."""
     base = load_preset(preset)
     tables = [f.name for f in base.categorical]
     for name in table_size_overrides or {}:
@@ -72,6 +77,7 @@ def criteo_schema(preset: str = "criteo", *, table_size: int = 1_000_000,
             raise SchemaError(f"--table-size {name}=...: unknown table (tables are C1..C26)")
     tree = base.model_dump(mode="json")
     tree["defaults"]["table_rows"] = table_size
+    tree["defaults"]["table_kind"] = "dynamic" if dynamic else "fixed"
     tree["tables"] = {n: {"rows": r} for n, r in (table_size_overrides or {}).items()}
     tree["split"] = {"eval_fraction": eval_fraction}
     try:

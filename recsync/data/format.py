@@ -12,14 +12,16 @@ A data set is a directory::
     DIR/eval/...                           the same for the held-out split
 
 meta.json (format version 2) lists the dense columns, the sparse features (each reads the ids of
-one table; several may share a table; a multi-hot one has a pooling), the tables (rows, and the
-schema's dim if it gave one), the id dtype, and per split its parts. Id 0 is "missing". Version 1
-(13 dense, 26 single-hot features C1..C26, one table each, int32 ids) is read as the version 2
-layout it is.
+one table; several may share a table; a multi-hot one has a pooling), the tables (rows, the
+schema's dim if it gave one, ``"kind": "dynamic"`` for a table whose ids are full 64-bit
+hashes; without it a table is fixed, ids in [0, rows)), the id dtype, and per split its parts.
+Id 0 is "missing". Version 1 (13 dense, 26 single-hot features C1..C26, one table each, int32
+ids) is read as the version 2 layout it is.
 
 Parts are plain ``.npy`` files: self-describing, memory-mappable, and loaded with
 ``allow_pickle=False`` so opening a data set never runs code from it. Single-hot ids are stored as
-int32 when every table fits (half the disk and page cache); the reader widens them to int64.
+int32 when every table fits (half the disk and page cache; a dynamic table never does); the
+reader widens them to int64.
 """
 
 from __future__ import annotations
@@ -61,9 +63,14 @@ class Feature:
 
 @dataclass(frozen=True)
 class Table:
+    """A table's id space. Fixed: ids in [0, rows). Dynamic (meta.json ``"kind": "dynamic"``;
+    absent: fixed): ids are any int64, the values' full 64-bit hashes, and ``rows`` is the size
+    the table is sized for, not a bound on them."""
+
     name: str
     rows: int
     dim: int | None = None
+    dynamic: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,19 +92,22 @@ class Layout:
 
     @property
     def id_dtype(self) -> np.dtype:
-        fits = all(t.rows <= MAX_INT32_ROWS for t in self.tables)
+        fits = all(t.rows <= MAX_INT32_ROWS and not t.dynamic for t in self.tables)
         return np.dtype(np.int32 if fits else np.int64)
 
     def table_rows(self, name: str) -> int:
-        return next(t.rows for t in self.tables if t.name == name)
+        return self.table(name).rows
+
+    def table(self, name: str) -> Table:
+        return next(t for t in self.tables if t.name == name)
 
     @classmethod
     def from_meta(cls, meta: dict) -> "Layout":
         return cls(dense=tuple(meta["dense"]),
                    features=tuple(Feature(f["name"], f["table"], f.get("pooling"),
                                           f.get("max_len", 0)) for f in meta["features"]),
-                   tables=tuple(Table(t["name"], t["rows"], t.get("dim"))
-                                for t in meta["tables"]),
+                   tables=tuple(Table(t["name"], t["rows"], t.get("dim"),
+                                      t.get("kind") == "dynamic") for t in meta["tables"]),
                    weight=bool(meta.get("weight", False)))
 
 
@@ -259,8 +269,8 @@ def write_meta(root: Path, *, splits: dict[str, SplitInfo], source: dict,
         "features": [{"name": f.name, "table": f.table,
                       **({"pooling": f.pooling, "max_len": f.max_len} if f.multi_hot else {})}
                      for f in layout.features],
-        "tables": [{"name": t.name, "rows": int(t.rows),
-                    **({"dim": t.dim} if t.dim else {})} for t in layout.tables],
+        "tables": [{"name": t.name, "rows": int(t.rows), **({"dim": t.dim} if t.dim else {}),
+                    **({"kind": "dynamic"} if t.dynamic else {})} for t in layout.tables],
         "id_dtype": layout.id_dtype.name,
         "weight": layout.weight,
         "splits": {k: {"rows": v.rows, "parts": v.parts, "label_sum": v.label_sum}

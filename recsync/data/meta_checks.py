@@ -18,6 +18,7 @@ MAX_LIST_LEN = 1_000_000  # a multi-hot feature's max_len
 MAX_FEATURES = 100_000  # dense columns, sparse features, tables (each)
 MAX_MODEL_TABLES = 2 * MAX_FEATURES  # a model's tables: deepfm, wide_deep add one per table
 MAX_NAME_CHARS = 200
+TABLE_KINDS = ("fixed", "dynamic")  # a table's "kind"; absent: fixed (data sets made before it)
 PART_NAME = re.compile(r"part-[0-9]{5,}")  # what part_name() makes; nothing else is opened
 NAME = re.compile(r"[^\x00-\x1f]{1,%d}" % MAX_NAME_CHARS)  # printable, bounded
 
@@ -65,6 +66,9 @@ def check_meta(meta: dict, path: Path, splits: tuple[str, ...], poolings: tuple[
                                      f"[1, {MAX_TABLE_ROWS}], got {t.get('rows')!r:.40}")
         if t.get("dim") is not None and not _is_int(t["dim"], 1, MAX_DIM):
             bad(f"tables[{i}].dim", f"must be an integer in [1, {MAX_DIM}], got {t['dim']!r:.40}")
+        if t.get("kind", "fixed") not in TABLE_KINDS:
+            bad(f"tables[{i}].kind", f"(table {t['name']!r}) must be one of "
+                                     f"{', '.join(TABLE_KINDS)}, got {t.get('kind')!r:.40}")
     table_names = [t["name"] for t in tables]
     if len(set(table_names)) != len(table_names):
         bad("tables", "repeat a name")
@@ -88,6 +92,8 @@ def check_meta(meta: dict, path: Path, splits: tuple[str, ...], poolings: tuple[
         bad("id_dtype", f"must be \"int32\" or \"int64\", got {meta.get('id_dtype')!r:.40}")
     if meta["id_dtype"] == "int32" and max(t["rows"] for t in tables) > 2**31 - 1:
         bad("id_dtype", "is int32 but a table has more rows than int32 ids reach")
+    if meta["id_dtype"] == "int32" and any(t.get("kind") == "dynamic" for t in tables):
+        bad("id_dtype", "is int32 but a table is dynamic (its ids are 64-bit hashes)")
     if not isinstance(meta.get("weight", False), bool):
         bad("weight", f"must be true or false, got {meta.get('weight')!r:.40}")
     _check_preprocessing(meta.get("preprocessing"), bad)

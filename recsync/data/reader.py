@@ -50,10 +50,17 @@ class Batch:
                      tuple(take_ragged(v, o, idx) for v, o in self.multi))
 
 
-def _id_ends(layout: Layout) -> tuple[np.ndarray, list[int]]:
-    """Per single-hot feature, and per multi-hot feature, its table's rows (ids must be below)."""
-    single = np.array([layout.table_rows(f.table) for f in layout.single], dtype=np.uint64)
-    return single, [layout.table_rows(f.table) for f in layout.multi]
+_ANY_ID = 2**64 - 1  # a dynamic table's last id, seen as unsigned: every int64 is one
+
+
+def _last_ids(layout: Layout) -> tuple[np.ndarray, list[int]]:
+    """Per single-hot feature, and per multi-hot feature, the largest id its table takes (seen
+    as unsigned): rows - 1 for a fixed table, any int64 for a dynamic one."""
+    def last(f) -> int:
+        t = layout.table(f.table)
+        return _ANY_ID if t.dynamic else t.rows - 1
+    return (np.array([last(f) for f in layout.single], dtype=np.uint64),
+            [last(f) for f in layout.multi])
 
 
 class Dataset:
@@ -61,8 +68,9 @@ class Dataset:
 
     Opening checks meta.json (format, feature counts, table sizes, part names: see
     data/meta_checks.py); the first use of a split checks its part files' shapes and dtypes; every
-    read checks its ids against the table sizes. Each failure is a one-line DataFormatError
-    naming the file (table sizes beyond memory are refused where tables are allocated).
+    read checks its ids against the table sizes (a dynamic table's ids are any int64). Each
+    failure is a one-line DataFormatError naming the file (table sizes beyond memory are
+    refused where tables are allocated).
     """
 
     def __init__(self, root: str | Path):
@@ -71,7 +79,7 @@ class Dataset:
         self.layout = Layout.from_meta(self.meta)
         self.table_rows = [t.rows for t in self.layout.tables]
         self.table_names = [t.name for t in self.layout.tables]
-        self._single_end, self._multi_end = _id_ends(self.layout)
+        self._single_last, self._multi_last = _last_ids(self.layout)
         self._parts: dict[str, list[dict[str, np.ndarray]]] = {}
 
     @property
@@ -169,7 +177,7 @@ class Dataset:
         sparse = arrays["sparse"][sel]
         self._check_ids(chunk, "sparse", sparse, sel.start)
         multi = []
-        for j in range(len(self._multi_end)):
+        for j in range(len(self._multi_last)):
             offsets = np.array(arrays[f"multi{j}.offsets"][sel.start:sel.stop + 1])
             values = np.array(arrays[f"multi{j}.values"][offsets[0]:offsets[-1]])
             self._check_ids(chunk, f"multi{j}.values", values, int(offsets[0]), multi=j)
@@ -183,13 +191,16 @@ class Dataset:
 
     def _check_ids(self, chunk: Chunk, kind: str, ids: np.ndarray, first: int,
                    multi: int | None = None) -> None:
-        """Every id must be a row of its table: an id past the end would index out of the
-        embedding table far from here. One vectorised comparison per read (ids seen as
-        unsigned, so a negative id is huge and fails the same test); the search for the first
-        bad one runs only when there is one."""
+        """Every id of a fixed table must be a row of it: an id past the end would index out
+        of the embedding table far from here. One vectorised comparison per read (ids seen as
+        unsigned, so a negative id is huge and fails the same test; a dynamic table takes every
+        int64, and its multi-hot values are not looked at); the search for the first bad one
+        runs only when there is one."""
+        if multi is not None and self._multi_last[multi] == _ANY_ID:
+            return
         unsigned = ids.view(np.uint32 if ids.dtype == np.int32 else np.uint64)
-        end = self._single_end if multi is None else np.uint64(self._multi_end[multi])
-        inside = unsigned < end
+        last = self._single_last if multi is None else np.uint64(self._multi_last[multi])
+        inside = unsigned <= last
         if inside.all():
             return
         where = np.argwhere(~inside)[0]

@@ -153,8 +153,8 @@ class RowPreprocessor:
         for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
             src = open_source(str(path), schema)
             if columns is None and src.kind == "text" and not schema.input.header:
-                src.columns = _without_absent_label(src, schema.input.delimiter, src.columns,
-                                                    self.plan.label)
+                src.columns = without_absent_label(src, schema.input.delimiter, src.columns,
+                                                   self.plan.label)
             listed_in = "header" if src.kind == "text" and schema.input.header else "columns"
             plan = self.plan_for(src.name, src.columns, listed_in)
             first = 0
@@ -169,7 +169,7 @@ class RowPreprocessor:
                 yield to_batch(p), r
 
 
-def _without_absent_label(src, delimiter: str, columns: list[str], label: str) -> list[str]:
+def without_absent_label(src, delimiter: str, columns: list[str], label: str) -> list[str]:
     """``columns`` less the label's when the first line has one field fewer than them."""
     first = head_bytes(src, 1 << 20).split(b"\n", 1)[0].rstrip(b"\r")
     if label in columns and first.count(delimiter.encode()) + 1 == len(columns) - 1:

@@ -100,16 +100,27 @@ class MultiHot(_Section):
     """how the model combines the elements' embedding rows"""
 
 
+TableKind = Literal["fixed", "dynamic"]
+
+
 class TableSpec(_Section):
-    rows: int = Field(ge=2, le=MAX_TABLE_ROWS)
-    """rows of the table: values hash to ids 1..rows-1, row 0 is 'missing'"""
+    rows: int | None = Field(None, ge=2, le=MAX_TABLE_ROWS)
+    """rows of the table (unset: defaults.table_rows). A fixed table: values hash to ids
+    1..rows-1, row 0 is 'missing'. A dynamic table: the rows it is sized for (the size memory
+    checks and the model see), not a bound on its ids"""
     dim: int | None = Field(None, ge=1, le=MAX_DIM)
     """embedding width of this table (unset: the model's embedding_dim)"""
+    kind: TableKind | None = None
+    """"fixed": id = 1 + hash % (rows - 1), so distinct values may share a row; "dynamic": id =
+    the value's full 64-bit hash as an int64 (negative ones too; 0 is missing, a hash of 0 is
+    id 1), rows keyed by id; unset: defaults.table_kind"""
 
 
 class Defaults(_Section):
     table_rows: int = Field(1_000_000, ge=2, le=MAX_TABLE_ROWS)
-    """rows of every table without a [tables.NAME] entry"""
+    """rows of every table whose [tables.NAME] entry sets none"""
+    table_kind: TableKind = "fixed"
+    """kind ("fixed" or "dynamic") of every table whose [tables.NAME] entry sets none"""
 
 
 class Split(_Section):
@@ -152,7 +163,7 @@ class Schema(_Section):
     categorical: list[Categorical] = []
     multi_hot: list[MultiHot] = []
     tables: dict[str, TableSpec] = {}
-    """[tables.NAME]: rows and dim of one table"""
+    """[tables.NAME]: rows, dim and kind of one table"""
     defaults: Defaults = Defaults()
     split: Split = Split()
 
@@ -197,7 +208,21 @@ class Schema(_Section):
 
     def table_rows(self, table: str) -> int:
         spec = self.tables.get(table)
-        return spec.rows if spec else self.defaults.table_rows
+        return spec.rows if spec and spec.rows else self.defaults.table_rows
+
+    def table_kind(self, table: str) -> str:
+        """"fixed" or "dynamic" (TableSpec.kind)."""
+        spec = self.tables.get(table)
+        return spec.kind if spec and spec.kind else self.defaults.table_kind
+
+    def with_table_kind(self, kind: str) -> Schema:
+        """This schema with every table of ``kind`` ("fixed" or "dynamic"): what ``--dynamic``
+        asks for. Rows and dims stay as they were."""
+        if kind not in ("fixed", "dynamic"):
+            raise SchemaError(f"table kind {kind!r}: must be fixed or dynamic")
+        return self.model_copy(update={
+            "defaults": self.defaults.model_copy(update={"table_kind": kind}),
+            "tables": {n: t.model_copy(update={"kind": kind}) for n, t in self.tables.items()}})
 
     def column_keys(self) -> dict[str, str]:
         """The source columns a conversion reads, each once, in schema order, with the first

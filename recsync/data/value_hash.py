@@ -6,6 +6,9 @@
                                                      FNV's weak low bits)
     id = 1 + h % (rows - 1)                          (0 is kept for a missing value)
 
+A dynamic table (schema ``kind = "dynamic"``) keeps the whole hash instead: ``id = h`` read as
+an int64 (negative values included), 0 still missing, and a value whose ``h`` is 0 gets id 1.
+
 A categorical feature with ``encoding = "hex32"`` (the Criteo presets) reads a value of exactly
 8 hex digits (either case) as an unsigned 32-bit integer v and uses ``h = splitmix64(v)``
 instead: the ids ``recsync data criteo`` has always given. Any other value of such a feature
@@ -127,16 +130,28 @@ def hash_hex32(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """:func:`hash_text` for a feature with ``encoding = "hex32"``: a value of 8 hex digits
     hashes as its 32-bit integer, any other as its text."""
     data, starts, lengths = _text_buffers(values)
+    ok, h = _hex32(data, starts, lengths)
+    text = ~ok & (lengths > 0)
+    if text.any():  # (the whole column: _fnv_rows reads values packed as Arrow packs them)
+        h[text] = _fnv_rows(data, starts, np.where(text, lengths, 0))[text]
+    return splitmix64(h), lengths > 0
+
+
+def hex32_values(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(bool: exactly 8 hex digits, uint64: their value there, arbitrary elsewhere) per value:
+    the values a feature with ``encoding = "hex32"`` hashes as integers."""
+    return _hex32(*_text_buffers(values))
+
+
+def _hex32(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
     eight = np.flatnonzero(lengths == 8)
     words = data[starts[eight, None] + np.arange(8)].view("<u8").reshape(-1)
     ok = np.zeros(len(lengths), dtype=bool)
     ok[eight], v = hex32_words(words, lengths[eight])
     h = np.empty(len(lengths), dtype=np.uint64)
     h[eight] = v
-    text = ~ok & (lengths > 0)
-    if text.any():  # (the whole column: _fnv_rows reads values packed as Arrow packs them)
-        h[text] = _fnv_rows(data, starts, np.where(text, lengths, 0))[text]
-    return splitmix64(h), lengths > 0
+    return ok, h
 
 
 def _text_buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -192,8 +207,12 @@ def hex32_words(w: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ok, v
 
 
-def to_ids(hashes: np.ndarray, rows: int, present: np.ndarray | None = None) -> np.ndarray:
-    """int64 ids ``1 + hash % (rows - 1)``; 0 where ``present`` is False (missing values)."""
+def to_ids(hashes: np.ndarray, rows: int | None, present: np.ndarray | None = None
+           ) -> np.ndarray:
+    """int64 ids ``1 + hash % (rows - 1)`` of a fixed table, or with ``rows`` None those of a
+    dynamic table (:func:`dynamic_ids`); 0 where ``present`` is False (missing values)."""
+    if rows is None:
+        return dynamic_ids(hashes, present)
     if rows < 2:
         raise ValueError(f"a hashed table needs at least 2 rows (row 0 is 'missing'), got {rows}")
     ids = hashes % np.uint64(rows - 1)
@@ -203,8 +222,20 @@ def to_ids(hashes: np.ndarray, rows: int, present: np.ndarray | None = None) -> 
     return ids.view(np.int64)
 
 
-def ids_of(values: pa.Array, rows: int, encoding: str = "text") -> np.ndarray:
-    """Row ids of a column of values (text or integers): null or empty text -> 0."""
+def dynamic_ids(hashes: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:
+    """int64 ids of a dynamic table: the full 64-bit hash read as an int64 (so half of them
+    are negative); 0 where ``present`` is False. A hash of 0 becomes id 1, since 0 means
+    missing: the one place two values may share an id, a chance of 1 in 2^64 per value."""
+    ids = hashes.astype(np.uint64, copy=True).view(np.int64)
+    ids[ids == 0] = 1
+    if present is not None:
+        ids[~present] = 0
+    return ids
+
+
+def ids_of(values: pa.Array, rows: int | None, encoding: str = "text") -> np.ndarray:
+    """Row ids of a column of values (text or integers): null or empty text -> 0; ``rows``
+    None: a dynamic table's ids (the full hash)."""
     h, present = (hash_hex32 if encoding == "hex32" else hash_text)(values)
     return to_ids(h, rows, present)
 

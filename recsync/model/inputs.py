@@ -34,11 +34,15 @@ class SparseFeature:
 @dataclass(frozen=True)
 class DataTable:
     """A data table: the id space several features may share. ``dim`` is the schema's width for
-    it, or None (then ``model.embedding_dim``)."""
+    it, or None (then ``model.embedding_dim``). A fixed table's ids are in [0, rows). A
+    ``dynamic`` table's ids are any int64 (the values' full 64-bit hashes, 0 missing) and
+    ``rows`` is the size it is sized for (the schema's rows: what memory checks see), not a
+    bound on its ids."""
 
     name: str
     rows: int
     dim: int | None = None
+    dynamic: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,5 +145,5 @@ def inputs_of(ds, model_cfg) -> ModelInputs:
     return apply_table_rows(model_cfg, ModelInputs(
         dense=tuple(lay.dense),
         features=tuple(SparseFeature(f.name, f.table, f.pooling) for f in lay.features),
-        tables=tuple(DataTable(t.name, t.rows, t.dim) for t in lay.tables),
+        tables=tuple(DataTable(t.name, t.rows, t.dim, t.dynamic) for t in lay.tables),
         embedding_dim=model_cfg.embedding_dim, base_rate=ds.base_rate("train")))

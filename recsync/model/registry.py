@@ -42,16 +42,17 @@ NAME_ATTR = "recsync_model_name"  # set on every built module: loss.py names it 
 
 
 def apply_table_rows(cfg, inputs: ModelInputs) -> ModelInputs:
-    """``inputs`` with every data table ``model.table_rows`` rows if set (never fewer than the
-    data's: ids would not fit), and ``model.embedding_dim`` as the default dim."""
+    """``inputs`` with every data table ``model.table_rows`` rows if set (never fewer than a
+    fixed table's: its ids would not fit; a dynamic table's ids are not bounded by its rows),
+    and ``model.embedding_dim`` as the default dim."""
     tables = inputs.tables
-    if cfg.table_rows:  # a dynamic table's ids are not row numbers: it keeps its own
+    if cfg.table_rows:
         largest = max((t for t in tables if not t.dynamic), key=lambda t: t.rows, default=None)
         if largest is not None and cfg.table_rows < largest.rows:
             raise ValueError(f"model.table_rows = {cfg.table_rows} is smaller than the data "
                              f"set's largest table ({largest.name}: {largest.rows} rows): ids "
                              f"would not fit")
-        tables = tuple(t if t.dynamic else replace(t, rows=cfg.table_rows) for t in tables)
+        tables = tuple(replace(t, rows=cfg.table_rows) for t in tables)
     return replace(inputs, tables=tables, embedding_dim=cfg.embedding_dim)
 
 

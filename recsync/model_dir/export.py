@@ -114,9 +114,10 @@ def export_model(model_dir: str | Path, out: str | Path, *, fmt: str = "torchscr
     model = load_model(model_dir, **({"builder": builder} if builder is not None else {}))
     dynamic = [s.name for s in model.specs if s.dynamic is not None]
     if dynamic:
-        raise ValueError(f"{model_dir}: tables {', '.join(dynamic)} are dynamic (rows keyed by "
-                         f"64-bit ids), which export does not write yet; serve the model from "
-                         f"its directory (recsync.load_model, recsync predict)")
+        shown = ", ".join(dynamic[:3]) + (", ..." if len(dynamic) > 3 else "")
+        raise ValueError(f"{model_dir}: {len(dynamic)} of its tables ({shown}) are dynamic (rows "
+                         f"keyed by 64-bit ids), which export does not write yet; serve the "
+                         f"model from its directory (recsync.load_model, recsync predict)")
     total = check_size(model, max_bytes)
     serving = ServingModel(model).eval()
     args = example_inputs(model)

@@ -159,7 +159,11 @@ def _tables(c: _Checker, tables) -> list[str]:
                                    f"characters", t.get(field))
         c.integer(t, key, "rows", 1, MAX_TABLE_ROWS)
         c.integer(t, key, "dim", 1, MAX_DIM)
-        c.integer(t, key, "trained_rows", 0, t["rows"])
+        if t.setdefault("kind", "fixed") not in ("fixed", "dynamic"):
+            c.bad(key + "kind", 'must be "fixed" or "dynamic"', t["kind"])
+        # a dynamic table's ids are 64-bit keys, not row numbers: its rows do not bound them
+        c.integer(t, key, "trained_rows", 0,
+                  t["rows"] if t["kind"] == "fixed" else MAX_TABLE_ROWS)
         c.integer(t, key, "state_dim", 0, MAX_STATE_DIM, default=0)
         files.append(t["file"])
     return files

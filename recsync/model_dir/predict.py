@@ -120,7 +120,13 @@ def check_layout(model: TrainedModel, ds: Dataset) -> None:
                          f"{printable([f.name for f in ds.layout.features], 200)} differ from "
                          f"the model's {printable([f.name for f in trained.features], 200)}")
     sizes = {t.name: t.rows for t in trained.tables}
+    kinds = {t.name: t.dynamic for t in trained.tables}
     for t in ds.layout.tables:
+        if t.name in kinds and t.dynamic != kinds[t.name]:
+            kind = {True: "dynamic", False: "fixed"}
+            raise ValueError(f"{where}: table {printable(t.name)} is {kind[t.dynamic]}, in the "
+                             f"model's training data {kind[kinds[t.name]]}: its ids mean "
+                             f"other values; convert the data as the training data was")
         if t.name in sizes and t.rows != sizes[t.name]:
             raise ValueError(f"{where}: table {printable(t.name)} has {t.rows:,} rows, the model's "
                              f"training data {sizes[t.name]:,}: its ids were hashed into "

@@ -139,8 +139,12 @@ def _read_table(root: Path, index: int, t: dict):
     if values.dtype != torch.float32 or values.shape != (trained, dim):
         raise ModelDirError(f"{file}: rows are {values.dtype} {list(values.shape)}, model.json "
                             f"says float32 [{trained}, {dim}] (table {name})")
-    if trained and (int(ids[0]) < 0 or int(ids[-1]) >= rows
-                    or bool((ids[1:] <= ids[:-1]).any())):
+    if t["kind"] == "dynamic":  # any int64 id
+        if trained and bool((ids[1:] <= ids[:-1]).any()):
+            raise ModelDirError(f"{file}: ids must be ascending and unique (dynamic table "
+                                f"{name})")
+    elif trained and (int(ids[0]) < 0 or int(ids[-1]) >= rows
+                      or bool((ids[1:] <= ids[:-1]).any())):
         raise ModelDirError(f"{file}: ids must be ascending, unique and in [0, {rows}) "
                             f"(table {name})")
     state = arrays.get("state")

@@ -26,14 +26,19 @@ class ModelState:
 
 def store_rows(store, with_state: bool) -> list[TrainedRows]:
     """Each table's touched rows of an EmbeddingStore (a shard's or the local one's), keyed by
-    global id (local index * num_shards + shard; a dynamic table's snapshot names its ids)."""
+    global id (local index * num_shards + shard; a dynamic table's snapshot names its ids,
+    in slot order: sorted here), ascending."""
     snap = store.snapshot()
     out = []
     for t in range(len(store.tables)):
-        ids = (snap[f"t{t}.ids"].astype(np.int64) if f"t{t}.ids" in snap
-               else snap[f"t{t}.local"].astype(np.int64) * store.num_shards + store.shard)
-        out.append(TrainedRows(ids, snap[f"t{t}.weights"],
-                               snap[f"t{t}.state"] if with_state else None))
+        rows, state = snap[f"t{t}.weights"], snap[f"t{t}.state"] if with_state else None
+        if f"t{t}.ids" in snap:
+            order = np.argsort(snap[f"t{t}.ids"], kind="stable")
+            ids, rows = snap[f"t{t}.ids"][order], rows[order]
+            state = None if state is None else state[order]
+        else:
+            ids = snap[f"t{t}.local"].astype(np.int64) * store.num_shards + store.shard
+        out.append(TrainedRows(ids.astype(np.int64), rows, state))
     return out
 
 

@@ -86,7 +86,8 @@ def model_meta(cfg, ds, tables, trained: list[TrainedRows], dense_params: int, *
         "data": data_section(ds),
         "tables": [{"name": s.name, "source": s.source, "rows": s.rows, "dim": s.dim,
                     "file": table_file(i), "trained_rows": int(len(r.ids)),
-                    "state_dim": state_dim} for i, (s, r) in enumerate(zip(tables, trained))],
+                    "state_dim": state_dim, **({"kind": "dynamic"} if s.dynamic else {})}
+                   for i, (s, r) in enumerate(zip(tables, trained))],
         "dense": {"file": DENSE_FILE, "parameters": dense_params},
         "optimizer_state": optimizer is not None,
         "dense_optimizer": optimizer,

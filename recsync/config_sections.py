@@ -39,24 +39,29 @@ class DataConfig(Section):
     """rows per unit of work (0: 16 batches); a chunk is a contiguous row range of one part"""
 
 
+MAX_DYNAMIC_CAPACITY = 2**31 - 2  # IdMap's int32 slots
+MAX_ADMIT_AFTER = 65_535  # admission's uint16 counters
+
+
 class DynamicTableConfig(Section):
-    capacity: int = Field(1_000_000, ge=1, le=MAX_TABLE_ROWS)
+    capacity: int = Field(1_000_000, ge=1, le=MAX_DYNAMIC_CAPACITY)
     """rows a dynamic table holds per PS shard (the local run: in all); memory is checked for
     a full table at start-up"""
-    admit_after: int = Field(1, ge=1)
+    admit_after: int = Field(1, ge=1, le=MAX_ADMIT_AFTER)
     """an id gets a row once it was seen in this many batches (1: at once); until then it
     reads zeros and its gradients are dropped"""
     eviction: Literal["lfu", "lru"] = "lfu"
     """when a shard's table is full, which rows make room: "lfu" the least often seen, "lru"
     the longest unseen"""
     ttl: int = Field(0, ge=0)
-    """rows unseen for this many updates of their table go at each checkpoint (0: never)"""
+    """rows unseen for this many updates of their table go (checked every ttl / 4 updates and
+    at each checkpoint; 0: never)"""
 
 
 class DynamicTableOverride(Section):
     """One table's own settings; a key left out is the section's."""
-    capacity: int | None = Field(None, ge=1, le=MAX_TABLE_ROWS)
-    admit_after: int | None = Field(None, ge=1)
+    capacity: int | None = Field(None, ge=1, le=MAX_DYNAMIC_CAPACITY)
+    admit_after: int | None = Field(None, ge=1, le=MAX_ADMIT_AFTER)
     eviction: Literal["lfu", "lru"] | None = None
     ttl: int | None = Field(None, ge=0)
 

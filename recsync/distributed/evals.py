@@ -46,10 +46,10 @@ class _StoppableLookup:
     def __init__(self, client: PSClient, stop: threading.Event):
         self.client, self.stop = client, stop
 
-    def pull(self, batch):
+    def pull(self, batch, read_only: bool = False):
         if self.stop.is_set():
             raise Stopped()
-        return self.client.pull(batch)
+        return self.client.pull(batch, read_only=read_only)
 
 
 class PeriodicEval:

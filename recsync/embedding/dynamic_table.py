@@ -21,11 +21,15 @@ state and its id as they were when the copy began.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from recsync.embedding.admission import Admission
 from recsync.embedding.id_map import IdMap
+
+log = logging.getLogger(__name__)
 
 MISSING_KEY = np.int64(np.iinfo(np.int64).max)  # where id 0 (missing) is kept in the map
 EVICT_AT_ONCE = 1 / 64  # of the capacity: finding the lowest scores reads every slot's, so a
@@ -33,7 +37,19 @@ EVICT_AT_ONCE = 1 / 64  # of the capacity: finding the lowest scores reads every
 SKETCH_ROWS_PER_CELL = 4  # admission's sketch: a counter per 4 rows of capacity in each of its
 # 4 hash rows (2 bytes a row), halved after 10 x capacity sightings (TinyLFU's reset)
 
-STAT_KEYS = ("live", "admitted", "refused", "evicted", "expired", "dropped_grads")
+STAT_KEYS = ("live", "admitted", "refused", "no_room", "evicted", "expired", "dropped_grads")
+
+
+def sketch_width(capacity: int) -> int:
+    return max(1024, capacity // SKETCH_ROWS_PER_CELL)
+
+
+def metadata_bytes(spec) -> int:
+    """Bytes a dynamic table holds besides its rows' weights, state and live flags: the map,
+    and admission's sketch where it counts (admit_after > 1)."""
+    d = spec.dynamic
+    sketch = 2 * 4 * sketch_width(d.capacity) if d.admit_after > 1 else 0
+    return int(IdMap.bytes_per_row(d.capacity) * d.capacity) + sketch
 
 
 class DynamicTable:
@@ -45,13 +61,14 @@ class DynamicTable:
         self.spec, self.number, self.optimizer = spec, number, optimizer
         self.seed, self.init_scale, self._initial_rows = seed, init_scale, initial_rows
         self.map = IdMap(d.capacity)
-        self.admission = Admission(
-            d.admit_after, width=max(1024, d.capacity // SKETCH_ROWS_PER_CELL),
-            seed=seed * 1_000_003 + number, decay_every=10 * d.capacity)
+        self.admission = Admission(d.admit_after, width=sketch_width(d.capacity),
+                                   seed=seed * 1_000_003 + number,
+                                   decay_every=10 * d.capacity)
         self.weights = torch.empty(d.capacity, spec.dim)
         self.state = torch.empty(d.capacity, optimizer.state_dim)
         self.live = torch.zeros(d.capacity, dtype=torch.bool)  # the store's `initialized`
         self.clock = 0  # pushes applied to this table
+        self.expired_at = 0  # the clock at the last expiry
         self.counts = dict.fromkeys(STAT_KEYS[1:], 0)
 
     # -- pull and push -----------------------------------------------------------------------
@@ -67,18 +84,26 @@ class DynamicTable:
             return torch.from_numpy(slots)
         new = np.unique(keys[slots < 0])
         admitted = self.admission.admit(new)
-        fresh = new[admitted][:self.map.capacity - len(np.unique(found))]  # room at most
-        self.counts["admitted"] += len(fresh)
-        self.counts["refused"] += int(len(new) - np.count_nonzero(admitted))
-        if len(fresh):
+        fresh = new[admitted]
+        self.counts["refused"] += int(len(new) - len(fresh))
+        if len(fresh) > self.map.free():
             self._make_room(len(fresh), keep=found)
+        room = self.map.free()
+        if len(fresh) > room:  # the missing value first, the rest in (pseudo-random) id order
+            fresh = np.concatenate([fresh[fresh == MISSING_KEY], fresh[fresh != MISSING_KEY]])
+            self.counts["no_room"] += len(fresh) - room
+            fresh = fresh[:room]
+        if len(fresh):
+            self.counts["admitted"] += len(fresh)
             self.map.touch(self._insert(fresh, copying), self.clock)
             slots = self.map.find(keys)
         return torch.from_numpy(slots)
 
-    def pull(self, ids: torch.Tensor, copying=None) -> torch.Tensor:
-        """Rows of ``ids`` [n, dim] (a copy); zeros where an id has no row."""
-        slots = self.slots_for_pull(ids, copying)
+    def pull(self, ids: torch.Tensor, copying=None, admit: bool = True) -> torch.Tensor:
+        """Rows of ``ids`` [n, dim] (a copy); zeros where an id has no row. ``admit`` False:
+        look up only (an evaluation's pull: no sighting, no new row, no score changed)."""
+        slots = (self.slots_for_pull(ids, copying) if admit
+                 else torch.from_numpy(self.map.find(keys_of(ids))))
         rows = self.weights.index_select(0, slots.clamp(min=0))
         absent = slots < 0
         if bool(absent.any()):
@@ -90,6 +115,9 @@ class DynamicTable:
         """Apply the row optimizer to the rows of ``ids`` (unique) that still have one; the
         gradients of the others are dropped (counted)."""
         self.clock += 1
+        ttl = self.spec.dynamic.ttl
+        if ttl and self.clock - self.expired_at >= max(1, ttl // 4):
+            self.expire()  # at a quarter of the ttl's pace: each expiry reads every slot
         slots = torch.from_numpy(self.map.find(keys_of(ids)))
         has = slots >= 0
         if not bool(has.all()):
@@ -102,13 +130,20 @@ class DynamicTable:
 
     # -- admission and eviction --------------------------------------------------------------
     def _make_room(self, n: int, keep: np.ndarray) -> None:
-        """Free at least ``n`` slots, evicting the lowest-scored rows (a 64th of the capacity at
-        least, once the table is full), none of ``keep``."""
+        """Free up to ``n`` slots (a 64th of the capacity at least), evicting the lowest-scored
+        rows, none of ``keep`` and none read since the table's last update: a row admitted for
+        one worker's step is not taken by another worker's pull of the same step."""
         short = n - self.map.free()
         if short > 0:
             want = max(short, int(self.map.capacity * EVICT_AT_ONCE))
-            candidates = self.map.lowest(want + len(keep), self.spec.dynamic.eviction)
-            slots = candidates[~np.isin(candidates, keep)][:want]
+            k = want + len(keep)
+            while True:  # rows read since the last update are skipped: look further if need be
+                candidates = self.map.lowest(k, self.spec.dynamic.eviction)
+                candidates = candidates[~np.isin(candidates, keep)]
+                slots = candidates[self.map.last_seen(candidates) < self.clock][:want]
+                if len(slots) == want or k >= len(self.map):
+                    break
+                k *= 4
             self._remove(slots)
             self.counts["evicted"] += len(slots)
 
@@ -133,6 +168,7 @@ class DynamicTable:
     def expire(self) -> int:
         """Remove the rows not pulled in the last ``ttl`` updates (none with ttl 0); how many."""
         ttl = self.spec.dynamic.ttl
+        self.expired_at = self.clock
         if ttl <= 0 or self.clock < ttl:
             return 0
         slots = self.map.idle(self.clock - ttl)
@@ -154,9 +190,20 @@ class DynamicTable:
         snapshot's slot numbers mean nothing once its rows are back."""
         name, n = self.spec.name, len(ids)
         if n > self.map.capacity:
-            raise ValueError(f"table {name}: the snapshot has {n} rows for this shard, more "
-                             f"than its capacity {self.map.capacity} (raise the table's "
-                             f"capacity or the number of shards)")
+            if counts is None:
+                raise ValueError(f"table {name}: {n} rows for this shard, more than its "
+                                 f"capacity {self.map.capacity} (raise model.dynamic.capacity "
+                                 f"or cluster.ps_shards)")
+            # fewer shards than the checkpoint's: the best-scored rows stay, as if evicted
+            policy = self.spec.dynamic.eviction
+            order = (np.lexsort((-last, -counts)) if policy == "lfu"
+                     else np.lexsort((-counts, -last)))[:self.map.capacity]
+            log.warning("table %s: %d rows for this shard, capacity %d: the %d lowest-scored "
+                        "(%s) are evicted", name, n, self.map.capacity, n - len(order), policy)
+            self.counts["evicted"] += n - len(order)
+            keep = torch.from_numpy(order)
+            ids, rows, state = ids[order], rows[keep], state[keep]
+            counts, last, n = counts[order], last[order], len(order)
         zeros = np.zeros(n, np.int64)
         slots = np.arange(n, dtype=np.int64)
         self.map.load({"slots": slots, "ids": keys_of(torch.from_numpy(ids)),

@@ -207,10 +207,11 @@ class LocalLookup:
         """``plan`` None: one single-hot feature per table of ``store``."""
         self.store, self.plan = store, plan or LookupPlan.single_hot(store.tables)
 
-    def pull(self, batch) -> PulledBatch:
-        """Rows for a batch's ids; each table's ids are deduplicated first."""
+    def pull(self, batch, read_only: bool = False) -> PulledBatch:
+        """Rows for a batch's ids; each table's ids are deduplicated first. ``read_only``: an
+        evaluation's pull (EmbeddingStore.pull's ``admit`` False)."""
         tables = self.plan.dedup(batch)
-        return self.plan.fuse(batch, tables, [self.store.pull(t, ids)
+        return self.plan.fuse(batch, tables, [self.store.pull(t, ids, admit=not read_only)
                                               for t, (ids, _) in enumerate(tables)])
 
     def push(self, pulled: PulledBatch) -> None:

@@ -34,16 +34,17 @@ def physical_memory_bytes() -> int:
 
 def check_table_memory(table_rows: Sequence[int], dim: int, *, state_dim: int = 1,
                        table_names: Sequence[str] | None = None,
-                       limit_bytes: int | None = None) -> int:
+                       limit_bytes: int | None = None, extra_bytes: int = 0) -> int:
     """Return :func:`table_bytes` of the tables, or raise TableMemoryError if it exceeds
     ``limit_bytes`` (default: this machine's physical memory).
 
     ``table_rows``: rows of each table held in one process (a PS shard passes its share);
     ``dim``: values per row (the widest table's); ``state_dim``: row-optimizer floats per row;
-    ``table_names``: for the message (default C1, C2, ...). Pure arithmetic: nothing is
-    allocated, so callers may check before building anything.
+    ``table_names``: for the message (default C1, C2, ...); ``extra_bytes``: what the tables
+    hold besides rows (dynamic tables' maps). Pure arithmetic: nothing is allocated, so callers
+    may check before building anything.
     """
-    need = table_bytes(table_rows, dim, state_dim)
+    need = table_bytes(table_rows, dim, state_dim) + extra_bytes
     limit = physical_memory_bytes() if limit_bytes is None else limit_bytes
     if need <= limit:
         return need
@@ -54,4 +55,5 @@ def check_table_memory(table_rows: Sequence[int], dim: int, *, state_dim: int = 
         f"float32 values + {state_dim} of optimizer state), more than this machine's "
         f"{limit / 1e9:,.1f} GB of memory; the largest is {names[biggest]} with "
         f"{table_rows[biggest]:,} rows: lower the table sizes (the data set's meta.json "
-        f"tables, set by `recsync data criteo --table-size`, or model.table_rows)")
+        f"tables, set by `recsync data criteo --table-size`, or model.table_rows; a dynamic "
+        f"table's model.dynamic.capacity)")

@@ -15,7 +15,8 @@ class DynamicSpec:
     ``capacity`` rows (embedding/dynamic_table.py). An id gets a row after ``admit_after``
     sightings (pulls that carry it); when a shard's table is full the lowest-scored rows go
     (``eviction``: "lfu" by how often a row was pulled, "lru" by when); with ``ttl`` > 0, rows
-    not pulled in the last ``ttl`` updates of the table go at each checkpoint."""
+    not pulled in the last ``ttl`` updates of the table go (checked every ttl / 4 updates and
+    at each checkpoint)."""
 
     capacity: int
     admit_after: int = 1

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from recsync.data.hashing import splitmix64
-from recsync.embedding.dynamic_table import DynamicTable
+from recsync.embedding.dynamic_table import DynamicTable, metadata_bytes
 from recsync.embedding.memory import check_table_memory
 from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.sharding import local_index
@@ -60,7 +60,8 @@ class EmbeddingStore:
         local_rows = [t.rows_per_shard(shard, num_shards) for t in tables]
         # before any allocation: table sizes come from a data set's meta.json
         check_table_memory(local_rows, max((t.dim for t in tables), default=1),
-                           state_dim=optimizer.state_dim, table_names=[t.name for t in tables])
+                           state_dim=optimizer.state_dim, table_names=[t.name for t in tables],
+                           extra_bytes=sum(metadata_bytes(t) for t in tables if t.dynamic))
         self.dynamic = {i: DynamicTable(t, i, optimizer, seed=seed, init_scale=init_scale,
                                         initial_rows=initial_rows)
                         for i, t in enumerate(tables) if t.dynamic is not None}
@@ -73,14 +74,15 @@ class EmbeddingStore:
                             for i, n in enumerate(local_rows)]
         self.copying: RowsCopy | None = None  # a background copy in progress (begin_copy)
 
-    def pull(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+    def pull(self, table: int, ids: torch.Tensor, *, admit: bool = True) -> torch.Tensor:
         """Rows of ``ids`` (int64 [n], global ids owned by this store, duplicates allowed).
 
         Returns a new float32 tensor [n, dim] (a copy: later pushes do not change it). Blocks.
-        A dynamic table's ids without a row read zeros.
+        A dynamic table's ids without a row read zeros; ``admit`` False (an evaluation's pull)
+        changes nothing in it: no admission, eviction or scoring.
         """
         if table in self.dynamic:
-            return self.dynamic[table].pull(ids, self.copying)
+            return self.dynamic[table].pull(ids, self.copying, admit)
         local = self._ensure_initialized(table, ids)
         return self.weights[table].index_select(0, local)
 
@@ -136,6 +138,9 @@ class EmbeddingStore:
             if t in self.dynamic:
                 self._restore_dynamic(t, arrays, rows, state, on_top)
                 continue
+            if f"t{t}.clock" in arrays:  # its rows are a dynamic table's slots, not ids
+                raise ValueError(f"table {self.tables[t].name} is fixed, but the snapshot was "
+                                 f"taken of a dynamic table")
             if len(local) and (int(local.max()) >= len(w) or int(local.min()) < 0):
                 raise ValueError(f"table {t}: the snapshot has rows outside this store's "
                                  f"{len(w)}")

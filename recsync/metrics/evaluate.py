@@ -17,7 +17,8 @@ def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size:
              keep_scores: bool = False) -> dict:
     """AUC, log loss, NE and calibration (weighted where the data has weights) on the first
     ``rows`` rows of the eval split (all of it if larger). ``lookup`` serves the rows
-    (``pull(batch) -> PulledBatch``): LocalLookup or PSClient.
+    (``pull(batch, read_only) -> PulledBatch``): LocalLookup or PSClient; its pulls are
+    read-only, so an evaluation never admits, evicts or scores a dynamic table's rows.
     ``keep_scores``: the result also holds the arrays the metrics were computed from, in
     eval-split order: "scores" (float32 probabilities), "labels" and, where the data has
     weights, "weights" (for OUT/predictions.parquet)."""
@@ -28,7 +29,7 @@ def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size:
             break
         chunk = Chunk("eval", p, 0, min(info["rows"], rows - seen))
         for batch in ds.batches(chunk, batch_size):
-            pulled = lookup.pull(batch)
+            pulled = lookup.pull(batch, read_only=True)  # a dynamic table stays as it is
             probs.append(torch.sigmoid(logits(dense, batch, pulled.embeddings())).numpy())
             labels.append(batch.label.numpy())
             if batch.weight is not None:

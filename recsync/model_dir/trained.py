@@ -195,8 +195,9 @@ class TrainedModel(torch.nn.Module):
             out[known] = getattr(self, f"rows_{t}")
         return out
 
-    def pull(self, batch):
-        """The batch's rows as the training step sees them (embedding/lookup.py)."""
+    def pull(self, batch, read_only: bool = True):
+        """The batch's rows as the training step sees them (embedding/lookup.py); a saved
+        model only reads (``read_only`` is for evaluate's sake)."""
         tables = self.plan.dedup(batch)
         return self.plan.fuse(batch, tables, [self.table_rows(t, ids)
                                               for t, (ids, _) in enumerate(tables)])

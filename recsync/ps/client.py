@@ -40,6 +40,7 @@ class PendingPull:
     routing: ShardRouting
     refs: list  # one answer per shard
     min_version: int = 0
+    read_only: bool = False  # an evaluation's: a dynamic table admits, evicts and scores nothing
 
 
 SHARD_RESTART_TIMEOUT_S = 120  # partial recovery: how long a pull waits for a shard to return
@@ -73,24 +74,25 @@ class PSClient:
         self.seen_versions: list[int] = []  # per shard, the newest version any answer carried
         self.device = torch.device("cpu")  # a GPU worker's: pulled rows go there
 
-    def pull(self, batch, min_version: int = 0) -> PulledBatch:
+    def pull(self, batch, min_version: int = 0, read_only: bool = False) -> PulledBatch:
         """Rows for a batch's ids (data/reader.py Batch). Blocks until every shard answered.
 
         ``min_version``: each shard first waits until it has applied that many updates (modes
         whose steps wait for the previous ones). The batch carries its routing for push,
         each shard's version (``versions``) and the dense vector if a shard holds it
-        (``dense``).
+        (``dense``). ``read_only``: an evaluation's pull, which changes no dynamic table (no
+        admission, eviction or scoring; ids without a row read zeros).
         """
-        return self.complete(self.pull_async(batch, min_version))
+        return self.complete(self.pull_async(batch, min_version, read_only))
 
-    def pull_async(self, batch, min_version: int = 0) -> PendingPull:
+    def pull_async(self, batch, min_version: int = 0, read_only: bool = False) -> PendingPull:
         """Send a batch's pull to every shard and return at once; ``complete`` waits for it."""
         tables = self.plan.dedup(batch)
         ids = [u for u, _ in tables]
         routing = ShardRouting([split_by_shard(u, len(self.shards)) for u in ids])
-        refs = [s.pull.remote(routing.ids_for(ids, i), min_version)
+        refs = [s.pull.remote(routing.ids_for(ids, i), min_version, read_only)
                 for i, s in enumerate(self.shards)]
-        return PendingPull(batch, tables, routing, refs, min_version)
+        return PendingPull(batch, tables, routing, refs, min_version, read_only)
 
     def _answers(self, pending: PendingPull) -> list:
         if not self.survive_shard_restarts:
@@ -112,7 +114,7 @@ class PSClient:
                     else:
                         time.sleep(0.2)  # Ray is restarting the shard: ask the new one
                     ref = self.shards[i].pull.remote(pending.routing.ids_for(ids, i),
-                                                     pending.min_version)
+                                                     pending.min_version, pending.read_only)
         return answers
 
     def _wait_push(self, ref):

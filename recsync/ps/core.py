@@ -61,10 +61,14 @@ class ShardCore:
         self.priority, self.full_every = priority, full_every
         self.snapshots = 0  # since this process started
 
-    def pull(self, ids: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
-        """Rows of each table's ``ids`` (int64, owned here), the dense vector if held, version."""
+    def pull(self, ids: list[np.ndarray], read_only: bool = False
+             ) -> tuple[list[np.ndarray], np.ndarray | None, int]:
+        """Rows of each table's ``ids`` (int64, owned here), the dense vector if held, version.
+        ``read_only``: an evaluation's pull: a dynamic table admits, evicts and scores nothing
+        (EmbeddingStore.pull's ``admit``)."""
         self.pulls += 1
-        rows = [self.store.pull(t, read_only_tensor(i)).numpy() for t, i in enumerate(ids)]
+        rows = [self.store.pull(t, read_only_tensor(i), admit=not read_only).numpy()
+                for t, i in enumerate(ids)]
         dense = self.dense.params.detach().numpy().copy() if self.dense is not None else None
         return rows, dense, self.version
 

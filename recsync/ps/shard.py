@@ -155,18 +155,18 @@ class PSShard:
             latency_s, s_per_byte = self.network
             await asyncio.sleep(latency_s / 2 + nbytes(payload) * s_per_byte)
 
-    async def pull(self, ids: list[np.ndarray], min_version: int = 0):
+    async def pull(self, ids: list[np.ndarray], min_version: int = 0, read_only: bool = False):
         """Rows of ``ids`` per table (int64, unique, owned here), dense vector or None, version.
 
         Waits until the shard's version is at least ``min_version`` (modes whose steps wait
-        for the previous ones).
+        for the previous ones). ``read_only``: an evaluation's pull (ShardCore.pull).
         """
         await self._travel(ids)
         if self.core.version < min_version:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.core.version >= min_version)
         paced = self.pacer and self.pacer.start()
-        answer = self.core.pull(ids)
+        answer = self.core.pull(ids, read_only)
         if paced:
             await self.pacer.finish(paced)
         await self._travel(answer)

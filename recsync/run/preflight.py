@@ -47,6 +47,7 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
     tables = model_for(cfg.model, ds).tables  # the model's own errors (a bad name) here too
     check_dynamic(cfg, tables)
     check_table_memory(held_rows(cfg, tables), max(t.dim for t in tables),
+                       extra_bytes=dynamic_metadata_bytes(cfg, tables),
                        state_dim=_state_dim(cfg), table_names=[t.name for t in tables])
     estimates = estimate_writes(cfg, ds, out)
     for e in estimates:
@@ -65,6 +66,13 @@ def held_rows(cfg: RunConfig, tables) -> list[int]:
     capacity on every shard (on the one store of a local run)."""
     stores = cfg.cluster.ps_shards if cfg.distributed else 1
     return [t.rows if t.dynamic is None else t.dynamic.capacity * stores for t in tables]
+
+
+def dynamic_metadata_bytes(cfg: RunConfig, tables) -> int:
+    """What the run's dynamic tables hold besides rows (their maps), on every store."""
+    from recsync.embedding.dynamic_table import metadata_bytes
+    stores = cfg.cluster.ps_shards if cfg.distributed else 1
+    return stores * sum(metadata_bytes(t) for t in tables if t.dynamic is not None)
 
 
 def check_dynamic(cfg: RunConfig, tables) -> None:

@@ -39,12 +39,13 @@ def load_warm_start(cfg, ds) -> ModelFiles:
     built = model_for(cfg.model, ds)
     t = cfg.train
     state_dim = make_row_optimizer(t.embedding_optimizer, t.embedding_lr).state_dim
-    check_compatible(files, cfg, built.tables, built.module, state_dim)
+    check_compatible(files, cfg, built.tables, built.module, state_dim,
+                     shards=cfg.cluster.ps_shards if cfg.distributed else 1)
     return files
 
 
 def check_compatible(files: ModelFiles, cfg, tables, module: torch.nn.Module,
-                     state_dim: int) -> None:
+                     state_dim: int, shards: int = 1) -> None:
     """ValueError, one line naming the key or table and both values, unless ``files`` fits
     this run's model (``tables``: its TableSpecs, ``module``: its dense module,
     ``state_dim``: its row optimizer's)."""
@@ -59,6 +60,16 @@ def check_compatible(files: ModelFiles, cfg, tables, module: torch.nn.Module,
         raise ValueError(f"{where}: the model's tables are {printable(repr(names), 300)}, "
                          f"this run's {printable(repr([t.name for t in tables]), 300)}")
     for spec, entry, (ids, rows, state) in zip(tables, files.meta["tables"], files.tables):
+        kind = "dynamic" if spec.dynamic is not None else "fixed"
+        if entry.get("kind", "fixed") != kind:
+            raise ValueError(f"{where}: table {spec.name} is {entry.get('kind', 'fixed')} in the "
+                             f"model, {kind} in this run: its ids mean other values")
+        if spec.dynamic is not None:
+            held = np.bincount((ids % shards).numpy(), minlength=shards).max() if len(ids) else 0
+            if held > spec.dynamic.capacity:
+                raise ValueError(f"{where}: table {spec.name} has {len(ids):,} rows in the model, "
+                                 f"{held:,} of them for one of this run's {shards} store(s), "
+                                 f"over model.dynamic.capacity {spec.dynamic.capacity:,}")
         if rows.shape[1:] != (spec.dim,):
             raise ValueError(f"{where}: table {spec.name} has dim {rows.shape[1]} in the "
                              f"model, {spec.dim} in this run")

@@ -134,3 +134,40 @@ def test_resume_onto_three_shards_puts_every_row_back_under_its_id(fake_ray, dyn
         np.testing.assert_array_equal(restored[key][1], state, err_msg=str(key))
         assert restored[key][2] == count
     assert result["queue"]["completed_more_than_once"] == 0
+
+
+def test_a_distributed_runs_evaluation_reads_what_its_model_directory_scores(fake_ray,
+                                                                              dyn_data,
+                                                                              tmp_path):
+    """The final evaluation admits nothing: eval-only ids score with zeros, as the model
+    directory scores them, so both give one AUC even on full tables."""
+    cfg = config(dyn_data, 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+                 "model.dynamic.capacity=100", "output.save_predictions=true")
+    summary = run(cfg, tmp_path / "run")
+    assert summary["status"] == "completed", summary["error"]
+    from recsync.model_dir.trained import load_model
+    trained = load_model(tmp_path / "run" / "model")
+    ds = Dataset(dyn_data)
+    batches = [ds.read(chunk) for chunk in ds.chunks("eval", 256)]
+    scores = np.concatenate([trained.score_batch(b) for b in batches])
+    from sklearn.metrics import roc_auc_score
+    labels = np.concatenate([b.label.numpy() for b in batches])
+    assert abs(roc_auc_score(labels, scores) - summary["eval"]["auc"]) < 1e-6
+
+
+def test_a_warm_start_needs_the_tables_dynamic_in_both_runs_and_export_refuses_them(dyn_data,
+                                                                                    tmp_path):
+    run(config(dyn_data, "model.dynamic.capacity=10000", "train.max_steps=5"), tmp_path / "dyn")
+    model = tmp_path / "dyn" / "model"
+    fixed = tmp_path / "fixed"
+    (tmp_path / "fixed.toml").write_text(SCHEMA.replace('table_kind = "dynamic"',
+                                                        'table_kind = "fixed"'))
+    convert([dyn_data.parent / "rows.csv"], tmp_path / "fixed.toml", fixed, progress=False)
+    with pytest.raises(ValueError, match="table a is dynamic in the model, fixed in this run"):
+        run(config(fixed, f'train.init_from="{model}"'), tmp_path / "warm")
+    with pytest.raises(ValueError, match="over model.dynamic.capacity 10"):
+        run(config(dyn_data, f'train.init_from="{model}"', "model.dynamic.capacity=10"),
+            tmp_path / "small")
+    from recsync.model_dir.export import export_model
+    with pytest.raises(ValueError, match="2 of its tables .* are dynamic"):
+        export_model(model, tmp_path / "m.pt")

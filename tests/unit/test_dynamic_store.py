@@ -102,6 +102,7 @@ def test_rows_a_batch_pulls_are_kept_when_its_new_ids_need_room():
     s.pull(0, ids(1, 2, 3, 4))
     for _ in range(3):
         s.pull(0, ids(1, 2, 3, 4))
+    s.push(0, ids(1, 2, 3, 4), grads(4))
     rows = s.pull(0, ids(1, 5))  # room for 5: not 1, which this pull reads
     assert not torch.equal(rows[0], torch.zeros(DIM)) and not torch.equal(rows[1], torch.zeros(DIM))
     assert 1 in s.snapshot()["t0.ids"].tolist()
@@ -136,15 +137,30 @@ def test_snapshot_and_restore_give_back_rows_ids_scores_and_clock():
     assert set(back.snapshot()["t0.ids"].tolist()) == set(s.snapshot()["t0.ids"].tolist())
 
 
-def test_restore_refuses_a_snapshot_of_a_fixed_table_and_one_over_capacity():
+def test_restore_refuses_a_snapshot_of_the_other_kind_of_table():
     fixed = EmbeddingStore([TableSpec("d", 10, DIM)], make_row_optimizer("adagrad", 0.1))
     fixed.pull(0, ids(1, 2, 3))
     with pytest.raises(ValueError, match="no ids"):
         store().restore(fixed.snapshot())
+    dyn = store()
+    dyn.pull(0, ids(1, 2, 3))
+    with pytest.raises(ValueError, match="taken of a dynamic table"):
+        EmbeddingStore([TableSpec("d", 10, DIM)], make_row_optimizer("adagrad", 0.1)
+                       ).restore(dyn.snapshot())
+
+
+def test_more_rows_than_capacity_keep_the_best_scored_or_are_refused_without_scores():
     full = store(capacity=8)
     full.pull(0, ids(*range(1, 9)))
-    with pytest.raises(ValueError, match="capacity 4"):
-        store(capacity=4).restore(full.snapshot())
+    full.pull(0, ids(2, 4, 6, 8))  # seen twice: these stay
+    snap = full.snapshot()
+    small = store(capacity=4)
+    small.restore(snap)  # a resume onto fewer shards
+    assert sorted(small.snapshot()["t0.ids"].tolist()) == [2, 4, 6, 8]
+    assert small.dynamic_stats()["d"]["evicted"] == 4
+    without_scores = {k: v for k, v in snap.items() if k not in ("t0.counts", "t0.last")}
+    with pytest.raises(ValueError, match="capacity 4"):  # a model directory's rows
+        store(capacity=4).restore(without_scores)
 
 
 def test_a_background_copy_holds_rows_and_ids_as_they_were_while_pushes_and_evictions_go_on():
@@ -188,3 +204,41 @@ def test_resharding_moves_each_row_with_its_id():
         owner = [old[int(i) % 2] for i in mine]
         expected = torch.stack([o.pull(0, i.view(1))[0] for o, i in zip(owner, mine)])
         assert torch.equal(s.pull(0, mine), expected)
+
+
+def test_an_evaluation_pull_admits_evicts_and_scores_nothing():
+    s = store(capacity=4, admit_after=2)
+    for _ in range(2):
+        s.pull(0, ids(1, 2, 3, 4))
+    s.push(0, ids(1, 2, 3, 4), grads(4))
+    before, stats = s.snapshot(), dict(s.dynamic_stats()["d"])
+    rows = s.pull(0, ids(1, 9, 10), admit=False)  # 9 and 10 have no row: zeros, nothing else
+    assert torch.equal(rows[1:], torch.zeros(2, DIM)) and not torch.equal(rows[0], rows[1])
+    after = s.snapshot()
+    for key in ("ids", "weights", "state", "counts", "last"):
+        assert np.array_equal(before[f"t0.{key}"], after[f"t0.{key}"]), key
+    assert s.dynamic_stats()["d"] == stats
+    assert torch.equal(s.pull(0, ids(9)), torch.zeros(1, DIM))  # its first sighting: not 2
+
+
+def test_one_steps_pulls_do_not_evict_the_rows_another_pull_of_it_admitted():
+    """Sync: two workers pull, then both push; the second pull must not take the first's new
+    rows (their gradients would be dropped)."""
+    s = store(capacity=4)
+    s.pull(0, ids(1, 2, 3, 4))
+    s.push(0, ids(1, 2, 3, 4), grads(4))
+    first = s.pull(0, ids(10, 11))  # evicts two of 1-4
+    s.pull(0, ids(12, 13))  # 10 and 11 were read since the last update: not theirs to take
+    assert torch.equal(s.pull(0, ids(10, 11), admit=False), first)
+    s.push(0, ids(10, 11), grads(2))
+    assert s.dynamic_stats()["d"]["dropped_grads"] == 0
+
+
+def test_ttl_expires_idle_rows_as_training_goes_without_a_checkpoint():
+    s = store(ttl=4)
+    s.pull(0, ids(1, 2))
+    for _ in range(8):
+        s.pull(0, ids(1))
+        s.push(0, ids(1), grads(1))
+    stats = s.dynamic_stats()["d"]
+    assert (stats["live"], stats["expired"]) == (1, 1)

@@ -30,7 +30,8 @@ def _ro(x):
 
 def fake_shards(cores) -> list[SimpleNamespace]:
     return [SimpleNamespace(
-        pull=SimpleNamespace(remote=lambda ids, min_version=0, c=c: _ro(c.pull(ids))),
+        pull=SimpleNamespace(remote=lambda ids, min_version=0, read_only=False, c=c:
+                             _ro(c.pull(ids, read_only))),
         push=SimpleNamespace(remote=lambda *a, c=c: c.push(*_ro(a))),
     ) for c in cores]
 

@@ -7,9 +7,10 @@ hashes), DYNAMIC tables (``splitmix64(id)`` as int64) and a DRIFT stream of dyna
 ids change every segment of the train split (the eval split: the last segment's). The same rows,
 labels and teacher in all three.
 
-Arms, local runs (``recsync train`` in this process) of the default DLRM, batch 4,096, dim 16,
-row-wise Adagrad, one intra-op thread, once per seed (``--seeds``, default 3; arms interleaved
-within a seed):
+Arms, local runs of the default DLRM, batch 4,096, dim 16, row-wise Adagrad, one intra-op
+thread, once per seed (``--seeds``, default 3; arms interleaved within a seed); fixed and dynamic
+as ``run.run`` in this process (overhead.run_arm), the drift arms each as ``recsync train`` in a
+process of its own (its memory sampled, dynamic_drift.py):
 
 - ``fixed``: the FIXED data set, tables of R rows;
 - ``dynamic``: the DYNAMIC data set, ``model.dynamic.capacity`` C with C x (bytes per dynamic
@@ -89,6 +90,9 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
                                        ("drift_lru", capacity, "lru"),
                                        ("drift_unbounded", unbounded, "lfu"))}
     full_at = dr.full_row(counts["first_seen"], capacity)
+    expected = {n: None if full_at is None else  # what the tables take after full_at, MB
+                dr.rows_after(counts["first_seen"], full_at, cfg.model.dynamic.capacity)
+                * dyn_b["bytes_per_row"] / dr.MB for n, cfg in drift.items()}
     drift_runs = dr.drift_runs(drift, out, seeds, full_at)
 
     print("pull and push: fixed and dynamic ShardCore, 26 tables ...", flush=True)
@@ -127,7 +131,8 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
              "segments": SEGMENTS, "distinct_ids": {
                  k: dd.id_counts(data[k])["train"] for k in ("fixed", "dynamic")},
              "drift_distinct_ids": {"train": counts["train"], "all": counts["all"]},
-             "full_at_row": full_at, "bytes_per_row": {"fixed_at_R": fixed_b,
+             "full_at_row": full_at, "expected_table_growth_after_full_mb": expected,
+             "bytes_per_row": {"fixed_at_R": fixed_b,
                                                        "dynamic_at_C": dyn_b, **bytes_1m}}
     return results(arms=arms, ratios=ratios, diffs=diffs, facts=facts, pull_push=pp,
                    collisions=collisions, seeds=seeds,

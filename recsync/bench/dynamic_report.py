@@ -39,7 +39,7 @@ def results(*, arms: dict, ratios: dict, diffs: dict, facts: dict, pull_push: di
             "Eval AUC per arm": sd.auc_rows(arms),
             "Distinct ids per table (train split; the largest tables)": _id_rows(facts),
             "Drift: live rows, and memory of each run's own process (sampled every 0.2 s)":
-                _drift_rows(arms),
+                _drift_rows(arms, facts),
             "Bytes per row (dim 16, row-wise Adagrad; measured on an EmbeddingStore's arrays)":
                 _bytes_rows(b),
             "Pull and push, ShardCore in process (not Ray: scenario ps measures that path)":
@@ -60,14 +60,15 @@ def _id_rows(f: dict) -> list[list]:
     drift = f["drift_distinct_ids"]
     big = max(range(len(drift["all"])), key=lambda t: drift["all"][t])
     rows.append([f"drift C{big + 1}: ids over train and eval", drift["all"][big],
-                 f"capacity {f['capacity']:,}: the tables hold 99% of their final rows at "
+                 f"capacity {f['capacity']:,}: the tables hold 80% of their final rows at "
                  f"train row {f['full_at_row']:,}" if f["full_at_row"] is not None
                  else "no table outgrows the capacity"])
     return rows
 
 
-def _drift_rows(arms: dict) -> list[list]:
+def _drift_rows(arms: dict, facts: dict) -> list[list]:
     rows = []
+    expected = facts["expected_table_growth_after_full_mb"]
     for name in ("drift_lfu", "drift_lru", "drift_unbounded"):
         a = arms[name]
         cap = sum(t["capacity"] for t in (a.get("dynamic_tables") or {}).values())
@@ -85,8 +86,11 @@ def _drift_rows(arms: dict) -> list[list]:
             rows.append([f"{name}: anonymous RSS growth MB once the tables are full (mean of "
                          f"seeds)", sum(growth) / len(growth),
                          f"median over the last {mem['window']:.0%} of training less the "
-                         f"median from {mem['full_at_fraction']:.0%} of training on; per seed "
-                         + ", ".join(f"{g:+,.1f}" for g in growth)])
+                         f"median from {mem['full_at_fraction']:.0%} of training on (the "
+                         f"tables hold 80% of their final rows there); per seed "
+                         + ", ".join(f"{g:+,.1f}" for g in growth)
+                         + f"; the rows the tables take after it x bytes per row: "
+                         f"{expected[name]:+,.1f}"])
     return rows
 
 

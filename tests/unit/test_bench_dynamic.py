@@ -129,12 +129,16 @@ def test_bytes_per_row_are_the_stores_arrays():
     assert (capacity + 1) * d["bytes_per_row"] > 10_000 * f["bytes_per_row"]
 
 
-def test_tables_are_full_when_they_hold_nearly_every_row_they_end_with():
+def test_tables_are_full_when_they_hold_a_share_of_the_rows_they_end_with():
     # capacity 3: table 0 holds rows that came at 0, 3, 9; table 1 at 0, 5; table 2 at 0, 1, 2
     first_seen = [np.array([0, 3, 9, 20]), np.array([0, 5]), np.array([0, 1, 2, 30, 31])]
-    assert dr.full_row(first_seen, 3) == 9  # all 8 rows
+    assert dr.full_row(first_seen, 3, share=1.0) == 9  # all 8 rows
+    assert dr.full_row(first_seen, 3) == 5  # 80%: 7 of the 8
     assert dr.full_row(first_seen, 3, share=0.5) == 1  # 4 of the 8
     assert dr.full_row(first_seen, 5) is None  # no table outgrows 5
+    # from row 3 on: table 0 takes the ids of rows 3 and 9 (then is full), table 1 row 5's
+    assert dr.rows_after(first_seen, 3, 3) == 2 + 1
+    assert dr.rows_after(first_seen, 3, 100) == 3 + 1 + 2  # unbounded: rows 20, 30, 31 too
 
 
 def test_memory_over_run_takes_medians_over_windows_of_training():

@@ -31,11 +31,13 @@ SCENARIOS = {
           "curve with 1-12 async workers (EMULATED)",
     "peers": "recsync local and async (1 worker, 1 shard) against TorchRec on the same DLRM",
     "dense": "the dense step: float32, bfloat16 autocast, torch.compile; threads or processes",
+    "dynamic": "dynamic embedding tables against fixed ones: AUC at the same memory, a "
+               "drifting stream, bytes per row, pull and push rows/s, collisions",
 }
 
 
 # Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
-SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense")
+SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense", "dynamic")
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:

@@ -29,9 +29,8 @@ touched row's; ``dynamic_vs_fixed_pull`` / ``_push``: rows/s of ShardCore with 2
 over 26 fixed ones; ``collisions_dynamic``: distinct values less distinct ids over every shared
 sample with dynamic tables (None without ../shared/data).
 
-Every arm evaluates with ``train.eval_batch_size`` = the batch size: an evaluation pull is a
-sighting (it admits ids and a full table evicts for them), and at the default 65,536 one pull
-could replace every row the batch does not read. Then, measured on the objects: bytes per row,
+Every arm evaluates with ``train.eval_batch_size`` = the batch size (evaluations only read a
+dynamic table: ids without a row score with zeros). Then, measured on the objects: bytes per row,
 pull and push rows/s of a dynamic table against a fixed one (dynamic_store.py; the issue asks
 for them "in bench ps"), and the collisions of the shared samples with dynamic tables.
 """

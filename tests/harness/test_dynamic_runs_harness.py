@@ -57,6 +57,17 @@ def dyn_data(tmp_path_factory):
     return root / "data"
 
 
+def model_dir_auc(model_dir, data) -> float:
+    """The eval split's AUC as a run's model directory scores it."""
+    from sklearn.metrics import roc_auc_score
+
+    from recsync.model_dir.trained import load_model
+    trained, ds = load_model(model_dir), Dataset(data)
+    batches = [ds.read(chunk) for chunk in ds.chunks("eval", 256)]
+    return roc_auc_score(np.concatenate([b.label.numpy() for b in batches]),
+                         np.concatenate([trained.score_batch(b) for b in batches]))
+
+
 def _run(cfg, out, resume=None):
     out.mkdir(exist_ok=True)
     return run_distributed(cfg, Dataset(cfg.data.path), MetricsLog(out / "metrics.jsonl"),
@@ -88,14 +99,8 @@ def test_the_local_run_and_its_model_directory_score_alike(dyn_data, tmp_path):
     assert kinds == ["dynamic", "dynamic"]
     ids = model.tables[0][0]
     assert bool((ids < 0).any()) and bool((ids[1:] > ids[:-1]).all())  # 64-bit keys, sorted
-    from recsync.model_dir.trained import load_model
-    trained = load_model(tmp_path / "out" / "model")
-    ds = Dataset(dyn_data)
-    batches = [ds.read(chunk) for chunk in ds.chunks("eval", 256)]
-    scores = np.concatenate([trained.score_batch(b) for b in batches])
-    from sklearn.metrics import roc_auc_score
-    labels = np.concatenate([b.label.numpy() for b in batches])
-    assert abs(roc_auc_score(labels, scores) - summary["eval"]["auc"]) < 1e-6
+    assert abs(model_dir_auc(tmp_path / "out" / "model", dyn_data)
+               - summary["eval"]["auc"]) < 1e-6
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -145,14 +150,8 @@ def test_a_distributed_runs_evaluation_reads_what_its_model_directory_scores(fak
                  "model.dynamic.capacity=100", "output.save_predictions=true")
     summary = run(cfg, tmp_path / "run")
     assert summary["status"] == "completed", summary["error"]
-    from recsync.model_dir.trained import load_model
-    trained = load_model(tmp_path / "run" / "model")
-    ds = Dataset(dyn_data)
-    batches = [ds.read(chunk) for chunk in ds.chunks("eval", 256)]
-    scores = np.concatenate([trained.score_batch(b) for b in batches])
-    from sklearn.metrics import roc_auc_score
-    labels = np.concatenate([b.label.numpy() for b in batches])
-    assert abs(roc_auc_score(labels, scores) - summary["eval"]["auc"]) < 1e-6
+    assert abs(model_dir_auc(tmp_path / "run" / "model", dyn_data)
+               - summary["eval"]["auc"]) < 1e-6
 
 
 def test_a_warm_start_needs_the_tables_dynamic_in_both_runs_and_export_refuses_them(dyn_data,

@@ -22,6 +22,7 @@ from recsync.data.convert_input import ConvertError
 from recsync.data.reader import Dataset
 from recsync.data.schema import load_preset, parse_schema
 from recsync.data.value_hash import hash_one
+from recsync.bench.dynamic_data import SAMPLES  # the shared samples and their presets
 
 SHARED = Path(os.environ.get("RECSYNC_SHARED_DATA")
               or Path(__file__).resolve().parents[3] / "shared" / "data")
@@ -120,14 +121,6 @@ def test_a_missing_column_is_one_line_naming_the_file(tmp_path):
 
 # ------------------------------------------------------------------------ the real samples
 
-SAMPLES = [("criteo", "criteo_kaggle_train_head1k/train_head1k.txt"),
-           ("criteo", "criteo_kaggle_test_head10k/test_head10k.txt"),
-           ("criteo", "criteo_raw_paddlerec/sample_train.txt"),
-           ("criteo_csv", "criteo_sample_deepctr/criteo_sample.txt"),
-           ("avazu", "avazu_head9k/avazu_train_head9k.csv"),
-           ("avazu", "avazu_sample_deepctr/avazu_sample.txt"),
-           ("movielens", "movielens_sample_deepctr/movielens_sample.txt"),
-           ("taobao", "taobao_tiny_fuxictr/train_sample.csv taobao_tiny_fuxictr/valid_sample.csv")]
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"no shared sample data at {SHARED}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -16,15 +15,10 @@ os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 import click  # noqa: E402
 
 from recsync.bench import SCENARIOS, SEEDED  # noqa: E402
-from recsync.config import ConfigError, load_config  # noqa: E402
-from recsync.run.signals import EXIT_FAILED, EXIT_USAGE, Interrupted, catch_signals  # noqa: E402
-
-USER_ERRORS = (ConfigError, ValueError, FileExistsError, FileNotFoundError)
-
-
-def _fail(e: Exception) -> None:
-    click.echo(f"error: {e}", err=True)
-    sys.exit(EXIT_USAGE)
+from recsync.cli_errors import USER_ERRORS, fail, writing  # noqa: E402
+from recsync.config import load_config  # noqa: E402
+from recsync.data.commands import data  # noqa: E402
+from recsync.run.signals import EXIT_FAILED, Interrupted, catch_signals  # noqa: E402
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -84,7 +78,7 @@ def train(config_path, overrides, out, overwrite, resume_dir, address):
                    err=True)
         sys.exit(EXIT_FAILED)
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
     _print_summary(summary, shown)
 
 
@@ -165,127 +159,7 @@ def _print_summary(summary: dict | None, out: Path) -> None:
                   f"{model['write_s']:.1f} s)" if model else ""))
 
 
-@contextlib.contextmanager
-def _conversion(out):
-    """A data command's errors in one line; SIGINT, SIGTERM and SIGHUP stop it with --out as
-    it was (the staged directory is removed) and exit 128 + the signal."""
-    try:
-        with catch_signals():
-            yield
-    except Interrupted as e:
-        click.echo(f"interrupted by {e.signal_name}: {out} is as it was", err=True)
-        sys.exit(e.exit_code)
-    except (*USER_ERRORS, OSError) as e:  # OSError: the output cannot be written (disk full)
-        _fail(e)
-
-
-@main.group()
-def data():
-    """Make or convert data sets."""
-
-
-@data.command()
-@click.option("--rows", type=int, required=True, help="Training rows.")
-@click.option("--out", required=True, type=click.Path(file_okay=False))
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--eval-rows", type=int, default=None, help="Held-out rows [default: rows/10].")
-@click.option("--max-table-rows", type=int, default=100_000, show_default=True,
-              help="Cap on every table's cardinality.")
-@click.option("--processes", type=int, default=2, show_default=True)
-@click.option("--overwrite", is_flag=True, help="Replace a data set already in --out.")
-def synth(rows, out, seed, eval_rows, max_table_rows, processes, overwrite):
-    """Generate synthetic Criteo-shaped data with a planted teacher (known Bayes AUC)."""
-    from recsync.data.synthetic import SynthSpec, generate
-    with _conversion(out):
-        r = generate(out, rows=rows, eval_rows=eval_rows, processes=processes,
-                     spec=SynthSpec(seed=seed, max_table_rows=max_table_rows),
-                     overwrite=overwrite)
-    click.echo(f"wrote {r.train_rows:,} train + {r.eval_rows:,} eval rows to {out} in "
-               f"{r.seconds:.1f} s ({r.rows_per_s:,.0f} rows/s); eval CTR {r.ctr:.3f}, "
-               f"Bayes-optimal AUC {r.bayes_auc:.4f}, logloss {r.bayes_logloss:.4f}")
-
-
-DYNAMIC_HELP = ("Make every table dynamic: a value's id is its full 64-bit hash (int64), so "
-                "distinct values never share a row; table sizes then only say how many rows "
-                "each table is sized for (docs/data.md, Dynamic tables).")
-
-
-def _table_sizes(values: tuple[str, ...]) -> tuple[int, dict[str, int]]:
-    default, overrides = 1_000_000, {}
-    for v in values:
-        name, sep, num = v.partition("=")
-        try:
-            if sep:
-                overrides[name.strip()] = int(num)
-            else:
-                default = int(v)
-        except ValueError:
-            raise click.BadParameter(f"{v!r}: expected N or NAME=N (e.g. C3=50000)",
-                                     param_hint="--table-size") from None
-    return default, overrides
-
-
-@data.command()
-@click.argument("files", nargs=-1, required=True)
-@click.option("--out", required=True, type=click.Path(file_okay=False))
-@click.option("--strict", is_flag=True, help="Stop at the first bad line instead of skipping it.")
-@click.option("--table-size", "table_size", multiple=True, metavar="N | NAME=N",
-              help="Rows of every hashed table (default 1,000,000), or of one table "
-                   "(e.g. C3=50000). Repeatable.")
-@click.option("--eval-fraction", type=float, default=0.1, show_default=True,
-              help="The last fraction of the input lines becomes the eval split.")
-@click.option("--dynamic", is_flag=True, help=DYNAMIC_HELP)
-@click.option("--overwrite", is_flag=True,
-              help="Replace a data set already in --out (once the new one is complete).")
-def criteo(files, out, strict, table_size, eval_fraction, dynamic, overwrite):
-    """Convert Criteo files (raw TSV or DeepCTR's CSV sample; plain, gzip, bz2, zstd or xz)
-    into training shards: `data convert` with preset criteo or criteo_csv."""
-    from recsync.data.criteo import convert_criteo
-    default, overrides = _table_sizes(table_size)
-    with _conversion(out):
-        r = convert_criteo(list(files), out, table_size=default, table_size_overrides=overrides,
-                           eval_fraction=eval_fraction, dynamic=dynamic, strict=strict,
-                           overwrite=overwrite)
-    _report_conversion(r, files, out)
-
-
-@data.command()
-@click.argument("inputs", nargs=-1, required=True)
-@click.option("--schema", "schema_path", type=click.Path(dir_okay=False),
-              help="TOML schema of the inputs (docs/data.md lists every key).")
-@click.option("--preset", help="A shipped schema instead of --schema: criteo, criteo_csv, avazu, "
-                               "movielens, taobao.")
-@click.option("--out", required=True, type=click.Path(file_okay=False))
-@click.option("--strict", is_flag=True,
-              help="Stop at the first bad row or over-long list instead of skipping it.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace a data set already in --out (once the new one is complete).")
-@click.option("--allow-empty-train", is_flag=True, help="Accept no train rows (eval only).")
-@click.option("--dynamic", is_flag=True, help=DYNAMIC_HELP + " Overrides the schema's kinds.")
-def convert(inputs, schema_path, preset, out, strict, overwrite, allow_empty_train, dynamic):
-    """Convert CSV/TSV (plain, gzip, bzip2, zstd) or Parquet files, as a schema describes them,
-    into training shards."""
-    from recsync.data.convert import convert as run_convert
-    from recsync.data.schema import load_preset, load_schema
-    if bool(schema_path) == bool(preset):
-        raise click.UsageError("give one of --schema FILE or --preset NAME")
-    with _conversion(out):
-        schema = load_schema(schema_path) if schema_path else load_preset(preset)
-        if dynamic:
-            schema = schema.with_table_kind("dynamic")
-        r = run_convert(list(inputs), schema, out, strict=strict, overwrite=overwrite,
-                        allow_empty_train=allow_empty_train)
-    _report_conversion(r, inputs, out)
-
-
-def _report_conversion(r, inputs, out) -> None:
-    click.echo(f"converted {r.lines:,} lines of {len(inputs)} file(s) in {r.seconds:.1f} s "
-               f"({r.lines / max(r.seconds, 1e-9):,.0f} lines/s): {r.train_rows:,} train + "
-               f"{r.eval_rows:,} eval rows written to {out}, {r.bad_lines:,} bad lines skipped"
-               + (f", {r.truncated:,} lists cut to max_len" if r.truncated else ""))
-    for bad in r.examples:
-        click.echo(f"  skipped {bad.where}: " + (f"column {bad.column}: " if bad.column else "")
-                   + bad.reason)
+main.add_command(data)
 
 
 @main.command()
@@ -304,7 +178,7 @@ def plot(runs, out):
     try:
         click.echo(f"wrote {plot_runs([Path(r) for r in runs], target)}")
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 BUILDER_HELP = ("Only for a model of your own code: its builder, package.module:NAME or "
@@ -331,7 +205,7 @@ def predict(model_dir, inputs, out, split, batch_size, strict, overwrite, builde
     or raw CSV/TSV/Parquet files, preprocessed as the training data was (one score per row, in
     input order)."""
     from recsync.model_dir.commands import predict_command
-    with _conversion(out):
+    with writing(out):
         predict_command(model_dir, inputs, out, split=split, batch_size=batch_size,
                         strict=strict, overwrite=overwrite, builder=builder)
 
@@ -352,7 +226,7 @@ def export_cmd(model_dir, fmt, out, max_bytes, overwrite, builder):
     """Write a trained model as one file that scores preprocessed rows with torch alone (no
     recsync): every table materialised in full (docs/serving.md)."""
     from recsync.model_dir.commands import export_command
-    with _conversion(out):
+    with writing(out):
         export_command(model_dir, out, fmt=fmt, max_bytes=max_bytes, overwrite=overwrite,
                        builder=builder)
 
@@ -372,7 +246,7 @@ def bench(scenario, out, scale, seeds):
     try:
         results = run_scenario(scenario, Path(out), scale=scale, seeds=seeds)
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
     for name, value in results["ratios"].items():  # None: an arm it needs was skipped
         click.echo(f"{name} = {value:.4g}" if value is not None else f"{name} = None (skipped)")
     click.echo(f"report: {Path(out) / 'report.md'}")
@@ -389,7 +263,7 @@ def quickstart(out):
     try:
         runs = run_quickstart(Path(out))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
     auto = runs["auto"]
     bayes = auto["eval"]["bayes_auc"]
     click.echo(f"\n{'run':<12}{'status':<11}{'samples/s':>10}{'eval AUC':>10}  modes")

@@ -3,9 +3,10 @@
 Every section rejects unknown keys and bad values with a message naming the key (``train.lr``)
 and what was expected. ``--set key=value`` overrides are applied to the raw tree before
 validation, so they are checked exactly like the file. The sections every run has, and faults
-and recovery, are in config_sections.py; the modes' sections in modes/sections.py. The values of
-``mode``, which modes' sections RunConfig has and the modes named in messages come from MODES
-(modes/__init__.py), without importing the modes (and torch) unless a check needs a mode's facts.
+and recovery, are in config_sections.py (the model's in config_model.py); the modes' sections
+in modes/sections.py. The values of ``mode``, which modes' sections RunConfig has and the modes
+named in messages come from MODES (modes/__init__.py), without importing the modes (and torch)
+unless a check needs a mode's facts.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import Field, ValidationError, create_model, model_validator
 
+from recsync.config_model import ModelConfig
 from recsync.config_sections import (AtPoint, ClusterConfig, ConfigError, DataConfig,
                                      EmulationConfig, FaultsConfig,
-                                     KillConfig, ModelConfig, NetworkConfig, OutputConfig,
+                                     KillConfig, NetworkConfig, OutputConfig,
                                      RecoveryConfig, Section, StragglerConfig, TrainConfig)
 from recsync.modes import LOCAL, MODES
 from recsync.safe_names import printable

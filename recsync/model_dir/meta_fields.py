@@ -74,7 +74,7 @@ class _Checker:
 def model_config(meta: dict, file: Path):
     """model.json's ``model`` as a ModelConfig (its types and bounds checked); ModelDirError
     naming the key otherwise."""
-    from recsync.config_sections import ModelConfig
+    from recsync.config_model import ModelConfig
     model = meta.get("model")
     if not isinstance(model, dict):
         raise ModelDirError(f"{file}: model must be an object, got {quoted(model)}")

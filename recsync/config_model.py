@@ -23,7 +23,7 @@ class DynamicTableConfig(Section):
     eviction: Literal["lfu", "lru"] = "lfu"
     """when a shard's table is full, which rows make room: "lfu" the least often seen, "lru"
     the longest unseen"""
-    ttl: int = Field(0, ge=0)
+    ttl: int = Field(0, ge=0, lt=2**30)
     """rows unseen for this many updates of their table go (checked every ttl / 4 updates and
     at each checkpoint; 0: never)"""
 
@@ -33,7 +33,7 @@ class DynamicTableOverride(Section):
     capacity: int | None = Field(None, ge=1, le=MAX_DYNAMIC_CAPACITY)
     admit_after: int | None = Field(None, ge=1, le=MAX_ADMIT_AFTER)
     eviction: Literal["lfu", "lru"] | None = None
-    ttl: int | None = Field(None, ge=0)
+    ttl: int | None = Field(None, ge=0, lt=2**30)
 
 
 class DynamicConfig(DynamicTableConfig):

@@ -1,10 +1,11 @@
 """BucketIndex: the hash index behind IdMap, open addressing over buckets of 8 int32 entries.
 
-Why buckets: numpy pays a fixed cost per operation, so a lookup must finish in as few vectorised
-rounds as possible. One round gathers each id's whole bucket (8 entries, 32 bytes: one memory
-access) and tests all 8 at once; with at most half the entries live a bucket is rarely full
-(Poisson(4) >= 8: ~5% of buckets when the map is full, ~0.1% at half load), so nearly every id
-is settled in the first round and the few that are not go on, bucket by bucket (linear
+Why buckets: a bucket (8 entries, 32 bytes) is one memory access, and with at most half the
+entries live it is rarely full (Poisson(4) >= 8: ~5% of buckets when the map is full, ~0.1% at
+half load), so nearly every id is settled in its home bucket. Lookups (``find``, ``lookup``)
+run compiled, an id at a time (id_kernels.py); inserts and removals, at admission and
+eviction, run in numpy, where a fixed cost per operation makes rounds count: each round takes
+every id's whole bucket at once and the few ids not settled go on, bucket by bucket (linear
 probing), in later, much smaller rounds.
 
 An entry is EMPTY (-1: unused since the last rebuild), TOMB (-2: its row was removed) or
@@ -24,10 +25,13 @@ import sys
 
 import numpy as np
 
+from recsync.embedding import id_kernels
+
 BUCKET = 8
 EMPTY, TOMB = -1, -2
 _MUL = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, odd (Fibonacci hashing)
 _S32 = np.uint64(32)
+_NO_U32 = np.zeros(0, dtype=np.uint32)  # lookup's count and last when it touches nothing
 
 
 def num_buckets_for(capacity: int) -> int:
@@ -96,27 +100,28 @@ class BucketIndex:
         return buckets
 
     def find(self, ids: np.ndarray) -> np.ndarray:
-        """Slot of each int64 id (duplicates allowed), -1 where absent. Id 0 is always absent."""
-        out = np.full(len(ids), -1, dtype=np.int64)
-        buckets, fp = self._home(ids)
-        todo = None  # the first round covers every id without an indirection
-        while True:
-            entries = np.take(self.table, buckets, axis=0)
-            # negative entries shift to -1 and never match a fingerprint (>= 0)
-            cand = np.flatnonzero((entries >> self.slot_bits) == fp[:, None])
-            rows = cand >> 3
-            slots = entries.reshape(-1)[cand] & ((1 << self.slot_bits) - 1)
-            ok = np.take(self.keys, slots) == ids[rows]
-            rows, slots = rows[ok], slots[ok]
-            out[rows if todo is None else todo[rows]] = slots
-            # row-wise any() is slow in numpy; a bucket's 8 bools read as one uint64 are not
-            stop = (entries == EMPTY).view(np.uint64)[:, 0] != 0
-            stop[rows] = True
-            go_on = np.flatnonzero(~stop)
-            if not len(go_on):
-                return out
-            todo = go_on if todo is None else todo[go_on]
-            ids, fp, buckets = ids[go_on], fp[go_on], self._next(buckets[go_on])
+        """Slot of each int64 id (duplicates allowed), -1 where absent. Id 0 is always absent.
+        One compiled pass (id_kernels.py)."""
+        out = np.empty(len(ids), dtype=np.int64)
+        id_kernels.find(self.table, self.keys, self.slot_bits, self.fp_bits,
+                        np.ascontiguousarray(ids, dtype=np.int64), out)
+        return out
+
+    def lookup(self, ids: np.ndarray, source: np.ndarray, missing_key: int,
+               touch: tuple[np.ndarray, np.ndarray, int] | None
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+        """``find`` of ids (id 0 looked up as ``missing_key``) and the rows of ``source`` (a
+        float32 [slots, dim] array) at them, zeros where absent; ``touch`` (count, last, now):
+        one sighting of each slot found. (slots, rows, how many absent), in one compiled pass."""
+        n = len(ids)
+        slots = np.empty(n, dtype=np.int64)
+        rows = np.empty((n, source.shape[1]), dtype=source.dtype)
+        count, last, now = touch if touch is not None else (_NO_U32, _NO_U32, 0)
+        absent = id_kernels.lookup(self.table, self.keys, self.slot_bits, self.fp_bits,
+                                   np.ascontiguousarray(ids, dtype=np.int64),
+                                   np.int64(missing_key), touch is not None, count, last,
+                                   np.int64(now), source, slots, rows)
+        return slots, rows, int(absent)
 
     def place(self, ids: np.ndarray, slots: np.ndarray) -> None:
         """Add entries for ids (unique, absent, nonzero: not checked) at ``slots``."""

@@ -37,6 +37,10 @@ EVICT_AT_ONCE = 1 / 64  # of the capacity: finding the lowest scores reads every
 SKETCH_ROWS_PER_CELL = 4  # admission's sketch: a counter per 4 rows of capacity in each of its
 # 4 hash rows (2 bytes a row), halved after 10 x capacity sightings (TinyLFU's reset)
 
+CLOCK_SHIFT_AT = 2**31  # the map keeps last sightings as uint32: at this clock every row's
+# and the clock go back by half of it (IdMap.shift_time; ttl is below 2**30, so no row's age
+# that matters changes)
+
 STAT_KEYS = ("live", "admitted", "refused", "no_room", "evicted", "expired", "dropped_grads")
 
 
@@ -72,16 +76,26 @@ class DynamicTable:
         self.counts = dict.fromkeys(STAT_KEYS[1:], 0)
 
     # -- pull and push -----------------------------------------------------------------------
-    def slots_for_pull(self, ids: torch.Tensor, copying=None) -> torch.Tensor:
-        """Slots of ``ids`` (int64, duplicates allowed) after admitting those seen often enough
-        now; -1 where an id has no row. Rows this pull reads are never evicted by it."""
-        keys = keys_of(ids)
-        slots = self.map.find(keys)
+    def pull(self, ids: torch.Tensor, copying=None, admit: bool = True) -> torch.Tensor:
+        """Rows of ``ids`` (int64, duplicates allowed) [n, dim] (a copy); zeros where an id
+        has no row. ``admit``: a sighting (the module docstring); False: look up only (an
+        evaluation's pull: no new row, no score changed)."""
+        slots, rows, absent = self.map.lookup(ids.numpy(), self.weights.numpy(),
+                                              now=self.clock if admit else None,
+                                              missing_key=MISSING_KEY)
+        if not absent or not admit:  # the steady state: every id holds a row
+            return torch.from_numpy(rows)
+        slots = torch.from_numpy(self._admit(ids, slots, copying))
+        rows = self.weights.index_select(0, slots.clamp(min=0))
+        rows[slots < 0] = 0.0
+        return rows
+
+    def _admit(self, ids: torch.Tensor, slots: np.ndarray, copying) -> np.ndarray:
+        """After a pull found rows at ``slots`` (touched) and not for some ids: admit those
+        seen often enough now; the slots of ``ids`` then, -1 where an id has no row. Rows this
+        pull reads are never evicted by it."""
         found = slots[slots >= 0]
-        if len(found):
-            self.map.touch(found, self.clock)
-        if len(found) == len(slots):
-            return torch.from_numpy(slots)
+        keys = keys_of(ids)
         new = np.unique(keys[slots < 0])
         admitted = self.admission.admit(new)
         fresh = new[admitted]
@@ -97,24 +111,15 @@ class DynamicTable:
             self.counts["admitted"] += len(fresh)
             self.map.touch(self._insert(fresh, copying), self.clock)
             slots = self.map.find(keys)
-        return torch.from_numpy(slots)
-
-    def pull(self, ids: torch.Tensor, copying=None, admit: bool = True) -> torch.Tensor:
-        """Rows of ``ids`` [n, dim] (a copy); zeros where an id has no row. ``admit`` False:
-        look up only (an evaluation's pull: no sighting, no new row, no score changed)."""
-        slots = (self.slots_for_pull(ids, copying) if admit
-                 else torch.from_numpy(self.map.find(keys_of(ids))))
-        rows = self.weights.index_select(0, slots.clamp(min=0))
-        absent = slots < 0
-        if bool(absent.any()):
-            rows[absent] = 0.0
-        return rows
+        return slots
 
     def push(self, ids: torch.Tensor, grads: torch.Tensor, lr_scale: float,
              copying=None) -> None:
         """Apply the row optimizer to the rows of ``ids`` (unique) that still have one; the
         gradients of the others are dropped (counted)."""
         self.clock += 1
+        if self.clock >= CLOCK_SHIFT_AT:
+            self.shift_clock(CLOCK_SHIFT_AT // 2)
         ttl = self.spec.dynamic.ttl
         if ttl and self.clock - self.expired_at >= max(1, ttl // 4):
             self.expire()  # at a quarter of the ttl's pace: each expiry reads every slot
@@ -127,6 +132,12 @@ class DynamicTable:
             if copying is not None:
                 copying.before_write(self.number, slots)
             self.optimizer.apply_to_table(self.weights, self.state, slots, grads, lr_scale)
+
+    def shift_clock(self, by: int) -> None:
+        """Move the clock and every row's last sighting ``by`` back (ages stay)."""
+        self.map.shift_time(by)
+        self.clock -= by
+        self.expired_at = max(self.expired_at - by, 0)
 
     # -- admission and eviction --------------------------------------------------------------
     def _make_room(self, n: int, keep: np.ndarray) -> None:

@@ -5,16 +5,20 @@ state), so a slot never moves while its id is live; removed slots are reused by 
 Ids are any int64 bit pattern except 0, which means "missing" (a free slot holds id 0).
 
 Memory per capacity row, all numpy, no Python object per row:
-    keys  int64   8   the id at each slot (0: free)
-    index int32   8   ~2 hash entries per slot (bucket_index.py)
+    key   int64   8   the id at each slot (0: free)
     count uint32  4   sightings since insert, saturating
-    last  int64   8   the ``now`` of the last insert or touch (a step or a time: caller's unit)
+    last  uint32  4   the ``now`` of the last insert or touch
+    index int32   8   ~2 hash entries per slot (bucket_index.py)
     free  int32   4   stack of free slots
-                 32   (bytes_per_row)
+                 28   (bytes_per_row)
 
-A free slot's count and last hold their largest values (LAST_FREE: ``now`` must stay below
-it), so that scans of the metadata (``lowest``, ``idle``) rank free slots after every live one
-and need not first gather the live slots. Not thread-safe: one caller at a time.
+Key, count and last of a slot are one 16-byte record, so a lookup that reads the key and the
+touch of a pull that writes count and last meet one cache line (id_kernels.py). ``now`` is the
+caller's clock (a dynamic table's count of its updates), in [0, 2**32 - 1);
+``shift_time`` moves every row's back when it grows near the top. A free slot's count and last
+hold their largest values (LAST_FREE), so that scans of the metadata (``lowest``, ``idle``)
+rank free slots after every live one and need not first gather the live slots. Not
+thread-safe: one caller at a time.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 from recsync.embedding.bucket_index import BUCKET, BucketIndex, num_buckets_for
 
 COUNT_MAX = np.iinfo(np.uint32).max
-LAST_FREE = np.iinfo(np.int64).max  # a free slot's last; no ``now`` may reach it
+LAST_FREE = np.iinfo(np.uint32).max  # a free slot's last; no ``now`` may reach it
 _SAMPLE = 4096  # slots sampled by ``lowest`` to guess a score bound
 POLICIES = ("lfu", "lru")
 
@@ -55,9 +59,11 @@ class IdMap:
         if not 1 <= capacity < 2**31 - 2:
             raise ValueError(f"capacity must be in [1, 2**31 - 2) (int32 slots), got {capacity}")
         self.capacity = capacity
-        self._keys = np.zeros(capacity, dtype=np.int64)
-        self._count = np.full(capacity, COUNT_MAX, dtype=np.uint32)
-        self._last = np.full(capacity, LAST_FREE, dtype=np.int64)
+        self._records = np.zeros((capacity, 2), dtype=np.int64)  # key, then count and last
+        words = self._records.view(np.uint32)  # (capacity, 4): key's two halves, count, last
+        self._keys, self._count, self._last = self._records[:, 0], words[:, 2], words[:, 3]
+        self._count[:] = COUNT_MAX
+        self._last[:] = LAST_FREE
         # free slots, popped from the top; reversed so a fresh map hands out 0, 1, 2, ...
         self._free = np.arange(capacity - 1, -1, -1, dtype=np.int32)
         self._num_free = capacity
@@ -66,14 +72,13 @@ class IdMap:
     @staticmethod
     def bytes_per_row(capacity: int) -> float:
         """Metadata bytes per capacity row (keys, index, counts, last, free stack)."""
-        per_slot = 8 + 4 + 8 + 4  # keys, count, last, free stack
+        per_slot = 16 + 4  # the record (key, count, last), the free stack
         return per_slot + num_buckets_for(capacity) * BUCKET * 4 / capacity
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the map's arrays (independent of how many ids are live)."""
-        return (self._keys.nbytes + self._count.nbytes + self._last.nbytes
-                + self._free.nbytes + self._index.nbytes)
+        return self._records.nbytes + self._free.nbytes + self._index.nbytes
 
     def __len__(self) -> int:
         return self.capacity - self._num_free
@@ -86,6 +91,20 @@ class IdMap:
     def find(self, ids) -> np.ndarray:
         """Slot of each id (duplicates allowed), -1 where absent (always for id 0)."""
         return self._index.find(as_ids(ids))
+
+    def lookup(self, ids, source: np.ndarray, *, now: int | None = None,
+               missing_key: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+        """A pull in one pass: the slot of each id (``find``; id 0 looked up as
+        ``missing_key``), the rows of ``source`` (float32 [capacity, dim], the caller's rows by
+        slot) at them, zeros where absent, and, unless ``now`` is None, a ``touch`` of every
+        slot found: (slots, rows, how many ids are absent)."""
+        if source.ndim != 2 or len(source) != self.capacity or source.dtype != np.float32:
+            raise ValueError(f"lookup: source must be float32 [{self.capacity}, dim], got "
+                             f"{source.dtype} {source.shape}")
+        if now is not None:
+            _check_now(now)
+        touch = None if now is None else (self._count, self._last, now)
+        return self._index.lookup(as_ids(ids), source, missing_key, touch)
 
     def insert(self, ids, now: int = 0, *, check: bool = False) -> np.ndarray:
         """Give each id a free slot and return the slots (in the order of ``ids``).
@@ -172,7 +191,17 @@ class IdMap:
 
     def last_seen(self, slots) -> np.ndarray:
         """``now`` (int64) of the last insert or touch of live slots (LAST_FREE at a free one)."""
-        return self._last[self._checked_range(slots, "last_seen")]
+        return self._last[self._checked_range(slots, "last_seen")].astype(np.int64)
+
+    def shift_time(self, by: int) -> None:
+        """Move every live row's last sighting ``by`` earlier (none before 0), as the caller
+        moves its clock back by as much: ages (now - last) stay, except those over the new
+        clock, which shrink to it (such rows stay the oldest)."""
+        if by < 0:
+            raise ValueError(f"shift_time: by must be >= 0, got {by}")
+        live = self.live_slots()
+        last = self._last[live].astype(np.int64)
+        self._last[live] = np.maximum(last - by, 0)
 
     def lowest(self, k: int, policy: str) -> np.ndarray:
         """The ``k`` live slots with the lowest score, lowest first (all live if k > len).
@@ -205,7 +234,7 @@ class IdMap:
 
     def idle(self, before: int) -> np.ndarray:
         """Live slots whose last sighting is older than ``before`` (last < before), ascending."""
-        return np.flatnonzero(self._last < min(before, LAST_FREE))
+        return np.flatnonzero(self._last < min(max(before, 0), LAST_FREE))
 
     # ---- checkpoints ---------------------------------------------------------------------
 
@@ -213,7 +242,7 @@ class IdMap:
         """The live rows in slot order: what a checkpoint saves (copies)."""
         live = self.live_slots()
         return {"slots": live, "ids": self._keys[live], "counts": self._count[live],
-                "last": self._last[live]}
+                "last": self._last[live].astype(np.int64)}
 
     def load(self, state: dict) -> None:
         """Hold exactly the rows of ``state`` (as from ``state()``), at the same slots.
@@ -246,9 +275,9 @@ class IdMap:
 
 
 def _check_now(now: int) -> None:
-    if not -LAST_FREE <= now < LAST_FREE:
-        raise ValueError(f"now must be in [-2**63 + 1, 2**63 - 1) (int64, the top value marks a "
-                         f"free slot), got {now}")
+    if not 0 <= now < LAST_FREE:
+        raise ValueError(f"now must be in [0, 2**32 - 1) (uint32, the top value marks a free "
+                         f"slot), got {now}")
 
 
 def _has_duplicates(a: np.ndarray) -> bool:
@@ -295,6 +324,7 @@ def _checked_state(state: dict, capacity: int):
         raise ValueError("IdMap state: id 0 (means 'missing') cannot be stored")
     if len(count) and (count.min() < 0 or count.max() > COUNT_MAX):
         raise ValueError(f"IdMap state: counts must be in [0, {COUNT_MAX}]")
-    if len(last) and last.max() == LAST_FREE:
-        raise ValueError("IdMap state: last may not be 2**63 - 1 (marks a free slot)")
-    return slots, ids, count.astype(np.uint32), last
+    if len(last) and (last.min() < 0 or last.max() >= LAST_FREE):
+        raise ValueError("IdMap state: last must be in [0, 2**32 - 1) (the top value marks a "
+                         "free slot)")
+    return slots, ids, count.astype(np.uint32), last.astype(np.uint32)

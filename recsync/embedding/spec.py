@@ -31,8 +31,8 @@ class DynamicSpec:
         if self.eviction not in EVICTION_POLICIES:
             raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got "
                              f"{self.eviction!r}")
-        if self.ttl < 0:
-            raise ValueError(f"ttl must be >= 0, got {self.ttl}")
+        if not 0 <= self.ttl < 2**30:
+            raise ValueError(f"ttl must be in [0, 2**30) updates, got {self.ttl}")
 
 
 @dataclass(frozen=True)

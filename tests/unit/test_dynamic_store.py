@@ -242,3 +242,18 @@ def test_ttl_expires_idle_rows_as_training_goes_without_a_checkpoint():
         s.push(0, ids(1), grads(1))
     stats = s.dynamic_stats()["d"]
     assert (stats["live"], stats["expired"]) == (1, 1)
+
+
+def test_the_clock_near_the_top_of_uint32_shifts_back_with_every_rows_age_kept():
+    from recsync.embedding.dynamic_table import CLOCK_SHIFT_AT
+    s = store(capacity=3, eviction="lru", ttl=5)
+    table = s.dynamic[0]
+    table.clock = table.expired_at = CLOCK_SHIFT_AT - 3  # as if after 2**31 - 3 updates
+    for i in (1, 2, 3):
+        s.pull(0, ids(i))
+        s.push(0, ids(i), grads(1))  # the third push reaches the top: the clock shifts
+    assert table.clock == CLOCK_SHIFT_AT // 2
+    assert table.map.last_seen(table.map.find([1, 2, 3])).tolist() == [
+        CLOCK_SHIFT_AT // 2 - 3, CLOCK_SHIFT_AT // 2 - 2, CLOCK_SHIFT_AT // 2 - 1]
+    s.pull(0, ids(7))  # LRU still knows 1 as the longest unseen
+    assert set(s.snapshot()["t0.ids"].tolist()) == {2, 3, 7}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from recsync.embedding.bucket_index import BUCKET, EMPTY, TOMB, _first_true
-from recsync.embedding.id_map import COUNT_MAX, IdMap, MapFullError
+from recsync.embedding.id_map import COUNT_MAX, LAST_FREE, IdMap, MapFullError
 
 I64 = np.iinfo(np.int64)
 
@@ -48,7 +48,8 @@ def id_pool(rng: np.random.Generator, m: IdMap, size: int) -> np.ndarray:
 
 
 def random_step(rng, m: IdMap, oracle: Oracle, pool: np.ndarray, now: int) -> None:
-    op = rng.choice(["insert", "insert", "fill", "remove", "find", "touch", "overfill"])
+    op = rng.choice(["insert", "insert", "fill", "remove", "find", "touch", "lookup",
+                     "lookup_touch", "overfill"])
     absent = np.array([i for i in pool if int(i) not in oracle.slot_of], dtype=np.int64)
     if op in ("insert", "fill") and len(absent):
         n = m.free() if op == "fill" else int(rng.integers(1, 40))
@@ -66,6 +67,21 @@ def random_step(rng, m: IdMap, oracle: Oracle, pool: np.ndarray, now: int) -> No
         touched = rng.choice(live, int(rng.integers(1, 30)))  # with repeats
         m.touch(touched, now=now)
         for s in touched.tolist():
+            oracle.count[s] += 1
+            oracle.last[s] = now
+    elif op in ("lookup", "lookup_touch"):  # a pull: find, gather, and touch what is found
+        probe = rng.choice(np.fromiter(oracle.seen, dtype=np.int64), 48)  # duplicates, id 0
+        probe = np.concatenate([probe, rng.integers(I64.min, I64.max, 8, dtype=np.int64)])
+        missing = I64.max if I64.max in oracle.slot_of else 5  # what id 0 is looked up as
+        want = np.array([oracle.slot_of.get(int(i) if i else missing, -1) for i in probe])
+        source = rng.standard_normal((m.capacity, 3)).astype(np.float32)
+        touch = op == "lookup_touch"
+        slots, rows, absent = m.lookup(probe, source, now=now if touch else None,
+                                       missing_key=missing)
+        np.testing.assert_array_equal(slots, want)
+        np.testing.assert_array_equal(rows, np.where(want[:, None] >= 0, source[want], 0))
+        assert absent == np.count_nonzero(want < 0)
+        for s in slots[slots >= 0].tolist() if touch else []:
             oracle.count[s] += 1
             oracle.last[s] = now
     elif op == "remove" and oracle.slot_of:
@@ -202,6 +218,32 @@ def test_touch_counts_each_listing_and_saturates():
     np.testing.assert_array_equal(m.counts(s), [COUNT_MAX, COUNT_MAX, 8])
 
 
+def test_lookup_touch_counts_each_listing_saturates_and_looks_up_id_0_as_the_missing_key():
+    m = IdMap(8)
+    s = m.insert([1, 2, I64.max], now=5)
+    source = np.arange(16, dtype=np.float32).reshape(8, 2)
+    slots, rows, absent = m.lookup(np.array([1, 0, 1, 4, 0, 2]), source, now=9,
+                                   missing_key=I64.max)
+    np.testing.assert_array_equal(slots, [s[0], s[2], s[0], -1, s[2], s[1]])
+    np.testing.assert_array_equal(rows[3], [0, 0])
+    np.testing.assert_array_equal(rows[[0, 1, 5]], source[[s[0], s[2], s[1]]])
+    assert absent == 1
+    np.testing.assert_array_equal(m.counts(s), [2, 1, 2])
+    np.testing.assert_array_equal(m.last_seen(s), [9, 9, 9])
+    assert m.lookup(np.array([0]), source)[0].tolist() == [-1]  # missing_key 0: no row
+    state = m.state()
+    state["counts"] = np.array([COUNT_MAX - 1, COUNT_MAX, 7])
+    m.load(state)
+    m.lookup(np.array([1, 1, 1, 2]), source, now=10)
+    np.testing.assert_array_equal(m.counts(s), [COUNT_MAX, COUNT_MAX, 7])
+    m.lookup(np.array([1, 2]), source)  # no now: no touch
+    np.testing.assert_array_equal(m.counts(s), [COUNT_MAX, COUNT_MAX, 7])
+    with pytest.raises(ValueError, match="now must be"):
+        m.lookup(np.array([1]), source, now=LAST_FREE)
+    with pytest.raises(ValueError, match="source must be float32"):
+        m.lookup(np.array([1]), source[:4])
+
+
 def oracle_lowest(m: IdMap, k: int, policy: str) -> list[int]:
     live = m.live_slots()
     rows = [(int(c), int(t), int(s)) if policy == "lfu" else (int(t), int(c), int(s))
@@ -246,14 +288,32 @@ def test_lowest_is_exact_when_its_sample_misjudges_the_bound():
             assert m.lowest(k, policy).tolist() == oracle_lowest(m, k, policy), (k, policy)
 
 
-def test_now_may_not_reach_the_value_that_marks_free_slots():
+def test_now_may_not_reach_the_value_that_marks_free_slots_nor_be_negative():
     m = IdMap(4)
     with pytest.raises(ValueError, match="now must be in"):
-        m.insert([1], now=I64.max)
-    s = m.insert([1], now=I64.max - 1)
+        m.insert([1], now=LAST_FREE)
     with pytest.raises(ValueError, match="now must be in"):
-        m.touch(s, now=I64.max)
-    assert m.idle(I64.max).tolist() == s.tolist() and m.idle(2**70).tolist() == s.tolist()
+        m.insert([1], now=-1)
+    s = m.insert([1], now=LAST_FREE - 1)
+    with pytest.raises(ValueError, match="now must be in"):
+        m.touch(s, now=LAST_FREE)
+    assert m.idle(LAST_FREE).tolist() == s.tolist() and m.idle(2**70).tolist() == s.tolist()
+    assert m.idle(-5).tolist() == [] and m.last_seen(s).tolist() == [LAST_FREE - 1]
+
+
+def test_shift_time_moves_every_live_rows_last_back_and_none_below_0():
+    m = IdMap(8)
+    s = m.insert([1, 2, 3], now=10)
+    m.touch(s[1:], now=100)
+    m.touch(s[2:], now=2**32 - 2)
+    m.remove(s[:1])
+    m.shift_time(50)
+    np.testing.assert_array_equal(m.last_seen(s[1:]), [50, 2**32 - 52])
+    m.shift_time(60)
+    np.testing.assert_array_equal(m.last_seen(s[1:]), [0, 2**32 - 112])
+    assert m.idle(LAST_FREE).tolist() == s[1:].tolist()  # the free slot stays free
+    with pytest.raises(ValueError, match="by must be >= 0"):
+        m.shift_time(-1)
 
 
 def test_state_and_load_round_trip_keeps_slots_ids_counts_and_free_slots():
@@ -285,7 +345,8 @@ def test_state_and_load_round_trip_keeps_slots_ids_counts_and_free_slots():
     (lambda s: s.update(last=s["last"][:-1]), "lengths differ"),
     (lambda s: s.pop("counts"), r"lacks \['counts'\]"),
     (lambda s: s.update(counts=s["counts"].astype(np.int64) - 1), "counts must be in"),
-    (lambda s: s["last"].__setitem__(0, I64.max), "marks a free slot"),
+    (lambda s: s["last"].__setitem__(0, LAST_FREE), "marks a free slot"),
+    (lambda s: s["last"].__setitem__(0, -3), r"last must be in \[0"),
 ])
 def test_load_names_the_problem_in_bad_state_and_changes_nothing(change, message):
     m = IdMap(100)

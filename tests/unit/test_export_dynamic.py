@@ -114,7 +114,12 @@ def test_the_files_score_what_load_model_scores_without_recsync(dynamic_model, t
         want = loaded(*args).numpy()
         for got in score_elsewhere(files, args, tmp_path):
             assert got.shape == want.shape and np.abs(got.numpy() - want).max() <= 1e-6
-    program = torch.export.load(str(files[1])).module()
+    exported = torch.export.load(str(files[1]))
+    for state in (torch.jit.load(str(files[0])).state_dict(), exported.state_dict):
+        assert state["ids_0"].dtype == torch.int64 and state["ids_0"][-1] == ID_SENTINEL
+        assert torch.equal(state["ids_0"][:-1], loaded.ids_0)  # the docs' layout of the file
+        assert state["table_1"].shape == (len(loaded.ids_1) + 1, loaded.specs[1].dim)
+    program = exported.module()
     for rows in (1, 7):  # other batch sizes and list lengths than the traced ones
         args = eval_inputs(data, rows)
         assert np.abs(program(*args).numpy() - loaded(*args).numpy()).max() <= 1e-6

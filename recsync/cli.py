@@ -219,12 +219,14 @@ def predict(model_dir, inputs, out, split, batch_size, strict, overwrite, builde
                    "(name it .pt2).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="File to write.")
 @click.option("--max-bytes", type=int, default=2 * 2**30, show_default=True,
-              help="Refuse when the tables, materialised in full, would exceed this.")
+              help="Refuse when the tables would exceed this in the file (fixed ones "
+                   "materialised in full, dynamic ones their trained rows and ids).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
 @click.option("--builder", metavar="BUILDER", help=BUILDER_HELP)
 def export_cmd(model_dir, fmt, out, max_bytes, overwrite, builder):
     """Write a trained model as one file that scores preprocessed rows with torch alone (no
-    recsync): every table materialised in full (docs/serving.md)."""
+    recsync): fixed tables materialised in full, dynamic tables as their trained rows and
+    sorted ids, looked up in the file (docs/serving.md)."""
     from recsync.model_dir.commands import export_command
     with writing(out):
         export_command(model_dir, out, fmt=fmt, max_bytes=max_bytes, overwrite=overwrite,

@@ -3,9 +3,11 @@ torch alone (no recsync): TorchScript (``torch.jit.load``) or torch.export's pro
 (``torch.export.load``).
 
 The file scores preprocessed rows: ``f(dense float32 [B, D], sparse int64 [B, T], values_0,
-offsets_0, ...)`` -> click probabilities [B]. Every table is materialised in full (a row
-training never touched is its initial value), so the file is as large as the tables; tables
-beyond ``max_bytes`` are refused and stay in the model directory (docs/serving.md).
+offsets_0, ...)`` -> click probabilities [B]. A fixed table is materialised in full (a row
+training never touched is its initial value), so the file is as large as those tables; a
+dynamic table holds its trained rows and their ids, sorted, and the program looks each id up
+itself (an id training gave no row reads zeros, as in training). Tables beyond ``max_bytes``
+are refused and stay in the model directory (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from recsync.model_dir.trained import TrainedModel, load_model
 
 FORMATS = ("torchscript", "torch-export")
 DEFAULT_MAX_BYTES = 2 * 2**30
+ID_SENTINEL = 2**63 - 1  # ends a dynamic table's ids in the file (ServingModel)
 
 
 class ServingModel(nn.Module):
-    """The dense module and the materialised tables, looked up as the run's LookupPlan does
-    (one row per single-hot slot, ``embedding_bag`` sum/mean per multi-hot slot), in plain
-    tensor operations that trace."""
+    """The dense module and the tables, looked up as the run's LookupPlan does (one row per
+    single-hot slot, ``embedding_bag`` sum/mean per multi-hot slot), in plain tensor operations
+    that trace. Buffers: ``table_T``, a fixed table's rows [rows, dim] (row = id); for a
+    dynamic table ``ids_T``, its n trained ids ascending then the sentinel 2^63 - 1 [n + 1],
+    and ``table_T``, their rows then a row of zeros [n + 1, dim] (``dynamic_index``)."""
 
     def __init__(self, model: TrainedModel):
         super().__init__()
@@ -39,40 +44,68 @@ class ServingModel(nn.Module):
         self.slots = [(s.table, s.column, s.multi, s.pooling) for s in model.plan.slots]
         self.one_dim = model.plan.one_dim
         self.num_multi = model.num_multi
-        for t in range(len(model.specs)):
-            self.register_buffer(f"table_{t}", model.materialise(t))
+        self.dynamic = [s.dynamic is not None for s in model.specs]
+        for t, dynamic in enumerate(self.dynamic):
+            if not dynamic:
+                self.register_buffer(f"table_{t}", model.materialise(t))
+                continue
+            ids, rows = getattr(model, f"ids_{t}"), getattr(model, f"rows_{t}")
+            self.register_buffer(f"ids_{t}", torch.cat([ids, ids.new_tensor([ID_SENTINEL])]))
+            self.register_buffer(f"table_{t}", torch.cat([rows, rows.new_zeros(1, rows.shape[1])]))
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor, *multi: torch.Tensor
                 ) -> torch.Tensor:
         out = []
         for table, column, j, pooling in self.slots:
             weight = getattr(self, f"table_{table}")
+            ids = sparse[:, column] if j is None else multi[2 * j]
+            if self.dynamic[table]:
+                ids = dynamic_index(getattr(self, f"ids_{table}"), ids)
             if j is None:
-                out.append(weight.index_select(0, sparse[:, column]))
+                out.append(weight.index_select(0, ids))
             else:
-                values, offsets = multi[2 * j], multi[2 * j + 1]
-                out.append(F.embedding_bag(values, weight, offsets, mode=pooling,
+                out.append(F.embedding_bag(ids, weight, multi[2 * j + 1], mode=pooling,
                                            include_last_offset=True))
         embeddings = (FeatureEmbeddings.of(torch.stack(out, dim=1)) if self.one_dim
                       else FeatureEmbeddings(out))
         return torch.sigmoid(self.dense(dense, embeddings))
 
 
-def table_bytes(model: TrainedModel) -> list[tuple[str, int]]:
-    """Each table's materialised size in bytes (float32 rows x dim)."""
-    return [(s.name, s.rows * s.dim * 4) for s in model.specs]
+def dynamic_index(known: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Each id's row in a dynamic table's ``table_T``: its position in ``known`` (the trained
+    ids ascending, then ID_SENTINEL) where it is there, else the last row (zeros). The sentinel
+    bounds the search (no id sorts past it), so an id above every trained one, an empty table
+    and the id 2^63 - 1 itself (trained: the first of two equal keys; untrained: the zero row)
+    need no other case. ``ids`` are copied contiguous first (a single-hot feature's column is
+    strided): searchsorted would warn, and ``contiguous()`` makes torch.export guard the batch
+    to be > 1."""
+    pos = torch.searchsorted(known, ids.clone(memory_format=torch.contiguous_format))
+    return torch.where(known[pos] == ids, pos, known.shape[0] - 1)
+
+
+def table_bytes(model: TrainedModel) -> list[tuple[str, str, int]]:
+    """Each table's size in the file: (name, its rows in words, bytes). A fixed table is
+    materialised (float32 rows x dim), a dynamic one holds its trained rows, their int64 ids
+    and the sentinel's id and zero row."""
+    out = []
+    for t, s in enumerate(model.specs):
+        if s.dynamic is None:
+            out.append((s.name, f"{s.rows:,} rows", s.rows * s.dim * 4))
+        else:
+            n = len(getattr(model, f"ids_{t}"))
+            out.append((s.name, f"{n:,} trained rows and their ids", (n + 1) * (s.dim * 4 + 8)))
+    return out
 
 
 def check_size(model: TrainedModel, max_bytes: int) -> int:
-    """The materialised tables' total bytes; ValueError naming the largest table where the
+    """The tables' total bytes in the file; ValueError naming the largest table where the
     total exceeds ``max_bytes``."""
     sizes = table_bytes(model)
-    total = sum(b for _, b in sizes)
+    total = sum(b for _, _, b in sizes)
     if total > max_bytes:
-        name, largest = max(sizes, key=lambda x: x[1])
-        rows = next(s.rows for s in model.specs if s.name == name)
-        raise ValueError(f"the tables would take {_gib(total)} materialised, over --max-bytes "
-                         f"{_gib(max_bytes)}; the largest is table {name} ({rows:,} rows, "
+        name, rows, largest = max(sizes, key=lambda x: x[2])
+        raise ValueError(f"the tables would take {_gib(total)} in the file, over --max-bytes "
+                         f"{_gib(max_bytes)}; the largest is table {name} ({rows}, "
                          f"{_gib(largest)}). Serve such a model from its directory "
                          f"(recsync.load_model), or raise --max-bytes if the file may be "
                          f"that large")
@@ -112,12 +145,6 @@ def export_model(model_dir: str | Path, out: str | Path, *, fmt: str = "torchscr
     begin = time.perf_counter()
     out = check_output(out, overwrite=overwrite, inputs=[model_dir])
     model = load_model(model_dir, **({"builder": builder} if builder is not None else {}))
-    dynamic = [s.name for s in model.specs if s.dynamic is not None]
-    if dynamic:
-        shown = ", ".join(dynamic[:3]) + (", ..." if len(dynamic) > 3 else "")
-        raise ValueError(f"{model_dir}: {len(dynamic)} of its tables ({shown}) are dynamic (rows "
-                         f"keyed by 64-bit ids), which export does not write yet; serve the "
-                         f"model from its directory (recsync.load_model, recsync predict)")
     total = check_size(model, max_bytes)
     serving = ServingModel(model).eval()
     args = example_inputs(model)

@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from recsync.checkpoint import files, job, reshard
 from recsync.data.convert import convert
@@ -154,8 +155,8 @@ def test_a_distributed_runs_evaluation_reads_what_its_model_directory_scores(fak
                - summary["eval"]["auc"]) < 1e-6
 
 
-def test_a_warm_start_needs_the_tables_dynamic_in_both_runs_and_export_refuses_them(dyn_data,
-                                                                                    tmp_path):
+def test_a_warm_start_needs_the_tables_dynamic_in_both_runs_and_the_model_exports(dyn_data,
+                                                                                  tmp_path):
     run(config(dyn_data, "model.dynamic.capacity=10000", "train.max_steps=5"), tmp_path / "dyn")
     model = tmp_path / "dyn" / "model"
     fixed = tmp_path / "fixed"
@@ -168,5 +169,10 @@ def test_a_warm_start_needs_the_tables_dynamic_in_both_runs_and_export_refuses_t
         run(config(dyn_data, f'train.init_from="{model}"', "model.dynamic.capacity=10"),
             tmp_path / "small")
     from recsync.model_dir.export import export_model
-    with pytest.raises(ValueError, match="2 of its tables .* are dynamic"):
-        export_model(model, tmp_path / "m.pt")
+    from recsync.model_dir.trained import load_model
+    export_model(model, tmp_path / "m.pt2", fmt="torch-export")  # tests/unit/test_export_dynamic
+    ds = Dataset(dyn_data)
+    batch = ds.read(ds.chunks("eval", 256)[0])
+    args = (batch.dense, batch.sparse, *[t for pair in batch.multi for t in pair])
+    got = torch.export.load(str(tmp_path / "m.pt2")).module()(*args)
+    assert (got - load_model(model)(*args)).abs().max() <= 1e-6

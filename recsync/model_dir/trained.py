@@ -185,6 +185,10 @@ class TrainedModel(torch.nn.Module):
         """Table ``t`` in full, [rows, dim] (every row, untouched ones at their initial
         values)."""
         spec = self.specs[t]
+        if spec.dynamic is not None:
+            raise ValueError(f"table {spec.name} is dynamic: its rows are keyed by 64-bit ids "
+                             f"and have no full form (ids_{t} and rows_{t} hold what was "
+                             f"trained)")
         out = torch.empty(spec.rows, spec.dim)
         for start in range(0, spec.rows, MATERIALISE_ROWS):
             stop = min(start + MATERIALISE_ROWS, spec.rows)

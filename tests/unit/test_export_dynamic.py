@@ -140,6 +140,13 @@ def test_an_id_without_a_row_reads_zeros_and_a_trained_one_its_row(dynamic_model
     assert bool((serving.ids_1[1:] > serving.ids_1[:-1]).all())
 
 
+def test_a_dynamic_table_has_no_full_form_to_materialise(dynamic_model):
+    loaded = recsync.load_model(dynamic_model[0])
+    with pytest.raises(ValueError, match="table a is dynamic"):
+        loaded.materialise(0)
+    assert loaded.materialise(2).shape[1] == loaded.specs[2].dim  # c, fixed
+
+
 @pytest.mark.parametrize("trained", [[], [LO], [HI], [LO, 5, HI]])
 def test_the_lookup_needs_no_other_case_at_the_ends_of_int64(trained):
     """The sentinel 2^63 - 1 ends the ids: a table with no trained row, or one whose trained ids

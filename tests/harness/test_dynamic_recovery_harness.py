@@ -13,7 +13,6 @@ from recsync.model.setup import model_for
 from recsync.ps.standby import start_shards
 from recsync.run.driver import run
 from harness_config import config
-from test_dynamic_runs_harness import dyn_data  # noqa: F401  (a fixture)
 from test_standby_harness import killed, stop
 
 CPR = ['mode="async"', "cluster.workers=2", "cluster.ps_shards=2", 'recovery.kind="partial"',

@@ -22,10 +22,3 @@ def data(tmp_path_factory):
     generate(root, rows=4096, eval_rows=512, spec=SynthSpec(seed=3, max_table_rows=500),
              processes=1, progress=False)
     return root
-
-
-@pytest.fixture(scope="session")
-def dyn_data(tmp_path_factory):
-    """A data set whose tables are dynamic (dynamic_data.py)."""
-    import dynamic_data
-    return dynamic_data.write(tmp_path_factory.mktemp("dynamic_data"))

@@ -1,5 +1,6 @@
 """A small data set whose tables are dynamic (ids = the values' full 64-bit hashes), for the
-harness's dynamic-table runs (the ``dyn_data`` fixture, conftest.py)."""
+dynamic-table runs of the harness and the integration tests (the ``dyn_data`` fixture,
+tests/conftest.py)."""
 
 from pathlib import Path
 

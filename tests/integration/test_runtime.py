@@ -1,7 +1,8 @@
 """Ray end to end, once per mode family and fault kind: sync equals local training on the
 global batch (gloo's all-reduce), gba and shadow complete every chunk once, a killed sync worker
-is replaced on a new group, a killed shard comes back from a standby (partial recovery) and
-from Ray's restart (full recovery), and `recsync train --resume` after the driver is killed.
+is replaced on a new group, a killed shard comes back from a standby or from Ray's restart of
+its process (partial recovery; the latter from CPR-MFU checkpoints of dynamic tables) and from
+Ray's restart (full recovery), and `recsync train --resume` after the driver is killed.
 Every mode and the rest (switching, checkpoint rounds, the interval's choice, a dead shard
 without recovery, ...): tests/harness, on the same actors without Ray. (That no process
 outlives a run: test_loopback.py for a completed run, test_endings.py for the other endings.)

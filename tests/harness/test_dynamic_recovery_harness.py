@@ -1,7 +1,8 @@
 """Dynamic tables (issue 33) with CPR's partial checkpoints: a standby takes a dead shard over
 with every row of its checkpoint chain back under its id and none of the rows evicted since
-its base; runs with shards killed go on from chains of partial checkpoints, with a standby
-(partial recovery) or rolling every shard back (full recovery)."""
+its base; runs with a shard killed go on from chains of partial checkpoints with a standby
+(partial recovery, in every mode that has it) or by rolling every shard back (full recovery,
+in a lock-step mode)."""
 
 import numpy as np
 import pytest
@@ -68,12 +69,15 @@ def test_a_standby_takes_over_a_dynamic_shard_from_its_chain_without_the_evicted
     stop(directory)
 
 
-@pytest.mark.parametrize("kind, rows", [("partial", "mfu"), ("partial", "ssu"),
-                                        ("full", "all")])
+@pytest.mark.parametrize("mode, kind, rows", [
+    ("async", "partial", "mfu"), ("gba", "partial", "ssu"), ("eager", "partial", "mfu"),
+    ("shadow", "partial", "ssu"), ("sync", "full", "all")])
 def test_runs_with_a_shard_killed_go_on_from_the_checkpoints_of_dynamic_tables(
-        fake_ray, dyn_data, tmp_path, kind, rows):
-    """(full recovery takes full checkpoints only: every shard rolls back by id)"""
-    cfg = config(dyn_data, *CPR, f'recovery.kind="{kind}"', f'recovery.rows="{rows}"',
+        fake_ray, dyn_data, tmp_path, mode, kind, rows):
+    """Every mode whose shards recover alone (partial recovery) and a lock-step one (full
+    recovery, which takes full checkpoints only: every shard rolls back by id)."""
+    cfg = config(dyn_data, *CPR, f'mode="{mode}"', f'recovery.kind="{kind}"',
+                 f'recovery.rows="{rows}"',
                  "recovery.mfu_fraction=0.5", "recovery.ssu_rate=0.5", "recovery.full_every=4",
                  "recovery.keep=1000", "model.dynamic.capacity=100", "train.epochs=12",
                  # full at 0 s, partial at 1 and 2 s: the kill restores a chain

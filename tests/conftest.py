@@ -25,3 +25,10 @@ def mount_tmpfs(tmp_path):
     yield mount
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture(scope="session")
+def dyn_data(tmp_path_factory):
+    """A data set whose tables are dynamic (tests/dynamic_data.py)."""
+    import dynamic_data
+    return dynamic_data.write(tmp_path_factory.mktemp("dynamic_data"))

@@ -222,7 +222,8 @@ def check(meta, sequence: int, where: str) -> None:
 def check_rows(arrays: dict, meta: dict, where: str) -> None:
     """A shard checkpoint's rows as restoring and resharding read them: per table
     (``meta["tables"]``) integer local indices ``t{t}.local`` (>= 0) and as many ``weights``
-    and ``state`` rows (a dynamic table's also ``ids``, ``counts``, ``last`` and ``clock``);
+    and ``state`` rows (a dynamic table's also ``ids``, ``counts``, ``last`` and ``clock``, and
+    in a partial checkpoint ``gone``, its tombstones);
     ValueError naming ``where`` (the manifest) and the array otherwise."""
     for t in range(meta["tables"]):
         local = arrays.get(f"t{t}.local")
@@ -243,3 +244,6 @@ def check_rows(arrays: dict, meta: dict, where: str) -> None:
             clock = arrays.get(f"t{t}.clock")
             if clock is None or clock.ndim != 0 or clock.dtype.kind not in "iu":
                 raise ValueError(f"{where}: t{t}.clock is missing or not one integer")
+            gone = arrays.get(f"t{t}.gone")  # a partial checkpoint's tombstones (ids)
+            if gone is not None and (gone.ndim != 1 or gone.dtype.kind not in "iu"):
+                raise ValueError(f"{where}: t{t}.gone is not a list of ids")

@@ -9,12 +9,18 @@ rows are forgotten, once chosen).
 
 - MFU keeps a counter per row of the shard (4 bytes a row): each push that touches a row adds
   one. A partial save takes the ``fraction`` of the counted rows with the highest counts, ties
-  broken by index, and zeroes their counters; the others keep counting, so a row used steadily
-  but not among the top is saved once its count grows (or at the next full save).
+  broken by index, and takes from their counters what they had counted when the save began
+  (uses while the rows were copied count towards the next save); the others keep counting,
+  so a row used steadily but not among the top is saved once its count grows (or at the next
+  full save).
 - SSU records the rows touched by the samples the workers sampled (``ssu_rate``; the PS client
   marks them in each push), at most ``max_rows`` per shard between saves; rows beyond that are
   not recorded (counted in ``dropped``) and wait for the next full save. Memory: the recorded
   rows only.
+
+A dynamic table's rows are its slots (embedding/dynamic_table.py): the shard records the slots
+of the ids pushed, and a slot freed by an eviction or an expiry is forgotten (``forget``), so
+the id that gets it next starts from nothing rather than from the evicted id's usage.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class MostUsed:
             raise ValueError(f"the MFU fraction must be in (0, 1], got {fraction}")
         self.fraction = fraction
         self.counts = [torch.zeros(n, dtype=torch.int32) for n in table_rows]
+        self.frozen: list[torch.Tensor] | None = None  # the counts a pending choice is made of
+        self.forgotten: list[list[torch.Tensor]] | None = None  # rows forgotten since then
 
     def record(self, table: int, local: torch.Tensor, sampled: torch.Tensor | None) -> None:
         """``local``: unique row indices a push touched (``sampled`` is for SSU)."""
@@ -46,17 +54,36 @@ class MostUsed:
     def freeze(self):
         """A function returning, on any thread, what ``select`` would return now (the counts
         are copied; a copy is cheap, choosing is not)."""
-        counts = [c.clone() for c in self.counts]
+        counts = self.frozen = [c.clone() for c in self.counts]
+        self.forgotten = [[] for _ in counts]
         return lambda: [_most_used(c, self.fraction) for c in counts]
 
     def restart(self, rows: list[torch.Tensor]) -> None:
-        """The counters of the rows chosen restart from 0."""
-        for counts, chosen in zip(self.counts, rows):
-            counts[chosen] = 0
+        """The counters of the rows chosen restart from what they counted since ``freeze``
+        (the uses of a row pushed while its copy was taken count towards the next save; a
+        row forgotten meanwhile counts from then)."""
+        if self.frozen is None:
+            self.frozen = [torch.zeros_like(c) for c in self.counts]
+            self.forgotten = [[] for _ in self.counts]
+        for counts, before, forgotten, chosen in zip(self.counts, self.frozen, self.forgotten,
+                                                     rows):
+            since = counts[chosen] - before[chosen]
+            if forgotten:
+                fresh = torch.isin(chosen, torch.cat(forgotten))
+                since[fresh] = counts[chosen][fresh]
+            counts[chosen] = since.clamp_(min=0)
+        self.frozen = self.forgotten = None
+
+    def forget(self, table: int, local: torch.Tensor) -> None:
+        """Rows ``local`` of ``table`` start again from 0 (a dynamic table's freed slots)."""
+        self.counts[table][local] = 0
+        if self.forgotten is not None:  # a choice is pending: restart must know
+            self.forgotten[table].append(local.clone())
 
     def reset(self) -> None:
         for c in self.counts:
             c.zero_()
+        self.frozen = self.forgotten = None
 
     def stats(self) -> dict:
         return {"rows_counted": int(sum(int((c > 0).sum()) for c in self.counts))}
@@ -113,6 +140,13 @@ class SampledRows:
 
     def restart(self, rows: list[torch.Tensor]) -> None:
         """Nothing: ``freeze`` already started recording again."""
+
+    def forget(self, table: int, local: torch.Tensor) -> None:
+        """Rows ``local`` of ``table`` are no longer recorded (a dynamic table's freed slots)."""
+        rows = self.rows[table]
+        before = len(rows)
+        rows.difference_update(local.tolist())
+        self.recorded -= before - len(rows)
 
     def reset(self) -> None:
         for rows in self.rows:

@@ -28,20 +28,26 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from recsync.checkpoint import files
+from recsync.embedding.dynamic_chain import resolve_dynamic
 
 Snapshot = tuple[dict[str, np.ndarray], dict]  # (arrays, meta) as ShardCore.snapshot makes
 
 
 def resolve_chain(chain: list[Snapshot]) -> Snapshot:
     """A chain [full, partial, ..., partial] as one full snapshot: per table every row any of
-    them saved, the latest save of each; the rest (dense state, rule, counters) the last
-    one's."""
+    them saved, the latest save of each (a dynamic table's by id, without the ids a later
+    checkpoint tombstones: embedding/dynamic_chain.py); the rest (dense state, rule, counters)
+    the last one's."""
     if chain[0][1].get("partial"):
         raise ValueError("a chain of snapshots starts with a full one")
     if len(chain) == 1:
         return chain[0]
     arrays, meta = dict(chain[-1][0]), copy.copy(chain[-1][1])  # a manifest.Meta stays one
     for t in range(meta["tables"]):
+        if f"t{t}.ids" in arrays:  # a dynamic table: by id, tombstones removing ids
+            arrays.pop(f"t{t}.gone", None)
+            arrays.update(resolve_dynamic([a for a, _ in chain], t))
+            continue
         # newest first: np.unique keeps the first occurrence, i.e. the latest save
         local = np.concatenate([a[f"t{t}.local"] for a, _ in reversed(chain)])
         keep = np.unique(local, return_index=True)[1]

@@ -74,6 +74,22 @@ class DynamicTable:
         self.clock = 0  # pushes applied to this table
         self.expired_at = 0  # the clock at the last expiry
         self.counts = dict.fromkeys(STAT_KEYS[1:], 0)
+        self.removed: list[np.ndarray] | None = None  # ids removed since take_removed (if logged)
+        self.on_remove = None  # called with the slots about to be freed
+
+    def track_removals(self) -> None:
+        """From now on, log the ids of the rows evicted or expired (``take_removed``)."""
+        if self.removed is None:
+            self.removed = []
+
+    def take_removed(self) -> np.ndarray:
+        """The ids (as the data gives them) removed since the last call, unique; the log
+        starts again. Empty if removals are not tracked."""
+        if not self.removed:
+            return np.empty(0, np.int64)
+        keys = np.unique(np.concatenate(self.removed))
+        self.removed = []
+        return np.where(keys == MISSING_KEY, 0, keys)
 
     # -- pull and push -----------------------------------------------------------------------
     def pull(self, ids: torch.Tensor, copying=None, admit: bool = True) -> torch.Tensor:
@@ -173,6 +189,10 @@ class DynamicTable:
 
     def _remove(self, slots: np.ndarray) -> None:
         if len(slots):
+            if self.removed is not None:
+                self.removed.append(self.map.ids_of(slots).copy())
+            if self.on_remove is not None:
+                self.on_remove(torch.from_numpy(np.asarray(slots, np.int64)))
             self.map.remove(slots)
             self.live.index_fill_(0, torch.from_numpy(slots), False)
 
@@ -200,6 +220,8 @@ class DynamicTable:
         """Hold exactly these rows (ids as the data gives them), in slots 0, 1, ...: a
         snapshot's slot numbers mean nothing once its rows are back."""
         name, n = self.spec.name, len(ids)
+        if self.removed is not None:
+            self.removed = []
         if n > self.map.capacity:
             if counts is None:
                 raise ValueError(f"table {name}: {n} rows for this shard, more than its "
@@ -212,6 +234,8 @@ class DynamicTable:
             log.warning("table %s: %d rows for this shard, capacity %d: the %d lowest-scored "
                         "(%s) are evicted", name, n, self.map.capacity, n - len(order), policy)
             self.counts["evicted"] += n - len(order)
+            if self.removed is not None:  # not here, though the checkpoint chain has them
+                self.removed = [keys_of(torch.from_numpy(np.delete(ids, order)))]
             keep = torch.from_numpy(order)
             ids, rows, state = ids[order], rows[keep], state[keep]
             counts, last, n = counts[order], last[order], len(order)

@@ -15,7 +15,10 @@ once per table (in ascending row order, no sort): the copy takes its rows' bytes
 A dynamic table's rows are its slots; the copy begins by expiring its idle rows (``ttl``) and
 taking the map's entries (slot -> id, scores), so each saved row comes with the id it had when
 the copy began, also where an eviction gave its slot to another id meanwhile (the store calls
-``before_write`` for a slot before it reuses it).
+``before_write`` for a slot before it reuses it). A partial copy (CPR) also holds, as
+``t{t}.gone``, the ids the table evicted or expired since the previous copy began (its
+tombstones, where the table logs them: DynamicTable.track_removals), so that restoring the
+chain removes them rather than bring back their older saves.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class RowsCopy:
         self.store, self.choose = store, choose
         store.expire_idle()  # a dynamic table's rows idle for longer than its ttl
         self.maps = {t: (table.ids_state(), table.clock) for t, table in store.dynamic.items()}
+        # the ids removed since the previous copy began: a partial copy's tombstones
+        self.removed = {t: table.take_removed() for t, table in store.dynamic.items()}
+        self.partial = rows is not None or choose is not None
         self.chosen: list[torch.Tensor] | None = None  # what choose() returned
         self.keep: list[torch.Tensor | None] = [None for _ in store.initialized]
         self.lock = threading.Lock()
@@ -138,5 +144,8 @@ class RowsCopy:
         beginning, and the table's clock then."""
         entries, clock = self.maps[t]
         at = np.searchsorted(entries["slots"], slots)
-        return {f"t{t}.ids": entries["ids"][at], f"t{t}.counts": entries["counts"][at],
-                f"t{t}.last": entries["last"][at], f"t{t}.clock": np.array(clock, np.int64)}
+        out = {f"t{t}.ids": entries["ids"][at], f"t{t}.counts": entries["counts"][at],
+               f"t{t}.last": entries["last"][at], f"t{t}.clock": np.array(clock, np.int64)}
+        if self.partial:  # tombstones: rows removed since the previous checkpoint
+            out[f"t{t}.gone"] = self.removed[t]
+        return out

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from recsync.data.hashing import splitmix64
-from recsync.embedding.dynamic_table import DynamicTable, metadata_bytes
+from recsync.embedding.dynamic_chain import resolve_dynamic
+from recsync.embedding.dynamic_table import DynamicTable, keys_of, metadata_bytes
 from recsync.embedding.memory import check_table_memory
 from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.sharding import local_index
@@ -117,13 +118,30 @@ class EmbeddingStore:
         self.copying = RowsCopy(self, rows, choose)
         return self.copying
 
-    def restore(self, arrays: dict[str, np.ndarray], *, on_top: bool = False) -> None:
+    def restore_chain(self, chain: list[dict[str, np.ndarray]]) -> None:
+        """Hold what a full snapshot and the partial ones after it (oldest first) saved: a
+        fixed table's rows each saved overwrite the earlier ones; a dynamic table's are
+        resolved by id, tombstones removing ids (embedding/dynamic_chain.py), and then held
+        as a full snapshot's (at most its capacity: the best-scored)."""
+        first = dict(chain[0])
+        if len(chain) > 1:
+            for t in self.dynamic:
+                first.update(resolve_dynamic(chain, t))
+        self.restore(first)
+        for arrays in chain[1:]:
+            self.restore(arrays, on_top=True, dynamic=False)
+
+    def restore(self, arrays: dict[str, np.ndarray], *, on_top: bool = False,
+                dynamic: bool = True) -> None:
         """Make the store hold exactly what ``snapshot`` saved (rows it did not save are
         untouched again, re-initialised on first use); ``on_top``: only overwrite the rows it
-        saved (a partial snapshot applied to a full one)."""
+        saved (a partial snapshot applied to a full one: fixed tables only, see
+        ``restore_chain``); ``dynamic`` False: leave the dynamic tables as they are."""
         if self.copying is not None:
             raise RuntimeError("the store cannot be restored while a copy of it is in progress")
         for t, (w, st, init) in enumerate(zip(self.weights, self.state, self.initialized)):
+            if t in self.dynamic and not dynamic:
+                continue
             try:
                 local = torch.from_numpy(np.array(arrays[f"t{t}.local"], dtype=np.int64))
                 rows = torch.from_numpy(np.array(arrays[f"t{t}.weights"], dtype=np.float32))
@@ -156,13 +174,20 @@ class EmbeddingStore:
             raise ValueError(f"table {name} is dynamic, but the snapshot has no ids for it "
                              f"(t{t}.ids): it was taken of a fixed table")
         if on_top:
-            raise ValueError(f"table {name} is dynamic: a partial snapshot cannot be applied "
-                             f"on top of a full one (not supported yet)")
+            raise ValueError(f"table {name} is dynamic: a partial snapshot is applied with the "
+                             f"chain it belongs to (restore_chain), by id")
         extra = {k: np.asarray(arrays[f"t{t}.{k}"], dtype=np.int64) if f"t{t}.{k}" in arrays
                  else None for k in ("counts", "last", "clock")}
         self.dynamic[t].restore(np.asarray(arrays[f"t{t}.ids"], dtype=np.int64), rows, state,
                                 extra["counts"], extra["last"],
                                 None if extra["clock"] is None else int(extra["clock"]))
+
+    def rows_of(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        """The local rows of ``ids`` (global, owned here): a fixed table's local indices, a
+        dynamic table's slots (-1 where an id has none)."""
+        if table not in self.dynamic:
+            return local_index(ids, self.num_shards)
+        return torch.from_numpy(self.dynamic[table].map.find(keys_of(ids)))
 
     def expire_idle(self) -> int:
         """Dynamic tables: remove rows idle for longer than their ``ttl`` (checkpoint rounds

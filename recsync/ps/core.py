@@ -10,12 +10,12 @@ mode's: the core hands every push to its ``ShardRule`` (modes/base.py), which ca
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import numpy as np
 import torch
 
-from recsync.embedding.sharding import local_index
 from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.spec import TableSpec
 from recsync.embedding.store import EmbeddingStore
@@ -134,14 +134,38 @@ class ShardCore:
         self.dense = None
         return out
 
+    @property
+    def priority(self):
+        return self._priority
+
+    @priority.setter
+    def priority(self, priority) -> None:
+        """A checkpoint priority (CPR) counts a dynamic table's rows by slot: the tables log
+        the ids they remove (tombstones of partial checkpoints) and have the priority forget
+        a slot before another id gets it."""
+        self._priority = priority
+        if priority is not None:
+            for t, table in self.store.dynamic.items():
+                table.track_removals()
+                table.on_remove = functools.partial(self._forget, t)
+
+    def _forget(self, table: int, slots: torch.Tensor) -> None:
+        if self._priority is not None:
+            self._priority.forget(table, slots)
+
     def _note_access(self, ids: list[np.ndarray], sampled) -> None:
-        """Tell the checkpoint priority (CPR) which rows a push touches."""
+        """Tell the checkpoint priority (CPR) which rows a push touches (a dynamic table's:
+        the slots of those ids that have one)."""
         if self.priority is None:
             return
         for t, i in enumerate(ids):
             if len(i):
-                self.priority.record(t, local_index(as_tensor(i), self.store.num_shards),
-                                     None if sampled is None else as_tensor(sampled[t]))
+                local = self.store.rows_of(t, as_tensor(i))
+                mark = None if sampled is None else as_tensor(sampled[t])
+                if t in self.store.dynamic:
+                    has = local >= 0
+                    local, mark = local[has], None if mark is None else mark[has]
+                self.priority.record(t, local, mark)
 
     def _apply(self, ids, grads, dense_grad, lr_scale: float) -> None:
         for t, (i, g) in enumerate(zip(ids, grads)):
@@ -214,8 +238,9 @@ class ShardCore:
 
     def restore_chain(self, chain: list[tuple[dict[str, np.ndarray], dict]]) -> None:
         """Go back to a full snapshot and the partial ones taken after it, in order: the rows
-        each saved overwrite the earlier ones; the rest (dense state, version, counters) is
-        the last one's."""
+        each saved overwrite the earlier ones (a dynamic table's by id, and the ids a partial
+        one tombstones are removed: EmbeddingStore.restore_chain); the rest (dense state,
+        version, counters) is the last one's."""
         if chain[0][1].get("partial"):
             raise ValueError("a chain of snapshots starts with a full one")
         arrays, meta = chain[-1]
@@ -234,8 +259,7 @@ class ShardCore:
         if (meta["dense_optimizer"] is None) != (self.dense is None):
             raise ValueError("the snapshot and this shard disagree on holding the dense "
                              "parameters")
-        for k, (a, _) in enumerate(chain):
-            self.store.restore(a, on_top=k > 0)
+        self.store.restore_chain([a for a, _ in chain])
         if self.dense is not None:
             opt = meta["dense_optimizer"]
             if opt["class"] != type(self.dense.optimizer).__name__:

@@ -45,7 +45,6 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
     for split in ("train", "eval"):
         ds.parts(split)  # every part file's header against meta.json, here and not in an actor
     tables = model_for(cfg.model, ds).tables  # the model's own errors (a bad name) here too
-    check_dynamic(cfg, tables)
     check_table_memory(held_rows(cfg, tables), max(t.dim for t in tables),
                        extra_bytes=dynamic_metadata_bytes(cfg, tables),
                        state_dim=_state_dim(cfg), table_names=[t.name for t in tables])
@@ -73,16 +72,6 @@ def dynamic_metadata_bytes(cfg: RunConfig, tables) -> int:
     from recsync.embedding.dynamic_table import metadata_bytes
     stores = cfg.cluster.ps_shards if cfg.distributed else 1
     return stores * sum(metadata_bytes(t) for t in tables if t.dynamic is not None)
-
-
-def check_dynamic(cfg: RunConfig, tables) -> None:
-    """Dynamic tables' checkpoints are full ones: CPR's partial ones (recovery.rows "mfu",
-    "ssu") choose rows by slot, which an eviction gives to another id."""
-    dynamic = [t.name for t in tables if t.dynamic is not None]
-    if dynamic and cfg.recovery.rows != "all":
-        raise ValueError(f"recovery.rows = {cfg.recovery.rows!r}: partial checkpoints are not "
-                         f"supported with dynamic tables yet ({', '.join(dynamic)}); use "
-                         f"recovery.rows = \"all\"")
 
 
 def check_gpu_mode(cfg: RunConfig) -> None:

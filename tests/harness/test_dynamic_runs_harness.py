@@ -17,46 +17,8 @@ from recsync.metrics.core import MetricsLog
 from recsync.model_dir.read import read_model_dir
 from recsync.modes import MODES
 from recsync.run.driver import run
+from dynamic_data import SCHEMA
 from harness_config import B, config
-
-SCHEMA = """
-[label]
-column = "y"
-[[dense]]
-name = "x"
-[[categorical]]
-name = "a"
-[[categorical]]
-name = "b"
-[[multi_hot]]
-name = "m"
-table = "b"
-separator = "|"
-max_len = 3
-[defaults]
-table_kind = "dynamic"
-[split]
-eval_fraction = 0.2
-"""
-
-
-@pytest.fixture(scope="module")
-def dyn_data(tmp_path_factory):
-    """3,000 rows whose click depends on a (800 Zipf values) and b (300 values)."""
-    root = tmp_path_factory.mktemp("dynamic_data")
-    rng = np.random.default_rng(0)
-    n = 3000
-    a = rng.zipf(1.3, n) % 800
-    b = rng.integers(0, 300, n)
-    logit = np.where(a % 3 == 0, 1.5, -1.0) + np.where(b % 2 == 0, 0.8, -0.8)
-    y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(int)
-    lines = [f"{y[i]},{rng.random():.3f},a{a[i]},b{b[i]},b{b[i]}|b{(b[i] + 1) % 300}"
-             for i in range(n)]
-    (root / "rows.csv").write_text("y,x,a,b,m\n" + "\n".join(lines) + "\n")
-    (root / "schema.toml").write_text(SCHEMA)
-    convert([root / "rows.csv"], root / "schema.toml", root / "data", progress=False)
-    return root / "data"
-
 
 def model_dir_auc(model_dir, data) -> float:
     """The eval split's AUC as a run's model directory scores it."""

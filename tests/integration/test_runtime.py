@@ -1,7 +1,8 @@
 """Ray end to end, once per mode family and fault kind: sync equals local training on the
 global batch (gloo's all-reduce), gba and shadow complete every chunk once, a killed sync worker
-is replaced on a new group, a killed shard comes back from a standby (partial recovery) and
-from Ray's restart (full recovery), and `recsync train --resume` after the driver is killed.
+is replaced on a new group, a killed shard comes back from a standby or from Ray's restart of
+its process (partial recovery; the latter from CPR-MFU checkpoints of dynamic tables) and from
+Ray's restart (full recovery), and `recsync train --resume` after the driver is killed.
 Every mode and the rest (switching, checkpoint rounds, the interval's choice, a dead shard
 without recovery, ...): tests/harness, on the same actors without Ray. (That no process
 outlives a run: test_loopback.py for a completed run, test_endings.py for the other endings.)
@@ -129,16 +130,29 @@ def test_a_killed_worker_is_replaced_and_every_chunk_completes_once(ray_cluster,
 KILL_STEP, KILL_EPOCHS = 16, 5
 
 
-@pytest.mark.parametrize("mode, shard, standbys", [("async", 1, 1)])  # shadow: tests/harness
+# dynamic: tables keyed by 64-bit ids (tests/dynamic_data.py: 19 steps an epoch a worker, so 8
+# epochs where the synthetic data's 32 take 5), CPR-MFU checkpoints every 0.5 s (partial ones
+# after the first), rows evicted between them
+DYNAMIC = ['recovery.rows="mfu"', "recovery.full_every=4", "recovery.mfu_fraction=0.5",
+           "model.dynamic.capacity=100", "model.dynamic.admit_after=1"]
+
+
+@pytest.mark.parametrize("mode, shard, standbys, dynamic", [("async", 1, 1, False),
+                                                            ("async", 1, 0, True)],
+                         ids=["standby", "ray_restart_dynamic_mfu"])  # shadow: tests/harness
 def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_on(
-        ray_cluster, data, tmp_path, mode, shard, standbys):
+        ray_cluster, request, tmp_path, mode, shard, standbys, dynamic):
     """(shadow: EASGD, whose center copy is on the shard killed; without a standby: Ray
-    restarts the shard's process)"""
+    restarts the shard's process, which reloads its chain)"""
+    data = request.getfixturevalue("dyn_data" if dynamic else "data")
+    epochs = 8 if dynamic else KILL_EPOCHS
     cfg = config(data, f'mode="{mode}"', "cluster.workers=2", "cluster.ps_shards=2",
                  'shadow.algorithm="easgd"',
-                 f"train.epochs={KILL_EPOCHS}", 'recovery.kind="partial"',
-                 "recovery.checkpoint_every_s=1.0", f"recovery.standby_shards={standbys}",
-                 f'faults.kills=[{{target="ps", index={shard}, at_step={KILL_STEP}}}]')
+                 f"train.epochs={epochs}", 'recovery.kind="partial"',
+                 f"recovery.checkpoint_every_s={0.5 if dynamic else 1.0}",
+                 f"recovery.standby_shards={standbys}",
+                 f'faults.kills=[{{target="ps", index={shard}, at_step={KILL_STEP}}}]',
+                 *(DYNAMIC if dynamic else []))
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed"
     rec = summary["recovery"]
@@ -152,8 +166,10 @@ def test_partial_recovery_restarts_a_killed_shard_from_its_checkpoint_and_goes_o
     assert [f["event"] for f in summary["failures"]] == [f"killed ps {shard}"]
     queue = summary["queue"]
     assert queue["completed_more_than_once"] == 0 and queue["pending"] == 0
-    assert summary["samples"] == KILL_EPOCHS * Dataset(data).rows("train")
+    assert summary["samples"] == epochs * Dataset(data).rows("train")
     assert 0.5 < summary["eval"]["auc"] <= 1.0
+    if dynamic:
+        assert rec["partial_checkpoints"] > 0 and summary["dynamic_tables"]["a"]["evicted"] > 0
 
 
 @pytest.mark.parametrize("mode, shard", [("sync", 1)])  # async: tests/harness

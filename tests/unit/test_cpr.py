@@ -209,11 +209,11 @@ def test_a_frozen_choice_is_what_select_would_have_chosen_and_restart_forgets_it
     choose = mfu.freeze()
     mfu.record(0, torch.tensor([4]), None)  # counted after the freeze: not in the choice
     mfu.record(0, torch.tensor([4]), None)
-    mfu.record(0, torch.tensor([4]), None)
+    mfu.record(0, torch.tensor([4, 2]), None)  # 2: pushed while the chosen rows are copied
     rows = choose()
     assert rows[0].tolist() == [1, 2]
     mfu.restart(rows)
-    assert mfu.counts[0].tolist() == [0, 0, 0, 3, 4, 0, 0, 0, 0, 0]
+    assert mfu.counts[0].tolist() == [0, 0, 1, 3, 4, 0, 0, 0, 0, 0]  # 2's push after the freeze
     ssu = SampledRows(1, max_rows=10)
     ssu.record(0, torch.tensor([5, 6]), torch.tensor([True, False]))
     choose = ssu.freeze()

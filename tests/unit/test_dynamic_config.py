@@ -1,5 +1,5 @@
 """model.dynamic: the settings every dynamic table gets and one table's own, the tables they
-apply to, and what a run with dynamic tables refuses at start-up."""
+apply to, and the rows a run with dynamic tables holds."""
 
 import pytest
 
@@ -7,7 +7,7 @@ from recsync.config import load_config
 from recsync.embedding.spec import TableSpec
 from recsync.model.inputs import DataTable, ModelInputs
 from recsync.model.setup import with_dynamic
-from recsync.run.preflight import check_dynamic, held_rows
+from recsync.run.preflight import held_rows
 
 
 def inputs():
@@ -40,11 +40,9 @@ def test_bad_settings_name_their_key(override, key):
         load_config(None, [override])
 
 
-def test_partial_checkpoints_are_refused_with_dynamic_tables_and_memory_counts_every_shard():
+def test_memory_counts_every_shards_capacity():
     cfg = load_config(None, ['mode="async"', "cluster.ps_shards=3", 'recovery.kind="partial"',
                              'recovery.rows="mfu"', "recovery.checkpoint_every_s=10",
                              "model.dynamic.capacity=50"])
     tables = with_dynamic([TableSpec("a", 100, 4), TableSpec("f", 100, 4)], inputs(), cfg.model)
-    with pytest.raises(ValueError, match=r"recovery.rows = 'mfu'.*\(a\)"):
-        check_dynamic(cfg, tables)
     assert held_rows(cfg, tables) == [150, 100]

@@ -20,8 +20,6 @@ _MUL = np.uint64(0x9E3779B97F4A7C15)
 _S32 = np.uint64(32)
 _EMPTY = -1
 _COUNT_MAX = np.uint32(np.iinfo(np.uint32).max)
-LOOKAHEAD = 16  # ids between a bucket's prefetch and its probe: the processor then has many
-# buckets' misses in flight at once, where a probe alone waits for each in turn
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -51,27 +49,11 @@ def _probe(table, keys, slot_bits, fp_bits, key):
             bucket = 0
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _first_entry(table, key):
-    """The first entry of ``key``'s home bucket: read LOOKAHEAD ids ahead of the probe, as a
-    prefetch (the loops add it to a sum the result never uses, so nothing waits for it)."""
-    x = np.uint64(key)
-    x = (x ^ (x >> _S32)) * _MUL
-    return table[np.int64(((x >> _S32) * np.uint64(table.shape[0])) >> _S32), 0]
-
-
 @njit(cache=True, nogil=True)
 def find(table, keys, slot_bits, fp_bits, ids, out):
     """``out[i]``: the slot of ``ids[i]``, -1 where absent (id 0 always: no key is 0)."""
-    n = ids.shape[0]
-    ahead = 0
-    for i in range(min(LOOKAHEAD, n)):
-        ahead += _first_entry(table, ids[i])
-    for i in range(n):
-        if i + LOOKAHEAD < n:
-            ahead += _first_entry(table, ids[i + LOOKAHEAD])
+    for i in range(ids.shape[0]):
         out[i] = _probe(table, keys, slot_bits, fp_bits, ids[i]) if ids[i] != 0 else -1
-    return ahead
 
 
 @njit(cache=True, nogil=True)
@@ -84,14 +66,7 @@ def lookup(table, keys, slot_bits, fp_bits, ids, missing_key, touch, count, last
     processor overlap one id's misses (bucket, record, row) with the next id's."""
     absent = 0
     dim = source.shape[1]
-    n = ids.shape[0]
-    ahead = 0
-    for i in range(min(LOOKAHEAD, n)):
-        ahead += _first_entry(table, ids[i] if ids[i] != 0 else missing_key)
-    for i in range(n):
-        if i + LOOKAHEAD < n:
-            k = ids[i + LOOKAHEAD]
-            ahead += _first_entry(table, k if k != 0 else missing_key)
+    for i in range(ids.shape[0]):
         key = ids[i] if ids[i] != 0 else missing_key
         slot = _probe(table, keys, slot_bits, fp_bits, key) if key != 0 else -1
         slots[i] = slot
@@ -106,4 +81,4 @@ def lookup(table, keys, slot_bits, fp_bits, ids, missing_key, touch, count, last
             last[slot] = now
         for j in range(dim):
             rows[i, j] = source[slot, j]
-    return absent + (ahead & 0)  # the prefetches' sum, so the compiler keeps them
+    return absent

@@ -31,7 +31,6 @@ BUCKET = 8
 EMPTY, TOMB = -1, -2
 _MUL = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, odd (Fibonacci hashing)
 _S32 = np.uint64(32)
-_NO_U32 = np.zeros(0, dtype=np.uint32)  # lookup's count and last when it touches nothing
 
 
 def num_buckets_for(capacity: int) -> int:
@@ -107,21 +106,16 @@ class BucketIndex:
                         np.ascontiguousarray(ids, dtype=np.int64), out)
         return out
 
-    def lookup(self, ids: np.ndarray, source: np.ndarray, missing_key: int,
-               touch: tuple[np.ndarray, np.ndarray, int] | None
-               ) -> tuple[np.ndarray, np.ndarray, int]:
-        """``find`` of ids (id 0 looked up as ``missing_key``) and the rows of ``source`` (a
-        float32 [slots, dim] array) at them, zeros where absent; ``touch`` (count, last, now):
-        one sighting of each slot found. (slots, rows, how many absent), in one compiled pass."""
-        n = len(ids)
-        slots = np.empty(n, dtype=np.int64)
-        rows = np.empty((n, source.shape[1]), dtype=source.dtype)
-        count, last, now = touch if touch is not None else (_NO_U32, _NO_U32, 0)
-        absent = id_kernels.lookup(self.table, self.keys, self.slot_bits, self.fp_bits,
-                                   np.ascontiguousarray(ids, dtype=np.int64),
-                                   np.int64(missing_key), touch is not None, count, last,
-                                   np.int64(now), source, slots, rows)
-        return slots, rows, int(absent)
+    def find_touch(self, ids: np.ndarray, missing_key: int, count: np.ndarray,
+                   last: np.ndarray, now: int) -> tuple[np.ndarray, int]:
+        """``find`` of ids (id 0 looked up as ``missing_key``) and one sighting (count + 1
+        saturating, last = ``now``) of each slot found: (slots, how many absent), in one
+        compiled pass."""
+        out = np.empty(len(ids), dtype=np.int64)
+        absent = id_kernels.find_touch(self.table, self.keys, self.slot_bits, self.fp_bits,
+                                       np.ascontiguousarray(ids, dtype=np.int64),
+                                       np.int64(missing_key), count, last, np.int64(now), out)
+        return out, int(absent)
 
     def place(self, ids: np.ndarray, slots: np.ndarray) -> None:
         """Add entries for ids (unique, absent, nonzero: not checked) at ``slots``."""

@@ -96,12 +96,15 @@ class DynamicTable:
         """Rows of ``ids`` (int64, duplicates allowed) [n, dim] (a copy); zeros where an id
         has no row. ``admit``: a sighting (the module docstring); False: look up only (an
         evaluation's pull: no new row, no score changed)."""
-        slots, rows, absent = self.map.lookup(ids.numpy(), self.weights.numpy(),
-                                              now=self.clock if admit else None,
-                                              missing_key=MISSING_KEY)
-        if not absent or not admit:  # the steady state: every id holds a row
-            return torch.from_numpy(rows)
-        slots = torch.from_numpy(self._admit(ids, slots, copying))
+        if admit:
+            slots, absent = self.map.find_touch(ids.numpy(), self.clock, MISSING_KEY)
+            if absent:
+                slots = self._admit(ids, slots, copying)
+        else:
+            slots = self.map.find(keys_of(ids))
+        slots = torch.from_numpy(slots)
+        if len(slots) and int(slots.min()) >= 0:  # the steady state: every id holds a row
+            return self.weights.index_select(0, slots)
         rows = self.weights.index_select(0, slots.clamp(min=0))
         rows[slots < 0] = 0.0
         return rows

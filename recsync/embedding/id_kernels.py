@@ -3,8 +3,8 @@
 In numpy a lookup costs about ten vectorised passes over a call's ids, each with a fixed cost,
 which made a dynamic table's pull 0.36x and its push 0.55x a fixed table's (issue 33's
 ``bench dynamic``). These loops do the same probe per id in one pass (numba, compiled on first
-use and cached beside this file); ``lookup`` also gathers the rows and scores those it finds,
-so a pull whose ids all hold rows is one pass. Inserts, removals and rebuilds stay
+use and cached beside this file); ``find_touch`` also scores the rows it finds, so a pull
+whose ids all hold rows is one pass and a gather. Inserts, removals and rebuilds stay
 in numpy (bucket_index.py): they run at admission and eviction, not on every call.
 
 The hash, bucket and fingerprint must be exactly BucketIndex._home's; tests/unit/test_id_map.py
@@ -57,28 +57,21 @@ def find(table, keys, slot_bits, fp_bits, ids, out):
 
 
 @njit(cache=True, nogil=True)
-def lookup(table, keys, slot_bits, fp_bits, ids, missing_key, touch, count, last, now, source,
-           slots, rows):
-    """A pull's one pass: ``slots[i]`` as ``find`` gives it for ``ids[i]`` (id 0 looked up as
-    ``missing_key``), ``rows[i]`` = ``source[slots[i]]`` (zeros where absent) and, if
-    ``touch``, one sighting of each row found (IdMap.touch: count + 1 saturating, last =
-    ``now``). Returns how many ids are absent. Gathering here, not in a second pass, lets the
-    processor overlap one id's misses (bucket, record, row) with the next id's."""
+def find_touch(table, keys, slot_bits, fp_bits, ids, missing_key, count, last, now, out):
+    """A pull's ``find``: ``out[i]`` the slot of ``ids[i]`` (id 0 looked up as
+    ``missing_key``), -1 where absent, and one sighting of each row found (IdMap.touch: count
+    + 1 saturating, last = ``now``; in the record the probe has just read). Returns how many
+    are absent. The rows are gathered after, by torch (``index_select``), which measured
+    faster than gathering them here."""
     absent = 0
-    dim = source.shape[1]
     for i in range(ids.shape[0]):
         key = ids[i] if ids[i] != 0 else missing_key
         slot = _probe(table, keys, slot_bits, fp_bits, key) if key != 0 else -1
-        slots[i] = slot
+        out[i] = slot
         if slot < 0:
             absent += 1
-            for j in range(dim):
-                rows[i, j] = 0.0
-            continue
-        if touch:
+        else:
             if count[slot] != _COUNT_MAX:
                 count[slot] += np.uint32(1)
             last[slot] = now
-        for j in range(dim):
-            rows[i, j] = source[slot, j]
     return absent

@@ -92,19 +92,11 @@ class IdMap:
         """Slot of each id (duplicates allowed), -1 where absent (always for id 0)."""
         return self._index.find(as_ids(ids))
 
-    def lookup(self, ids, source: np.ndarray, *, now: int | None = None,
-               missing_key: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
-        """A pull in one pass: the slot of each id (``find``; id 0 looked up as
-        ``missing_key``), the rows of ``source`` (float32 [capacity, dim], the caller's rows by
-        slot) at them, zeros where absent, and, unless ``now`` is None, a ``touch`` of every
-        slot found: (slots, rows, how many ids are absent)."""
-        if source.ndim != 2 or len(source) != self.capacity or source.dtype != np.float32:
-            raise ValueError(f"lookup: source must be float32 [{self.capacity}, dim], got "
-                             f"{source.dtype} {source.shape}")
-        if now is not None:
-            _check_now(now)
-        touch = None if now is None else (self._count, self._last, now)
-        return self._index.lookup(as_ids(ids), source, missing_key, touch)
+    def find_touch(self, ids, now: int, missing_key: int = 0) -> tuple[np.ndarray, int]:
+        """A pull's lookup in one pass: ``find`` (id 0 looked up as ``missing_key``) and a
+        ``touch`` of every slot found: (slots, how many ids are absent)."""
+        _check_now(now)
+        return self._index.find_touch(as_ids(ids), missing_key, self._count, self._last, now)
 
     def insert(self, ids, now: int = 0, *, check: bool = False) -> np.ndarray:
         """Give each id a free slot and return the slots (in the order of ``ids``).

@@ -48,8 +48,8 @@ def id_pool(rng: np.random.Generator, m: IdMap, size: int) -> np.ndarray:
 
 
 def random_step(rng, m: IdMap, oracle: Oracle, pool: np.ndarray, now: int) -> None:
-    op = rng.choice(["insert", "insert", "fill", "remove", "find", "touch", "lookup",
-                     "lookup_touch", "overfill"])
+    op = rng.choice(["insert", "insert", "fill", "remove", "find", "touch", "find_touch",
+                     "overfill"])
     absent = np.array([i for i in pool if int(i) not in oracle.slot_of], dtype=np.int64)
     if op in ("insert", "fill") and len(absent):
         n = m.free() if op == "fill" else int(rng.integers(1, 40))
@@ -69,19 +69,15 @@ def random_step(rng, m: IdMap, oracle: Oracle, pool: np.ndarray, now: int) -> No
         for s in touched.tolist():
             oracle.count[s] += 1
             oracle.last[s] = now
-    elif op in ("lookup", "lookup_touch"):  # a pull: find, gather, and touch what is found
+    elif op == "find_touch":  # a pull's steady state: find, and touch what is found
         probe = rng.choice(np.fromiter(oracle.seen, dtype=np.int64), 48)  # duplicates, id 0
         probe = np.concatenate([probe, rng.integers(I64.min, I64.max, 8, dtype=np.int64)])
         missing = I64.max if I64.max in oracle.slot_of else 5  # what id 0 is looked up as
         want = np.array([oracle.slot_of.get(int(i) if i else missing, -1) for i in probe])
-        source = rng.standard_normal((m.capacity, 3)).astype(np.float32)
-        touch = op == "lookup_touch"
-        slots, rows, absent = m.lookup(probe, source, now=now if touch else None,
-                                       missing_key=missing)
+        slots, absent = m.find_touch(probe, now, missing)
         np.testing.assert_array_equal(slots, want)
-        np.testing.assert_array_equal(rows, np.where(want[:, None] >= 0, source[want], 0))
         assert absent == np.count_nonzero(want < 0)
-        for s in slots[slots >= 0].tolist() if touch else []:
+        for s in slots[slots >= 0].tolist():
             oracle.count[s] += 1
             oracle.last[s] = now
     elif op == "remove" and oracle.slot_of:
@@ -218,30 +214,22 @@ def test_touch_counts_each_listing_and_saturates():
     np.testing.assert_array_equal(m.counts(s), [COUNT_MAX, COUNT_MAX, 8])
 
 
-def test_lookup_touch_counts_each_listing_saturates_and_looks_up_id_0_as_the_missing_key():
+def test_find_touch_counts_each_listing_saturates_and_looks_up_id_0_as_the_missing_key():
     m = IdMap(8)
     s = m.insert([1, 2, I64.max], now=5)
-    source = np.arange(16, dtype=np.float32).reshape(8, 2)
-    slots, rows, absent = m.lookup(np.array([1, 0, 1, 4, 0, 2]), source, now=9,
-                                   missing_key=I64.max)
+    slots, absent = m.find_touch(np.array([1, 0, 1, 4, 0, 2]), 9, I64.max)
     np.testing.assert_array_equal(slots, [s[0], s[2], s[0], -1, s[2], s[1]])
-    np.testing.assert_array_equal(rows[3], [0, 0])
-    np.testing.assert_array_equal(rows[[0, 1, 5]], source[[s[0], s[2], s[1]]])
     assert absent == 1
     np.testing.assert_array_equal(m.counts(s), [2, 1, 2])
     np.testing.assert_array_equal(m.last_seen(s), [9, 9, 9])
-    assert m.lookup(np.array([0]), source)[0].tolist() == [-1]  # missing_key 0: no row
+    assert m.find_touch(np.array([0]), 9)[0].tolist() == [-1]  # missing_key 0: no row
     state = m.state()
     state["counts"] = np.array([COUNT_MAX - 1, COUNT_MAX, 7])
     m.load(state)
-    m.lookup(np.array([1, 1, 1, 2]), source, now=10)
-    np.testing.assert_array_equal(m.counts(s), [COUNT_MAX, COUNT_MAX, 7])
-    m.lookup(np.array([1, 2]), source)  # no now: no touch
+    m.find_touch(np.array([1, 1, 1, 2]), 10, I64.max)
     np.testing.assert_array_equal(m.counts(s), [COUNT_MAX, COUNT_MAX, 7])
     with pytest.raises(ValueError, match="now must be"):
-        m.lookup(np.array([1]), source, now=LAST_FREE)
-    with pytest.raises(ValueError, match="source must be float32"):
-        m.lookup(np.array([1]), source[:4])
+        m.find_touch(np.array([1]), LAST_FREE, I64.max)
 
 
 def oracle_lowest(m: IdMap, k: int, policy: str) -> list[int]:

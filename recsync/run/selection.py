@@ -54,8 +54,9 @@ class Selection:
         best = ("no evaluation had a finite log loss" if b is None else
                 f"the best was evals[{b['index']}] at {b['samples']:,} samples "
                 f"(validation log loss {b['logloss']:.5f})")
-        return (f"early stopping: {self.since_best} evaluations without a lower validation log "
-                f"loss (train.patience = {self.patience}); {best}")
+        n = self.since_best
+        return (f"early stopping: {n} evaluation{'s' if n != 1 else ''} without a lower "
+                f"validation log loss (train.patience = {self.patience}); {best}")
 
     def section(self, reason: str | None) -> dict:
         """summary.json's ``stopped``: why training ended and, with a validation slice, its

@@ -142,6 +142,8 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
         if (selection.enabled and reason != EARLY_STOPPING
                 and record.samples > (record.evals[-1]["samples"] if record.evals else 0)):
             line = _interval_record(cfg, record, timer)
+            if not timer.steps:  # the last steps' record is written: this one is the eval's
+                line.update(loss=None, samples_per_s=None, worker_step_s=[None])
             line["eval"] = _select(cfg, ds, model, record, selection, best)
             log.write(line)
             timer.reset()

@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from recsync.config import ConfigError, load_config
 from recsync.data.holdout import cut, held_rows
@@ -24,14 +23,6 @@ from recsync.run.selection import Selection
 SMALL = ["model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
          "train.batch_size=128", "output.progress=false", "output.plot=false",
          "train.eval_sample_rows=100000"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -129,13 +120,9 @@ def test_early_stopping_keeps_the_best_evaluations_model(data, tmp_path):
     assert best["logloss"] < evals[-1]["logloss"]  # the last model is not the kept one
     assert summary["periodic_eval"]["split"] == "validation"
     # OUT/model is the best evaluation's model: scored on the slice, its log loss
-    model = load_model(out / "model")
-    ds = Dataset(data)
-    ds.hold_out(0.1)
-    again = evaluate(model.dense, model, ds, 10**9, 1024, split="validation")
+    again, final = _scored(out, data)
     assert again["logloss"] == pytest.approx(best["logloss"], rel=1e-5)
-    final = evaluate(model.dense, model, ds, 10**9, 1024)  # and the final figures are its
-    assert final["logloss"] == pytest.approx(summary["eval"]["logloss"], rel=1e-5)
+    assert final["logloss"] == pytest.approx(summary["eval"]["logloss"], rel=1e-5)  # its
     assert summary["eval"]["rows"] == 500
 
 
@@ -152,8 +139,15 @@ def test_without_patience_the_best_model_is_kept_and_the_end_is_evaluated(data, 
     assert evals[-1]["samples"] == 6 * 3600  # the end, scored on the slice
     best = summary["stopped"]["best_eval"]
     assert best["logloss"] == min(e["logloss"] for e in evals)
+    again, final = _scored(out, data)
+    assert again["logloss"] == pytest.approx(best["logloss"], rel=1e-5)
+    assert final["logloss"] == pytest.approx(summary["eval"]["logloss"], rel=1e-5)
+
+
+def _scored(out, data) -> tuple[dict, dict]:
+    """OUT/model scored on the whole validation slice and on the whole eval split."""
     model = load_model(out / "model")
     ds = Dataset(data)
     ds.hold_out(0.1)
-    again = evaluate(model.dense, model, ds, 10**9, 1024, split="validation")
-    assert again["logloss"] == pytest.approx(best["logloss"], rel=1e-5)
+    return (evaluate(model.dense, model, ds, 10**9, 1024, split="validation"),
+            evaluate(model.dense, model, ds, 10**9, 1024))

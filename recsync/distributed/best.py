@@ -91,8 +91,3 @@ class BestKept:
         lookup = RowsLookup(self.run.model.plan, state.tables, state.trained, cfg.train.seed,
                             cfg.model.embedding_init_scale)
         return LocalModel(dense, lookup, None)
-
-    def kept_line(self) -> str:
-        b = self.selection.best
-        return (f"the model kept is evals[{b['index']}]'s (validation log loss "
-                f"{b['logloss']:.5f} at {b['samples']:,} samples)")

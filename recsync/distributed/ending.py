@@ -125,7 +125,7 @@ def end_calls(run, moment: Moment) -> dict:
     scored = trained
     best = run.best.at_end(trained) if run.best is not None else None
     if best is not None:  # an earlier evaluation's model is the better one: best.py
-        say(run.best.kept_line())
+        say(run.best.selection.kept_line())
         scored = run.best.best_model(best, model.dense_model)
         model_state = best if run.cfg.output.save_model else None
     final_eval = evaluate(scored.dense, scored.lookup, run.ds, run.ds.rows("eval"),

@@ -109,9 +109,7 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
             record.stop()
         record.stopped = selection.section(reason)
         if best.restore(model):  # OUT/model and the final evaluation: the best model's
-            say(f"the model kept is evals[{selection.best['index']}]'s (validation log "
-                f"loss {selection.best['logloss']:.5f} at {selection.best['samples']:,} "
-                f"samples)")
+            say(selection.kept_line())
         return {"eval": final_eval(cfg, ds, model), "record": record, "model": model,
                 "dynamic": model.lookup.store.dynamic_stats()}
     except BaseException as e:  # Ctrl-C, a diverging loss, bad data: the summary needs them
@@ -156,6 +154,7 @@ def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
 
 def _steps(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog, record: RunRecord,
            selection: Selection, best: BestLocal, timer: StepTimer, bar, total: int) -> str:
+    """The training loop: each step, its metrics record, the periodic evaluations."""
     t = cfg.train
     chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
     eval_every = record.eval_every = eval_interval(t, total)

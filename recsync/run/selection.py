@@ -58,6 +58,11 @@ class Selection:
         return (f"early stopping: {n} evaluation{'s' if n != 1 else ''} without a lower "
                 f"validation log loss (train.patience = {self.patience}); {best}")
 
+    def kept_line(self) -> str:
+        b = self.best
+        return (f"the model kept is evals[{b['index']}]'s (validation log loss "
+                f"{b['logloss']:.5f} at {b['samples']:,} samples)")
+
     def section(self, reason: str | None) -> dict:
         """summary.json's ``stopped``: why training ended and, with a validation slice, its
         best evaluation (the model the run kept)."""

@@ -44,7 +44,19 @@ class TrainConfig(Section):
     batch_size: int = Field(4096, ge=1)
     """samples per step (per worker in distributed modes)"""
     epochs: int = Field(1, ge=1)
-    """passes over the training split (CTR models are usually trained for one)"""
+    """passes over the training split (CTR models are usually trained for one); with
+    ``patience`` a maximum"""
+    validation: float = Field(0.0, ge=0, lt=1)
+    """hold out this fraction of the training split for model selection (0: none): its last
+    rows in time order (as the eval split is cut), never trained on. The evaluations during
+    training then score it (the first eval_sample_rows of it) instead of the eval split, the
+    run keeps the model of the evaluation with the lowest validation log loss (OUT/model and
+    the final evaluation on the eval split are that model's), and summary.json's ``stopped``
+    says which it was (docs/design.md)"""
+    patience: int = Field(0, ge=0)
+    """early stopping (needs ``validation``): stop after this many evaluations in a row
+    without a lower validation log loss than the best so far (0: never stop early; epochs
+    and max_steps still end the run)"""
     max_steps: int = Field(0, ge=0)
     """stop after this many steps (0: no limit)"""
     embedding_optimizer: Literal["adagrad", "sgd"] = "adagrad"
@@ -92,12 +104,21 @@ class TrainConfig(Section):
     samples (0: 8 times per run); local training waits for each, distributed workers never do
     (a thread of the driver evaluates a copy of the dense parameters as training goes on)"""
     eval_sample_rows: int = Field(50_000, ge=1)
-    """rows of the eval split used by the evaluations during training"""
+    """rows of the eval split (of the validation slice, with ``validation``) used by the
+    evaluations during training"""
     eval_batch_size: int = Field(65_536, ge=1)
     init_from: str = ""
     """a model directory (an earlier run's OUT/model) to start from: its dense parameters,
     trained rows and, if it saved them, their optimizer state (daily incremental training:
     yesterday's model, today's data; the model config must be the same, docs/recovery.md)"""
+
+    @model_validator(mode="after")
+    def _check_patience(self):
+        if self.patience and not self.validation:
+            raise ValueError(f"train.patience = {self.patience} needs a validation slice to "
+                             f"stop on: set train.validation (e.g. 0.05); the eval split is "
+                             f"kept for the final figures")
+        return self
 
     def warmup_for(self, train_rows: int, workers: int) -> int:
         """dense_warmup_steps as the run uses it: -1 is DEFAULT_WARMUP_STEPS, at most a tenth

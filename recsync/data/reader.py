@@ -15,6 +15,7 @@ import torch
 
 from recsync.data.chunk import Chunk  # noqa: F401 (re-exported: it lived here)
 from recsync.data.format import DataFormatError, Layout, one_line, part_paths, read_meta
+from recsync.data.holdout import VALIDATION, cut, held_rows
 
 
 def take_ragged(values: torch.Tensor, offsets: torch.Tensor,
@@ -81,6 +82,13 @@ class Dataset:
         self.table_names = [t.name for t in self.layout.tables]
         self._single_last, self._multi_last = _last_ids(self.layout)
         self._parts: dict[str, list[dict[str, np.ndarray]]] = {}
+        self.held = 0  # the training split's last rows held out as "validation" (hold_out)
+
+    def hold_out(self, fraction: float) -> None:
+        """Hold out the last ``fraction`` of the training split (in time order) as the
+        "validation" split (data/holdout.py; 0: none): from now on "train" means the rows
+        before it. Idempotent for the same fraction."""
+        self.held = held_rows(self.meta["splits"]["train"]["rows"], fraction)
 
     @property
     def synthetic(self) -> dict | None:
@@ -88,7 +96,9 @@ class Dataset:
         return self.meta.get("synthetic")
 
     def rows(self, split: str) -> int:
-        return self._split(split)["rows"]
+        if split == VALIDATION:
+            return self.held
+        return self._split(split)["rows"] - (self.held if split == "train" else 0)
 
     def base_rate(self, split: str = "train") -> float | None:
         """The split's label mean, if meta.json records it."""
@@ -157,14 +167,20 @@ class Dataset:
         return arrays
 
     def chunks(self, split: str, chunk_rows: int) -> list[Chunk]:
-        """Cut a split into chunks of at most ``chunk_rows`` rows (never across parts)."""
+        """Cut a split into chunks of at most ``chunk_rows`` rows (never across parts), in
+        order. "train" stops before the validation slice; "validation" is that slice."""
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-        out = []
-        for p, info in enumerate(self._split(split)["parts"]):
-            for start in range(0, info["rows"], chunk_rows):
-                out.append(Chunk(split, p, start, min(start + chunk_rows, info["rows"])))
-        return out
+        parts = self._split("train" if split == VALIDATION else split)["parts"]
+        ranges = [(p, 0, info["rows"]) for p, info in enumerate(parts)]
+        if split in ("train", VALIDATION) and self.held:
+            kept, held = cut([info["rows"] for info in parts], self.held)
+            ranges = held if split == VALIDATION else kept
+        elif split == VALIDATION:
+            return []
+        name = "train" if split == VALIDATION else split  # where the rows live
+        return [Chunk(name, p, s, min(s + chunk_rows, stop)) for p, first, stop in ranges
+                for s in range(first, stop, chunk_rows)]
 
     def read(self, chunk: Chunk, rows: np.ndarray | slice | None = None) -> Batch:
         """Read a chunk, or the given rows of it (indices relative to the chunk start)."""

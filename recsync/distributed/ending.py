@@ -29,6 +29,7 @@ from recsync.distributed.watch import settle
 from recsync.metrics.evaluate import evaluate
 from recsync.ps.client import PSClient
 from recsync.run.local_run import LocalModel
+from recsync.run.selection import say
 
 END_TRIES = 3  # recoveries at the end before the run gives up (each needs a new failure)
 AS_TRAINING_ENDED = "as training ended"
@@ -121,7 +122,13 @@ def end_calls(run, moment: Moment) -> dict:
                    if run.cfg.output.save_model else None)
     moment.now = IN_FINAL_EVAL
     trained = LocalModel(model.dense_model, PSClient(actors.shards, model.plan), None)
-    final_eval = evaluate(trained.dense, trained.lookup, run.ds, run.ds.rows("eval"),
+    scored = trained
+    best = run.best.at_end(trained) if run.best is not None else None
+    if best is not None:  # an earlier evaluation's model is the better one: best.py
+        say(run.best.selection.kept_line())
+        scored = run.best.best_model(best, model.dense_model)
+        model_state = best if run.cfg.output.save_model else None
+    final_eval = evaluate(scored.dense, scored.lookup, run.ds, run.ds.rows("eval"),
                           run.cfg.train.eval_batch_size,
                           keep_scores=run.cfg.output.save_predictions)
     return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,

@@ -3,8 +3,8 @@
 Every ``train.eval_every_samples`` (0: eight per run, as a local run) the watch loop starts one
 on a thread of the driver: it copies the dense parameters now (shard 0's ``model_dense`` where
 the PS holds them, else worker 0's replica) into a model of its own and scores the first
-``train.eval_sample_rows`` eval rows with rows pulled from the shards by a PSClient of its own.
-The workers go on training meanwhile, so the rows it reads are a few updates newer than the
+``train.eval_sample_rows`` eval rows (validation rows with ``train.validation``:
+data/holdout.py) with rows pulled from the shards by a PSClient of its own. The workers go on training meanwhile, so the rows it reads are a few updates newer than the
 dense parameters (the final evaluation, after training, is exact). One runs at a time; its
 record joins the next metrics.jsonl line.
 
@@ -24,9 +24,13 @@ import ray
 import torch
 from torch.nn.utils import vector_to_parameters
 
+from recsync.distributed.gather import gathered_rows
+from recsync.embedding.row_optim import make_row_optimizer
 from recsync.metrics.evaluate import evaluate
+from recsync.model_dir.state import ModelState
+from recsync.model_dir.trained import RowsLookup
 from recsync.ps.client import PSClient
-from recsync.run.local_run import eval_interval
+from recsync.run.local_run import eval_interval, periodic_split
 
 FETCH_TIMEOUT_S = 30  # the dense parameters: a shard or worker that does not answer is down
 STOP_WAIT_S = 5  # at the end: how long the driver waits for a stopped evaluation's thread
@@ -65,6 +69,9 @@ class PeriodicEval:
         self.thread: threading.Thread | None = None
         self.outcome: tuple | None = None  # set by the thread: ("done", record) / ("error", e)
         self.started: tuple = ()  # (samples, recoveries) when the one in flight started
+        self.kept = None  # with a validation slice: the model the last one scored (best.py)
+        best = getattr(run, "best", None)
+        self.selecting = best is not None and best.enabled
 
     def start_if_due(self, samples: int, time_s: float) -> None:
         """Start one if ``samples`` reached the next evaluation and none is going on."""
@@ -126,18 +133,44 @@ class PeriodicEval:
                 vector_to_parameters(torch.tensor(dense, dtype=torch.float32),
                                      list(self.model.parameters()))
             fetched = time.perf_counter() - start
-            lookup = _StoppableLookup(PSClient(self.run.actors.shards, self.run.model.plan),
-                                      self.stop)
+            client = PSClient(self.run.actors.shards, self.run.model.plan)
+            self.kept = None
+            if self.selecting:  # score a copy of the rows too, and keep it: best.py
+                self.kept = self._copy()
+                client = RowsLookup(self.run.model.plan, self.kept.tables, self.kept.trained,
+                                    self.run.cfg.train.seed,
+                                    self.run.cfg.model.embedding_init_scale)
+            lookup = _StoppableLookup(client, self.stop)
             t = self.run.cfg.train
+            split = periodic_split(self.run.ds)
             result = evaluate(self.model, lookup, self.run.ds, t.eval_sample_rows,
-                              t.eval_batch_size)
+                              t.eval_batch_size, split=split)
             result.update(samples=samples, time_s=time_s, eval_s=time.perf_counter() - start,
-                          dense_fetch_s=fetched)
+                          dense_fetch_s=fetched, split=split)
             self.outcome = ("done", result)
         except Stopped:
             self.outcome = ("stopped", None)
         except BaseException as e:  # noqa: BLE001 - the watch loop decides (collect)
             self.outcome = ("error", e)
+
+    def _copy(self) -> ModelState:
+        """The model this evaluation scores, as OUT/model would keep it: the dense parameters
+        just copied, the rows gathered from the shards now (and their optimizer state where
+        the run saves it)."""
+        cfg, actors = self.run.cfg, self.run.actors
+        with_state = cfg.output.save_optimizer_state
+        rows = gathered_rows(actors.shards, len(self.run.model.tables), with_state)
+        optimizer = None
+        if with_state:
+            optimizer = ray.get(actors.shards[0].dense_optimizer_state.remote(),
+                                timeout=FETCH_TIMEOUT_S)
+            if optimizer is None and actors.workers[0] is not None:
+                state = ray.get(actors.workers[0].dense_state.remote(), timeout=FETCH_TIMEOUT_S)
+                optimizer = None if state is None else state.get("optimizer")
+        state_dim = make_row_optimizer(cfg.train.embedding_optimizer,
+                                       cfg.train.embedding_lr).state_dim
+        dense = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return ModelState(self.run.model.tables, dense, rows, optimizer, state_dim)
 
     def _dense(self):
         """A copy of the dense parameters now: shard 0's, or worker 0's replica."""

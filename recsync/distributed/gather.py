@@ -17,8 +17,7 @@ def gathered_model_state(cfg, shards: list, model, worker_state: dict | None) ->
     ``output.save_optimizer_state`` the rows' and the dense optimizer's state (shard 0's where
     it holds the dense parameters, else worker 0's: ``worker_state``)."""
     with_state = cfg.output.save_optimizer_state
-    parts = ray.get([s.trained_rows.remote(with_state) for s in shards])
-    trained = [TrainedRows.merged([p[t] for p in parts]) for t in range(len(model.tables))]
+    trained = gathered_rows(shards, len(model.tables), with_state)
     optimizer = None
     if with_state:
         optimizer = ray.get(shards[0].dense_optimizer_state.remote())
@@ -27,3 +26,9 @@ def gathered_model_state(cfg, shards: list, model, worker_state: dict | None) ->
     row_optimizer = make_row_optimizer(cfg.train.embedding_optimizer, cfg.train.embedding_lr)
     return ModelState(model.tables, model.dense_model.state_dict(), trained, optimizer,
                       row_optimizer.state_dim)
+
+
+def gathered_rows(shards: list, num_tables: int, with_state: bool) -> list[TrainedRows]:
+    """Each table's trained rows, gathered from every shard, by global id."""
+    parts = ray.get([s.trained_rows.remote(with_state) for s in shards])
+    return [TrainedRows.merged([p[t] for p in parts]) for t in range(num_tables)]

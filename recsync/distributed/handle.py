@@ -26,6 +26,7 @@ class DistributedRun:
         self.cfg, self.ds, self.record, self.model = cfg, ds, record, model
         self.actors, self.tallies, self.shard_watch = actors, tallies, shard_watch
         self.rounds = rounds
+        self.best = None  # with a validation slice: model selection (best.py; train.py sets it)
 
     @property
     def facts(self):

@@ -13,6 +13,7 @@ from recsync.config import RunConfig
 from recsync.data.reader import Dataset, chunk_order
 from recsync.distributed.actions import carry_out
 from recsync.distributed.actors import RunActors
+from recsync.distributed.best import BestKept
 from recsync.distributed.checkpoints import CheckpointRounds
 from recsync.distributed.driver_model import DriverModel
 from recsync.distributed.ending import finish
@@ -55,12 +56,15 @@ def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
     (perf_counter; default now); ``warm``: the model directory the run starts from
     (run/warm_start.py), if any."""
     record = RunRecord() if started is None else RunRecord(start=started)
+    ds.hold_out(cfg.train.validation)  # "train" stops before the validation slice
     model = DriverModel(cfg, ds, warm)
     actors = RunActors(cfg, work_items(cfg, ds), model.tables, model.initial_dense(),
                        checkpoint_dir(cfg, checkpoint_root))
     tallies, shard_watch = RunTallies(cfg.cluster.workers), ShardWatch()
     rounds = CheckpointRounds(cfg, record, actors, tallies, shard_watch, model)
-    return DistributedRun(cfg, ds, record, model, actors, tallies, shard_watch, rounds)
+    run = DistributedRun(cfg, ds, record, model, actors, tallies, shard_watch, rounds)
+    run.best = BestKept(run)
+    return run
 
 
 def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path | None = None,
@@ -98,6 +102,7 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
             print(placement_line(record.placement), flush=True)
         statuses, ended = watch(run, log, finish)
         record.stop()
+        record.stopped = run.best.selection.section(run.best.reason())
         for rec in record.recoveries:  # the cluster may have marked a node dead since
             if rec.get("node_before"):
                 rec["node_before_alive"] = node_alive(rec["node_before"]["node_id"])

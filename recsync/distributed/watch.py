@@ -60,6 +60,10 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
             if done:  # training ended: waiting for the evaluation going on is not training
                 record.stop()
             finished = evals.collect(wait=done)  # before the line: its events go with it
+            if finished is not None and run.best is not None:
+                run.best.observe(finished, evals.kept)  # may stop the run early (best.py)
+            elif run.best is not None and not done:
+                run.best.drain()  # stopped early: a recovery may have restored the queue
             line = metrics_line(run, statuses, now - last)
             line["eval"], line["staleness"] = finished, staleness.since_last()
             bar.update(max(0, line["samples"] - record.samples))

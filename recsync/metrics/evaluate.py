@@ -1,6 +1,6 @@
 """AUC, log loss, NE and calibration (recsync/metrics/core.py) of a trained model on the eval
-split: the local run's model, or a distributed run's dense parameters with its rows served by
-the PS."""
+split or the validation slice: the local run's model, or a distributed run's dense parameters
+with its rows served by the PS."""
 
 from __future__ import annotations
 
@@ -14,20 +14,22 @@ from recsync.model.loss import logits
 
 @torch.no_grad()
 def evaluate(dense: torch.nn.Module, lookup, ds: Dataset, rows: int, batch_size: int,
-             keep_scores: bool = False) -> dict:
+             keep_scores: bool = False, split: str = "eval") -> dict:
     """AUC, log loss, NE and calibration (weighted where the data has weights) on the first
-    ``rows`` rows of the eval split (all of it if larger). ``lookup`` serves the rows
+    ``rows`` rows of ``split`` (all of it if larger): the eval split, or "validation", the
+    slice held out of the training split (data/holdout.py). ``lookup`` serves the rows
     (``pull(batch, read_only) -> PulledBatch``): LocalLookup or PSClient; its pulls are
     read-only, so an evaluation never admits, evicts or scores a dynamic table's rows.
     ``keep_scores``: the result also holds the arrays the metrics were computed from, in
-    eval-split order: "scores" (float32 probabilities), "labels" and, where the data has
+    split order: "scores" (float32 probabilities), "labels" and, where the data has
     weights, "weights" (for OUT/predictions.parquet)."""
     dense.eval()
     labels, probs, weights, seen = [], [], [], 0
-    for p, info in enumerate(ds.meta["splits"]["eval"]["parts"]):
+    for whole in ds.chunks(split, max(1, rows)):
         if seen >= rows:
             break
-        chunk = Chunk("eval", p, 0, min(info["rows"], rows - seen))
+        chunk = Chunk(whole.split, whole.part, whole.start,
+                      whole.start + min(whole.rows, rows - seen))
         for batch in ds.batches(chunk, batch_size):
             pulled = lookup.pull(batch, read_only=True)  # a dynamic table stays as it is
             probs.append(torch.sigmoid(logits(dense, batch, pulled.embeddings())).numpy())

@@ -41,11 +41,13 @@ def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) 
         train = [r for r in records if r.get("loss") is not None]
         evals = [r["eval"] for r in records if r.get("eval")]
         final = (summary or {}).get("eval", {})
+        scored = ("validation slice" if evals and evals[0].get("split") == "validation"
+                  else "eval sample")
         for col, x in enumerate(("samples", "time_s")):
             line, = axes[0, col].plot([r[x] for r in train], [r["loss"] for r in train],
                                       label=label, lw=1)
             axes[1, col].plot([e[x] for e in evals], [e["auc"] for e in evals], marker="o",
-                              ms=3, color=line.get_color(), label=f"{label} (eval sample)")
+                              ms=3, color=line.get_color(), label=f"{label} ({scored})")
             if final.get("auc") is not None:
                 at = summary["samples"] if x == "samples" else max(
                     (r["time_s"] for r in records), default=0.0)

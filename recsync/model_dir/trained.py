@@ -132,6 +132,46 @@ class IdBatch:
         return len(self.dense)
 
 
+def saved_rows(known: torch.Tensor, values: torch.Tensor, spec, t: int, ids: torch.Tensor,
+               seed: int, init_scale: float) -> torch.Tensor:
+    """Rows ``ids`` (int64) of table ``t`` (``spec``) whose trained rows are ``values`` by
+    ``known`` ids (ascending): trained ones as saved, others their initial values (zeros in a
+    dynamic table)."""
+    out = torch.empty(len(ids), spec.dim)
+    if len(known):
+        pos = torch.searchsorted(known, ids).clamp_max(len(known) - 1)
+        found = known[pos] == ids
+    else:
+        pos = found = torch.zeros(len(ids), dtype=torch.bool)
+    if bool(found.any()):
+        out[found] = values[pos[found]]
+    fresh = ~found
+    if not bool(fresh.any()):
+        return out
+    if spec.dynamic is not None:  # an id without a row reads zeros, as in training
+        out[fresh] = 0.0
+    else:
+        out[fresh] = initial_rows(seed, t, ids[fresh].contiguous(), spec.dim, init_scale)
+    return out
+
+
+class RowsLookup:
+    """A lookup (``pull``, for recsync.metrics.evaluate) over trained rows held in memory
+    (model_dir/write.py TrainedRows per table, e.g. gathered from a run's PS shards)."""
+
+    def __init__(self, plan, specs: list, trained: list, seed: int, init_scale: float):
+        self.plan, self.specs, self.seed, self.init_scale = plan, specs, seed, init_scale
+        self.tables = [(torch.from_numpy(np.ascontiguousarray(r.ids, dtype=np.int64)),
+                        torch.from_numpy(np.ascontiguousarray(r.rows, dtype=np.float32)))
+                       for r in trained]
+
+    def pull(self, batch, read_only: bool = True):
+        tables = self.plan.dedup(batch)
+        return self.plan.fuse(batch, tables, [
+            saved_rows(*self.tables[t], self.specs[t], t, ids, self.seed, self.init_scale)
+            for t, (ids, _) in enumerate(tables)])
+
+
 class TrainedModel(torch.nn.Module):
     """A trained model loaded from its directory. ``forward(dense, sparse, values_0, offsets_0,
     ...)`` and ``score_batch`` give click probabilities; ``score(rows)`` preprocesses raw rows
@@ -161,25 +201,8 @@ class TrainedModel(torch.nn.Module):
     def table_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (int64) of table ``t``: trained ones as saved, others their initial
         values (zeros in a dynamic table)."""
-        known, values = getattr(self, f"ids_{t}"), getattr(self, f"rows_{t}")
-        spec = self.specs[t]
-        out = torch.empty(len(ids), spec.dim)
-        if len(known):
-            pos = torch.searchsorted(known, ids).clamp_max(len(known) - 1)
-            found = known[pos] == ids
-        else:
-            pos = found = torch.zeros(len(ids), dtype=torch.bool)
-        if bool(found.any()):
-            out[found] = values[pos[found]]
-        fresh = ~found
-        if not bool(fresh.any()):
-            return out
-        if spec.dynamic is not None:  # an id without a row reads zeros, as in training
-            out[fresh] = 0.0
-        else:
-            out[fresh] = initial_rows(self.seed, t, ids[fresh].contiguous(), spec.dim,
-                                      self.init_scale)
-        return out
+        return saved_rows(getattr(self, f"ids_{t}"), getattr(self, f"rows_{t}"), self.specs[t],
+                          t, ids, self.seed, self.init_scale)
 
     def materialise(self, t: int) -> torch.Tensor:
         """Table ``t`` in full, [rows, dim] (every row, untouched ones at their initial

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from recsync.config import ModelConfig, RunConfig, TrainConfig
+from recsync.data.holdout import VALIDATION
 from recsync.data.reader import Batch, Dataset, chunk_order
 from recsync.embedding.lookup import LocalLookup
 from recsync.embedding.row_optim import make_row_optimizer
@@ -26,6 +27,8 @@ from recsync.model.compute import prepare, warm_up
 from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.model.setup import model_for
 from recsync.run.record import RunRecord
+from recsync.run.selection import (EARLY_STOPPING, EPOCHS, MAX_STEPS, BestLocal, Selection,
+                                   say)
 from recsync.run.signals import check_loss
 
 
@@ -91,6 +94,7 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
     run/warm_start.py). An exception (Ctrl-C, a failure) carries ``record`` and ``model`` (the
     work done so far, to evaluate)."""
     record = RunRecord(start=started)
+    ds.hold_out(cfg.train.validation)
     model = build_local_model(cfg.model, cfg.train, ds)
     if warm is not None:
         from recsync.run.warm_start import apply_local
@@ -98,10 +102,14 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
     warm_up(model.dense, model.lookup.plan, ds, cfg.train.batch_size)  # compiles, if set
     record.train_start = time.perf_counter()
     try:
+        selection, best = Selection(cfg.train.patience, bool(ds.held)), BestLocal()
         try:
-            _train(cfg, ds, model, log, record)
+            reason = _train(cfg, ds, model, log, record, selection, best)
         finally:
             record.stop()
+        record.stopped = selection.section(reason)
+        if best.restore(model):  # OUT/model and the final evaluation: the best model's
+            say(selection.kept_line())
         return {"eval": final_eval(cfg, ds, model), "record": record, "model": model,
                 "dynamic": model.lookup.store.dynamic_stats()}
     except BaseException as e:  # Ctrl-C, a diverging loss, bad data: the summary needs them
@@ -116,43 +124,68 @@ def final_eval(cfg: RunConfig, ds: Dataset, model: LocalModel) -> dict:
 
 
 def _train(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog,
-           record: RunRecord) -> None:
+           record: RunRecord, selection: Selection, best: BestLocal) -> str:
+    """Train until the end of the last epoch, ``train.max_steps`` or early stopping; returns
+    which (run/selection.py). With a validation slice, training that its last periodic
+    evaluation did not see is evaluated at the end, so the best model is chosen among them
+    all."""
     t = cfg.train
-    chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
+    timer = StepTimer()
     total = t.epochs * ds.rows("train")
     if t.max_steps:
         total = min(total, t.max_steps * t.batch_size)
-    eval_every = record.eval_every = eval_interval(t, total)
-    next_eval = eval_every
-    shuffle_seed = t.seed if cfg.data.shuffle else None
-    timer = StepTimer()
     bar = progress(total, "sample", f"train ({cfg.mode})", cfg.output.progress, smoothing=0.1)
     try:
-        for epoch in range(t.epochs):
-            for chunk in chunk_order(chunks, epoch=epoch, shuffle_seed=shuffle_seed):
-                for batch in ds.batches(chunk, t.batch_size, shuffle_seed=shuffle_seed,
-                                        epoch=epoch):
-                    loss = train_step(model, batch)
-                    record.steps += 1
-                    record.samples += len(batch)
-                    check_loss(loss, step=record.steps, mode=cfg.mode, who="the run")
-                    timer.add(len(batch), loss)
-                    bar.update(len(batch))
-                    eval_now = record.samples >= next_eval
-                    if eval_now or record.steps % cfg.output.log_every_steps == 0:
-                        line = _interval_record(cfg, record, timer)
-                        bar.set_postfix(loss=f"{line['loss']:.4f}")
-                        if eval_now:
-                            line["eval"] = _timed_eval(cfg, ds, model, record)
-                            next_eval += eval_every
-                        log.write(line)
-                        timer.reset()
-                    if t.max_steps and record.steps >= t.max_steps:
-                        return
+        reason = _steps(cfg, ds, model, log, record, selection, best, timer, bar, total)
+        if (selection.enabled and reason != EARLY_STOPPING
+                and record.samples > (record.evals[-1]["samples"] if record.evals else 0)):
+            line = _interval_record(cfg, record, timer)
+            if not timer.steps:  # the last steps' record is written: this one is the eval's
+                line.update(loss=None, samples_per_s=None, worker_step_s=[None])
+            line["eval"] = _select(cfg, ds, model, record, selection, best)
+            log.write(line)
+            timer.reset()
+        return reason
     finally:
         if timer.steps:  # the steps since the last record (also on Ctrl-C)
             log.write(_interval_record(cfg, record, timer))
         bar.close()
+
+
+def _steps(cfg: RunConfig, ds: Dataset, model: LocalModel, log: MetricsLog, record: RunRecord,
+           selection: Selection, best: BestLocal, timer: StepTimer, bar, total: int) -> str:
+    """The training loop: each step, its metrics record, the periodic evaluations."""
+    t = cfg.train
+    chunks = ds.chunks("train", cfg.data.chunk_rows or CHUNK_BATCHES * t.batch_size)
+    eval_every = record.eval_every = eval_interval(t, total)
+    next_eval = eval_every
+    shuffle_seed = t.seed if cfg.data.shuffle else None
+    for epoch in range(t.epochs):
+        for chunk in chunk_order(chunks, epoch=epoch, shuffle_seed=shuffle_seed):
+            for batch in ds.batches(chunk, t.batch_size, shuffle_seed=shuffle_seed,
+                                    epoch=epoch):
+                loss = train_step(model, batch)
+                best.trained()
+                record.steps += 1
+                record.samples += len(batch)
+                check_loss(loss, step=record.steps, mode=cfg.mode, who="the run")
+                timer.add(len(batch), loss)
+                bar.update(len(batch))
+                eval_now = record.samples >= next_eval
+                if eval_now or record.steps % cfg.output.log_every_steps == 0:
+                    line = _interval_record(cfg, record, timer)
+                    bar.set_postfix(loss=f"{line['loss']:.4f}")
+                    if eval_now:
+                        line["eval"] = _select(cfg, ds, model, record, selection, best)
+                        next_eval += eval_every
+                    log.write(line)
+                    timer.reset()
+                    if eval_now and selection.should_stop:
+                        say(selection.stop_line())
+                        return EARLY_STOPPING
+                if t.max_steps and record.steps >= t.max_steps:
+                    return MAX_STEPS
+    return EPOCHS
 
 
 def eval_interval(t: TrainConfig, total_samples: int) -> int:
@@ -170,13 +203,29 @@ def _interval_record(cfg: RunConfig, record: RunRecord, timer: StepTimer) -> dic
             "staleness": None, "events": [], "eval": None}
 
 
+def _select(cfg: RunConfig, ds: Dataset, model: LocalModel, record: RunRecord,
+            selection: Selection, best: BestLocal) -> dict:
+    """A periodic evaluation; with a validation slice, the model kept if it is the best."""
+    result = _timed_eval(cfg, ds, model, record)
+    if selection.observe(result, len(record.evals) - 1):
+        best.save(model)
+    return result
+
+
 def _timed_eval(cfg: RunConfig, ds: Dataset, model: LocalModel, record: RunRecord) -> dict:
     start = time.perf_counter()
+    split = periodic_split(ds)
     result = evaluate(model.dense, model.lookup, ds, cfg.train.eval_sample_rows,
-                      cfg.train.eval_batch_size)
+                      cfg.train.eval_batch_size, split=split)
     took = time.perf_counter() - start
     record.eval_s += took  # training waited for all of it
     record.eval_total_s += took
-    result.update(samples=record.samples, time_s=record.time_s(), eval_s=took)
+    result.update(samples=record.samples, time_s=record.time_s(), eval_s=took, split=split)
     record.evals.append(result)
     return result
+
+
+def periodic_split(ds: Dataset) -> str:
+    """What the evaluations during training score: the validation slice where the run holds
+    one out (train.validation), else the eval split."""
+    return VALIDATION if ds.held else "eval"

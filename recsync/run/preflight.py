@@ -42,6 +42,7 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
         require_tensorboard()
     check_gpu_mode(cfg)
     ds = open_data(cfg)
+    ds.hold_out(cfg.train.validation)  # the validation slice (too large: refused here)
     for split in ("train", "eval"):
         ds.parts(split)  # every part file's header against meta.json, here and not in an actor
     tables = model_for(cfg.model, ds).tables  # the model's own errors (a bad name) here too

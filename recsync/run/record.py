@@ -32,6 +32,8 @@ class RunRecord:
     interval_decision: dict | None = None  # recovery.mtbf_s: how the interval was chosen
     train_s_before: float = 0.0  # resumed: training time of the run(s) before
     placement: dict | None = None  # each actor's node when training started (cluster/placement.py)
+    stopped: dict | None = None  # why training ended, its best validation evaluation
+    # (run/selection.py Selection.section): summary.json's ``stopped``
 
     def elapsed(self) -> float:
         """Seconds since the run began (start-up included)."""

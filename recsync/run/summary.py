@@ -38,8 +38,14 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
         "eval": {**final, "bayes_auc": synthetic.get("bayes_auc"),
                  "bayes_logloss": synthetic.get("bayes_logloss")},
         "evals": record.evals,
+        # why training ended and the best validation evaluation (run/selection.py)
+        "stopped": record.stopped or {"reason": None if status == "completed" else status,
+                                      "patience": None, "validation_evals": None,
+                                      "best_eval": None},
         "predictions": result.get("predictions"),  # {"path", "rows"}: output.save_predictions
         "periodic_eval": {"every_samples": record.eval_every or None,
+                          "split": "validation" if cfg.train.validation else "eval",
+                          "validation_rows": ds.rows("validation") or None,
                           "rows": cfg.train.eval_sample_rows, "count": len(record.evals),
                           "skipped": record.evals_skipped, "eval_s": record.eval_total_s,
                           "paused_s": record.eval_s},

@@ -41,6 +41,7 @@ class ChunkQueue:
         self.by_worker: dict[int, dict] = {}
         self.skip: dict[Item, int] = {}  # item -> batches already trained (after a restore)
         self.num_items = len(set(items))  # the run's (epoch, chunk) items, each done once
+        self.dropped = 0  # pending items ``drain`` took away (early stopping)
         self.released = self.released_rows = 0  # leases given back (``release``): what their
         # worker had trained of them is trained again, at most these rows
 
@@ -76,6 +77,15 @@ class ChunkQueue:
         self.released_rows += sum(c.rows for _, c in items)
         return items
 
+    def drain(self) -> int:
+        """The run stops early (train.patience): no item is handed out any more (the leased
+        ones are finished). Returns how many pending items went."""
+        n = len(self.pending)
+        self.pending.clear()
+        self.skip.clear()
+        self.dropped += n
+        return n
+
     def take_with_skip(self, worker: int, slot: int = 0) -> tuple[Item, int] | None:
         """``take``, and how many of the item's batches were trained before a restore."""
         item = self.take(worker, slot)
@@ -103,7 +113,8 @@ class ChunkQueue:
 
     def summary(self) -> dict:
         """Counts of the data position. ``completed_more_than_once``: items completed twice or
-        more; ``completed_never``: items not completed (yet): both 0 at the end of a run.
+        more; ``completed_never``: items not completed (yet): both 0 at the end of a run (but
+        for the ``dropped`` ones of a run that stopped early: ``drain``).
         ``released`` (``released_rows``): leases given back by workers that died or were
         stopped with them (a group rebuilt), over the run (a restore does not undo them)."""
         counts = Counter(self.completed.values())
@@ -113,6 +124,7 @@ class ChunkQueue:
                 "completed_never": self.num_items - sum(1 for n in self.completed.values()
                                                         if n > 0),
                 "released": self.released, "released_rows": self.released_rows,
+                "dropped": self.dropped,
                 "by_worker": {str(w): s for w, s in sorted(self.by_worker.items())}}
 
 
@@ -138,6 +150,9 @@ class WorkQueue:
 
     def release(self, worker: int) -> list[Item]:
         return self.q.release(worker)
+
+    def drain(self) -> int:
+        return self.q.drain()
 
     def summary(self) -> dict:
         return self.q.summary()

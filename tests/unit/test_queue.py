@@ -43,7 +43,20 @@ def test_empty_queue_gives_none():
     assert q.take(0) is None
     assert q.summary() == {"pending": 0, "leased": 0, "completed": 0, "chunks": 0,
                            "completed_more_than_once": 0, "completed_never": 0,
-                           "released": 0, "released_rows": 0, "by_worker": {}}
+                           "released": 0, "released_rows": 0, "dropped": 0, "by_worker": {}}
+
+
+def test_drain_hands_out_nothing_more_and_lets_leases_finish():
+    """Early stopping (train.patience): the pending items go, a leased one is still done."""
+    its = items(epochs=2, chunks=3)
+    q = ChunkQueue(its)
+    held = q.take(0)
+    assert q.drain() == len(its) - 1
+    assert q.take(1) is None
+    q.done(0, held)
+    s = q.summary()
+    assert (s["dropped"], s["completed"], s["completed_never"]) == (len(its) - 1, 1,
+                                                                   len(its) - 1)
 
 
 def test_workers_get_different_items():

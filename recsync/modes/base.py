@@ -244,6 +244,12 @@ class Mode(metaclass=Contract, abstract=True):
         return cfg.train.batch_size
 
     @classmethod
+    def caveat(cls, cfg) -> str | None:
+        """A measured shortfall of the mode at ``cfg``'s settings, which the run says at
+        start-up (and the mode's summary section holds): None where none is known."""
+        return None
+
+    @classmethod
     def console_line(cls, section: dict) -> str | None:
         """What the end of ``recsync train`` prints of the mode's summary section."""
         return None

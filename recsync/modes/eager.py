@@ -112,6 +112,17 @@ class Eager(Mode):
         return ApplyNow()  # with each push's lr_scale
 
     @classmethod
+    def caveat(cls, cfg) -> str | None:
+        if not cfg.eager.overlap:
+            return None
+        return ("with eager.overlap = true each update misses about 3 others (the next "
+                "batch's pull leaves before this batch's push): measured 0.055 eval AUC below "
+                "async at defaults, and eager.overlap = false level with it (0.7438, 0.7992, "
+                "0.8019; 800,000 synthetic rows, 2 workers x 2 shards, one seed: "
+                "docs/benchmarks/2026-11-26-eager-gap.md). Choose overlap where hiding the "
+                "pull's time matters more than that")
+
+    @classmethod
     def console_line(cls, eager: dict) -> str | None:
         if not eager["iteration_s"]:
             return None
@@ -132,6 +143,7 @@ class Eager(Mode):
         steps = waits.get("interval_steps", 0)
         return {
             "overlap": cfg.eager.overlap, "lr_modulation": cfg.eager.lr_modulation,
+            "caveat": cls.caveat(cfg),
             "tau": distribution(taus),
             "multiplier": {"mean": sum(w["multiplier_sum"] for w in workers) / updates
                            if updates else None,

@@ -41,6 +41,7 @@ def preflight(cfg: RunConfig, out: Path) -> Dataset:
         from recsync.metrics.tb_sink import require_tensorboard
         require_tensorboard()
     check_gpu_mode(cfg)
+    warn_caveat(cfg)
     ds = open_data(cfg)
     ds.hold_out(cfg.train.validation)  # the validation slice (too large: refused here)
     for split in ("train", "eval"):
@@ -73,6 +74,15 @@ def dynamic_metadata_bytes(cfg: RunConfig, tables) -> int:
     from recsync.embedding.dynamic_table import metadata_bytes
     stores = cfg.cluster.ps_shards if cfg.distributed else 1
     return stores * sum(metadata_bytes(t) for t in tables if t.dynamic is not None)
+
+
+def warn_caveat(cfg: RunConfig) -> None:
+    """Say the mode's measured shortfall at these settings, if it has one (Mode.caveat)."""
+    from recsync.modes import MODES
+    mode = MODES.get(cfg.mode)
+    caveat = mode.caveat(cfg) if mode is not None else None
+    if caveat:
+        print(f"warning: mode {cfg.mode}: {caveat}", file=sys.stderr, flush=True)
 
 
 def check_gpu_mode(cfg: RunConfig) -> None:

@@ -128,3 +128,15 @@ def test_a_diverging_local_run_stops_at_that_step_with_its_summary(data, tmp_pat
     step = int(str(failed.value).split(" at step ")[1].split()[0])
     assert summary["steps"] == step  # stopped at that step, not later
 
+
+
+def test_eager_with_overlap_says_its_measured_gap_at_start_and_without_overlap_nothing(capsys):
+    eager = load_config(None, ['mode="eager"', "cluster.workers=2"])
+    preflight.warn_caveat(eager)
+    said = capsys.readouterr().err
+    assert "warning: mode eager:" in said and "0.055 eval AUC below async" in said
+    assert "docs/benchmarks/2026-11-26-eager-gap.md" in said
+    preflight.warn_caveat(load_config(None, ['mode="eager"', "cluster.workers=2",
+                                             "eager.overlap=false"]))
+    preflight.warn_caveat(load_config(None, ['mode="async"', "cluster.workers=2"]))
+    assert capsys.readouterr().err == ""

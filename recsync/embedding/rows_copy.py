@@ -33,18 +33,23 @@ SLICE_ROWS = 8192  # rows looked at per hold of the lock: about a millisecond at
 
 
 class RowsCopy:
-    def __init__(self, store, rows: list[torch.Tensor] | None = None, choose=None):
+    def __init__(self, store, rows: list[torch.Tensor] | None = None, choose=None, *,
+                 checkpoint: bool = True):
         """The rows to save: every touched row of ``store``, or only these local indices per
         table (those of them that were touched), or those that ``choose()`` returns (local
         indices per table) when ``run`` calls it. Cheap: a mask per table; the thread finds
-        the rows in it slice by slice."""
+        the rows in it slice by slice. ``checkpoint``: a checkpoint round's copy, which expires
+        dynamic tables' idle rows first and takes the ids removed since the previous one (its
+        tombstones); False: a reading (an evaluation's or a model's), which changes nothing."""
         if rows is not None and choose is not None:
             raise ValueError("rows or choose, not both")
         self.store, self.choose = store, choose
-        store.expire_idle()  # a dynamic table's rows idle for longer than its ttl
+        if checkpoint:
+            store.expire_idle()  # a dynamic table's rows idle for longer than its ttl
         self.maps = {t: (table.ids_state(), table.clock) for t, table in store.dynamic.items()}
-        # the ids removed since the previous copy began: a partial copy's tombstones
-        self.removed = {t: table.take_removed() for t, table in store.dynamic.items()}
+        # the ids removed since the previous checkpoint's copy began: a partial copy's tombstones
+        self.removed = {t: table.take_removed() if checkpoint else np.empty(0, np.int64)
+                        for t, table in store.dynamic.items()}
         self.partial = rows is not None or choose is not None
         self.chosen: list[torch.Tensor] | None = None  # what choose() returned
         self.keep: list[torch.Tensor | None] = [None for _ in store.initialized]

@@ -103,11 +103,13 @@ class EmbeddingStore:
         self.optimizer.apply_to_table(self.weights[table], self.state[table], local, grads,
                                       lr_scale)
 
-    def snapshot(self, rows: list[torch.Tensor] | None = None) -> dict[str, np.ndarray]:
+    def snapshot(self, rows: list[torch.Tensor] | None = None, *,
+                 checkpoint: bool = True) -> dict[str, np.ndarray]:
         """Copies of every touched row, its optimizer state and its local index, per table
         (untouched rows are their deterministic initial values: nothing to save). ``rows``:
-        only these local indices per table (those of them that were touched)."""
-        return RowsCopy(self, rows).run()
+        only these local indices per table (those of them that were touched). ``checkpoint``
+        False: a reading that changes nothing (RowsCopy: no expiry, no tombstones taken)."""
+        return RowsCopy(self, rows, checkpoint=checkpoint).run()
 
     def begin_copy(self, rows: list[torch.Tensor] | None = None, choose=None) -> RowsCopy:
         """``snapshot`` as of now, taken by ``RowsCopy.run`` on another thread while pushes go

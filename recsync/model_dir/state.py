@@ -28,7 +28,7 @@ def store_rows(store, with_state: bool) -> list[TrainedRows]:
     """Each table's touched rows of an EmbeddingStore (a shard's or the local one's), keyed by
     global id (local index * num_shards + shard; a dynamic table's snapshot names its ids,
     in slot order: sorted here), ascending."""
-    snap = store.snapshot()
+    snap = store.snapshot(checkpoint=False)  # a reading: no expiry, tombstones kept
     out = []
     for t in range(len(store.tables)):
         rows, state = snap[f"t{t}.weights"], snap[f"t{t}.state"] if with_state else None

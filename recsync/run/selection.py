@@ -85,7 +85,7 @@ class BestLocal:
     def save(self, model) -> None:
         self.saved = ({k: v.detach().clone() for k, v in model.dense.state_dict().items()},
                       copy.deepcopy(model.dense_optimizer.state_dict()),
-                      model.lookup.store.snapshot())
+                      model.lookup.store.snapshot(checkpoint=False))
         self.current = True
 
     def trained(self) -> None:

@@ -79,6 +79,27 @@ def test_a_partial_checkpoint_saves_rows_by_id_and_tombstones_the_evicted_ones()
     assert rows[0].tolist() == [[0.0] * DIM]  # no row: zeros, as an id never seen
 
 
+def test_reading_the_rows_between_checkpoints_keeps_the_tombstones_and_expires_nothing():
+    """An evaluation's or a model's reading (trained_rows) is not a checkpoint round: the next
+    partial still tombstones what was evicted before it, and no idle row goes."""
+    c = core(mfu(), capacity=4, ttl=1000)
+    for _ in range(3):
+        step(c, [11, 12, 13, 14])
+    step(c, [11, 12, 13])
+    base = c.snapshot()
+    step(c, [15])  # evicts 14
+    c.store.dynamic[0].spec = TableSpec("d", 2, DIM, dynamic=DynamicSpec(4, 1, "lfu", 1))
+    c.trained_rows()  # with ttl 1 now, a checkpoint's expiry would remove the idle rows
+    assert slot_of(c, 11) >= 0 and slot_of(c, 15) >= 0
+    c.store.dynamic[0].spec = TableSpec("d", 2, DIM, dynamic=DynamicSpec(4, 1, "lfu", 1000))
+    arrays, meta = c.snapshot(partial=True)
+    assert arrays["t0.gone"].tolist() == [14]
+    restored = core(mfu(), capacity=4)
+    restored.restore_chain([base, (arrays, meta)])
+    assert slot_of(restored, 14) == -1
+    assert_same_rows(held(restored), held(c))
+
+
 @pytest.mark.parametrize("kind", ["mfu", "ssu"])
 def test_an_evicted_ids_usage_does_not_pass_to_the_id_that_gets_its_slot(kind):
     priority = mfu(capacity=4) if kind == "mfu" else SampledRows(2, max_rows=100)

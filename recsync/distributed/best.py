@@ -36,13 +36,14 @@ class BestKept:
     def enabled(self) -> bool:
         return self.selection.enabled
 
-    def observe(self, result: dict, kept: ModelState | None) -> None:
+    def observe(self, result: dict, kept: ModelState | None, training: bool = True) -> None:
         """A periodic evaluation ended (its record is the last of record.evals); ``kept``: the
-        model it scored."""
+        model it scored. ``training`` False: training had ended before it did, so there is
+        nothing left to stop (the run ended by its epochs or steps)."""
         record = self.run.record
         if self.selection.observe(result, len(record.evals) - 1):
             self.state = kept
-        if self.selection.should_stop and not self.stopping:
+        if training and self.selection.should_stop and not self.stopping:
             self.stopping = True
             line = self.selection.stop_line()
             say(line)
@@ -77,7 +78,7 @@ class BestKept:
                           eval_s=time.perf_counter() - start, split=VALIDATION)
             record.evals.append(result)
             record.eval_total_s += result["eval_s"]
-            self.observe(result, None)
+            self.observe(result, None, training=False)
         if self.selection.best is None or self.selection.best["index"] == len(record.evals) - 1:
             return None
         return self.state

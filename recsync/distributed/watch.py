@@ -61,7 +61,8 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
                 record.stop()
             finished = evals.collect(wait=done)  # before the line: its events go with it
             if finished is not None and run.best is not None:
-                run.best.observe(finished, evals.kept)  # may stop the run early (best.py)
+                # may stop the run early (best.py), not one whose training has ended
+                run.best.observe(finished, evals.kept, training=not done)
             elif run.best is not None and not done:
                 run.best.drain()  # stopped early: a recovery may have restored the queue
             line = metrics_line(run, statuses, now - last)

@@ -151,3 +151,30 @@ def _scored(out, data) -> tuple[dict, dict]:
     ds.hold_out(0.1)
     return (evaluate(model.dense, model, ds, 10**9, 1024, split="validation"),
             evaluate(model.dense, model, ds, 10**9, 1024))
+
+
+def test_a_distributed_evaluation_after_training_ended_stops_nothing(monkeypatch):
+    """The end's evaluation (or one that finished after the workers) may be past the patience:
+    training ended by its epochs, and the summary must say so, not early stopping."""
+    from types import SimpleNamespace
+
+    from recsync.distributed.best import BestKept
+    from recsync.run.selection import EARLY_STOPPING, EPOCHS
+
+    drained = []
+    queue = SimpleNamespace(drain=SimpleNamespace(remote=lambda: drained.append(1)))
+    record = SimpleNamespace(evals=[], steps=10, event=lambda *a: None)
+    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(patience=1, max_steps=0)),
+                          ds=SimpleNamespace(held=5), record=record,
+                          tallies=SimpleNamespace(start_unix=0.0),
+                          actors=SimpleNamespace(queue=queue))
+    best = BestKept(run)
+    for loss in (0.5, 0.6):
+        record.evals.append({"logloss": loss, "samples": 100 * len(record.evals)})
+    best.observe(record.evals[0], "first")
+    best.observe(record.evals[1], None, training=False)
+    assert not best.stopping and best.reason() == EPOCHS and best.state == "first"
+    record.evals.append({"logloss": 0.7, "samples": 300})
+    monkeypatch.setattr("recsync.distributed.best.ray.get", lambda x: x)  # the fake's drain
+    best.observe(record.evals[2], None)  # while training: past the patience, it stops
+    assert best.stopping and best.reason() == EARLY_STOPPING and drained == [1]

@@ -41,7 +41,7 @@ class ChunkQueue:
         self.by_worker: dict[int, dict] = {}
         self.skip: dict[Item, int] = {}  # item -> batches already trained (after a restore)
         self.num_items = len(set(items))  # the run's (epoch, chunk) items, each done once
-        self.dropped = 0  # pending items ``drain`` took away (early stopping)
+        self.dropped: set = set()  # items ``drain`` took away (early stopping), each once
         self.released = self.released_rows = 0  # leases given back (``release``): what their
         # worker had trained of them is trained again, at most these rows
 
@@ -79,11 +79,12 @@ class ChunkQueue:
 
     def drain(self) -> int:
         """The run stops early (train.patience): no item is handed out any more (the leased
-        ones are finished). Returns how many pending items went."""
+        ones are finished; after a recovery restored the queue, its leases are pending again
+        and go too). Returns how many pending items went."""
         n = len(self.pending)
-        self.pending.clear()
+        self.dropped.update(self.pending)  # a set: an item drained again after a restore
+        self.pending.clear()  # counts once
         self.skip.clear()
-        self.dropped += n
         return n
 
     def take_with_skip(self, worker: int, slot: int = 0) -> tuple[Item, int] | None:
@@ -124,7 +125,7 @@ class ChunkQueue:
                 "completed_never": self.num_items - sum(1 for n in self.completed.values()
                                                         if n > 0),
                 "released": self.released, "released_rows": self.released_rows,
-                "dropped": self.dropped,
+                "dropped": sum(1 for i in self.dropped if not self.completed.get(i)),
                 "by_worker": {str(w): s for w, s in sorted(self.by_worker.items())}}
 
 

@@ -59,6 +59,24 @@ def test_drain_hands_out_nothing_more_and_lets_leases_finish():
                                                                    len(its) - 1)
 
 
+def test_drain_again_after_a_restore_counts_each_dropped_item_once():
+    """A recovery after early stopping restores the queue and the watch loop drains it again:
+    summary's dropped counts items, not drains."""
+    its = items(epochs=2, chunks=3)
+    q = ChunkQueue(its)
+    first = q.take(0)
+    q.done(0, first)
+    held = q.take(0)
+    before = q.state()  # the checkpoint: `held` leased, the rest pending
+    q.drain()
+    q.restore(before)  # a full recovery rolls back to it
+    q.take(1)  # a worker took the restored lease before the next drain
+    q.drain()
+    q.done(1, held)
+    s = q.summary()
+    assert s["dropped"] == len(its) - 2 and s["completed_never"] == len(its) - 2
+
+
 def test_workers_get_different_items():
     its = items(epochs=1, chunks=3)
     q = ChunkQueue(its)

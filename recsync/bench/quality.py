@@ -1,170 +1,193 @@
 """Scenario `quality`: every built-in model against the baselines a CTR team tries first, on
-real data: a regularised logistic regression (scikit-learn) and the constant predictor.
+every real sample of the shared sample data.
 
-Data: the Avazu sample ``avazu_head9k`` of the shared sample data (8,999 rows of the first hour
-of Avazu's train.csv), converted with the shipped ``avazu`` preset: time-ordered, the last 20% of
-rows held out. Where the samples are: ``$RECSYNC_SHARED_DATA``, else ``../shared/data`` beside the
-repository.
+Samples (bench/quality_samples.py): each folder of ``$RECSYNC_SHARED_DATA``, else
+``../shared/data`` beside the repository, converted with its shipped preset (avazu, criteo,
+criteo_csv, movielens, taobao) and that preset's split. A sample that is absent, or has no
+label column (the Kaggle Criteo test file), is skipped with a line saying why.
 
-recsync arms: each built-in model (``MODELS``) with its default settings (model, optimizers,
-learning rates, regularisation), mode local, one epoch (CTR models are trained for one; a second
-one memorises a sample this small), batch ``BATCH`` (the default of 4,096 would give 2 steps on
-7,200 rows), seeds 0, 1 and 2; eval AUC and log loss on the whole held-out split, mean and spread
-(population standard deviation) over seeds.
+Arms, per sample, in one run:
+- baselines (bench/quality_baselines.py): scikit-learn's logistic regression (C tuned) and
+  LightGBM (rounds by early stopping; the optional extra ``bench``, skipped with a line where it
+  is not installed), both choosing on the last ``VALIDATION`` of the training rows in time order
+  and refitted on all of them; the constant predictor (the training click rate).
+- ``defaults/<model>``: each built-in model (``MODELS``) with its default settings, mode local,
+  one epoch, batch ``BATCH`` (the default of 4,096 would give a handful of steps on these
+  samples), seeds ``SEEDS``.
+- ``es/<model>``: the same with ``train.validation = VALIDATION`` (the same slice the baselines
+  choose on, never trained on), ``train.epochs = ES_EPOCHS`` as a maximum, ``train.patience =
+  ES_PATIENCE`` evaluations, ``EVALS_PER_EPOCH`` evaluations an epoch; the best evaluation's
+  model is kept and scored on the eval split. The model a user would keep is the one with the
+  lowest mean validation log loss (the eval split plays no part in the choice).
+- ``tuned``: recsync tune's chosen config (issue 35 item 2), through the ``tuned`` argument of
+  ``run``; absent, with the reason, where there is none.
 
-Baseline: scikit-learn's LogisticRegression (L2, lbfgs) on the same converted rows: one-hot of
-every categorical id (ids unseen in training ignored) and the dense columns standardised; C
-picked from ``C_GRID`` by log loss on a validation slice (the last 20% of the training rows, in
-time order), then refitted on all training rows. It is deterministic: the seeds do not change it
-(its spread is 0). The constant predictor scores every row with the training click rate.
-
-Ratios: ``dlrm_minus_baseline_auc`` and ``dcn_minus_baseline_auc`` (means over seeds; target:
->= 0), ``worst_logloss_minus_constant`` (the highest model mean log loss minus the constant
-predictor's; target: < 0), and each model's ``<model>_minus_baseline_auc``.
+Every arm's CPU seconds (user + system, the whole arm) are recorded beside its AUC and log loss.
+Ratios and tables: bench/quality_report.py. --scale does not apply (the samples are fixed).
 """
 
 from __future__ import annotations
 
-import os
-import statistics
+import math
+import sys
 import time
 from pathlib import Path
+from typing import Callable
 
-import numpy as np
+from recsync.bench.quality_baselines import (VALIDATION, columns, constant_baseline, cpu_s,
+                                             lightgbm_baseline, lightgbm_missing,
+                                             logistic_baseline)
+from recsync.bench.quality_report import (DEFAULTS, ES, TUNED, chosen_es_model, overview,
+                                          ratios, recsync_arm, sample_section)
+from recsync.bench.quality_samples import Sample, available, convert_sample, shared_data_dir
 
-from recsync.bench.report import _table
+__all__ = ["run", "shared_data_dir", "tuned_absent_reason"]
 
 SEEDS = (0, 1, 2)
 BATCH = 256
-C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
-SAMPLE = Path("avazu_head9k") / "avazu_train_head9k.csv"
+ES_EPOCHS = 10  # train.epochs of the early stopping arm: a maximum
+ES_PATIENCE = 4  # evaluations without a lower validation log loss: one epoch
+EVALS_PER_EPOCH = 4
+
+# tuned(sample, data set path, output folder) -> the tuned arm: recsync_arm() of the chosen
+# config's seeds, with "trials" (N) added and "cpu_s" covering the search and the seeds.
+Tuned = Callable[[Sample, Path, Path], dict]
 
 
-def shared_data_dir() -> Path:
-    """Where the shared sample data lives: $RECSYNC_SHARED_DATA, else ../shared/data beside the
-    repository."""
-    env = os.environ.get("RECSYNC_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
-def _columns(ds, split: str):
-    """(one-hot-able ids [n, features], dense [n, d], labels [n]) of a whole split."""
-    ids, dense, labels = [], [], []
-    for chunk in ds.chunks(split, 1 << 20):
-        b = ds.read(chunk)
-        ids.append(b.sparse.numpy())
-        dense.append(b.dense.numpy())
-        labels.append(b.label.numpy())
-    return np.concatenate(ids), np.concatenate(dense), np.concatenate(labels)
-
-
-def logistic_baseline(ds) -> dict:
-    """Regularised logistic regression with C picked on a validation slice of train."""
-    from scipy import sparse as sp
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import log_loss, roc_auc_score
-    from sklearn.preprocessing import OneHotEncoder, StandardScaler
-
-    tr_ids, tr_dense, tr_y = _columns(ds, "train")
-    ev_ids, ev_dense, ev_y = _columns(ds, "eval")
-
-    def fit(ids, dense, y, c):
-        enc = OneHotEncoder(handle_unknown="ignore").fit(ids)
-        scaler = StandardScaler().fit(dense) if dense.shape[1] else None
-
-        def features(i, d):
-            parts = [enc.transform(i)]
-            if scaler is not None:
-                parts.append(sp.csr_matrix(scaler.transform(d)))
-            return sp.hstack(parts).tocsr()
-        model = LogisticRegression(C=c, max_iter=2000).fit(features(ids, dense), y)
-        return lambda i, d: model.predict_proba(features(i, d))[:, 1]
-
-    cut = int(len(tr_y) * 0.8)
-    scores = {}
-    for c in C_GRID:
-        predict = fit(tr_ids[:cut], tr_dense[:cut], tr_y[:cut], c)
-        scores[c] = log_loss(tr_y[cut:], predict(tr_ids[cut:], tr_dense[cut:]), labels=[0, 1])
-    best = min(scores, key=scores.get)
-    p = fit(tr_ids, tr_dense, tr_y, best)(ev_ids, ev_dense)
-    constant = np.full(len(ev_y), tr_y.mean())
-    return {"auc": float(roc_auc_score(ev_y, p)), "logloss": float(log_loss(ev_y, p)),
-            "C": best, "validation_logloss_by_C": {str(c): v for c, v in scores.items()},
-            "constant_logloss": float(log_loss(ev_y, constant, labels=[0, 1])),
-            "train_rows": len(tr_y), "eval_rows": len(ev_y), "eval_ctr": float(ev_y.mean())}
-
-
-def _spread(xs: list[float]) -> float:
-    return statistics.pstdev(xs) if len(xs) > 1 else 0.0
-
-
-def run(out: Path, scale: float) -> dict:
+def tuned_absent_reason() -> str:
+    """Why there is no tuned arm when ``run`` is given none."""
     import recsync
-    from recsync.model.registry import MODELS
+    if not hasattr(recsync, "tune"):
+        return ("recsync tune is not in this build (issue 35 item 2): no tuned arm, and "
+                "tuned_minus_lgbm_auc_min is not written")
+    return ("scenario quality was run without a tuned arm (quality.run's tuned argument): "
+            "tuned_minus_lgbm_auc_min is not written")
 
-    started = time.perf_counter()
-    source = shared_data_dir() / SAMPLE
-    if not source.is_file():
-        raise FileNotFoundError(f"{source}: the Avazu sample is not there (set "
-                                f"RECSYNC_SHARED_DATA to the shared sample data directory)")
-    data = out / "data"
-    recsync.convert([source], data, preset="avazu", overwrite=True, progress=False)
-    from recsync.data.reader import Dataset
-    baseline = logistic_baseline(Dataset(data))
+
+def _say(line: str) -> None:
+    print(f"quality: {line}", file=sys.stderr, flush=True)
+
+
+def _configs(data: Path, fit_rows: int):
+    """(the defaults arm's config, the early stopping arm's) for the data set at ``data``."""
+    import recsync
     base = recsync.override(recsync.load_config(), **{
         "data.path": str(data), "train.batch_size": BATCH, "train.epochs": 1,
-        "output.progress": False, "output.plot": False})
-    arms, per_seed = {}, []
-    for name in MODELS:
-        results = []
-        for seed in SEEDS:
-            cfg = recsync.override(base, **{"model.name": name, "train.seed": seed})
-            r = recsync.train(cfg, out / "arms" / name / f"seed{seed}", overwrite=True)
-            results.append(r.summary)
-            per_seed.append([name, seed, r.eval["auc"], r.eval["logloss"],
-                             r.summary["samples_per_s"]])
-        aucs = [s["eval"]["auc"] for s in results]
-        losses = [s["eval"]["logloss"] for s in results]
-        arms[name] = {"samples_per_s": statistics.median(s["samples_per_s"] for s in results),
-                      "eval": {"auc": statistics.mean(aucs), "logloss": statistics.mean(losses),
-                               "rows": results[0]["eval"]["rows"]},
-                      "auc_seeds": aucs, "logloss_seeds": losses,
-                      "auc_spread": _spread(aucs), "logloss_spread": _spread(losses)}
-    ratios = {f"{n}_minus_baseline_auc": a["eval"]["auc"] - baseline["auc"]
-              for n, a in arms.items()}
-    ratios["worst_logloss_minus_constant"] = (max(a["eval"]["logloss"] for a in arms.values())
-                                              - baseline["constant_logloss"])
-    table = _table(
-        ["model", "eval AUC (mean ± spread)", "AUC - baseline", "eval log loss (mean ± spread)",
-         "log loss - constant"],
-        [[n, f"{a['eval']['auc']:.4f} ± {a['auc_spread']:.4f}",
-          f"{a['eval']['auc'] - baseline['auc']:+.4f}",
-          f"{a['eval']['logloss']:.4f} ± {a['logloss_spread']:.4f}",
-          f"{a['eval']['logloss'] - baseline['constant_logloss']:+.4f}"]
-         for n, a in arms.items()]
-        + [["logistic regression (scikit-learn, C = " + f"{baseline['C']:g})",
-            f"{baseline['auc']:.4f}", "", f"{baseline['logloss']:.4f}",
-            f"{baseline['logloss'] - baseline['constant_logloss']:+.4f}"],
-           ["constant (train CTR)", "0.5", "", f"{baseline['constant_logloss']:.4f}", ""]])
+        "output.progress": False, "output.plot": False, "output.save_model": False})
+    es = recsync.override(base, **{
+        "train.validation": VALIDATION, "train.patience": ES_PATIENCE,
+        "train.epochs": ES_EPOCHS,
+        "train.eval_every_samples": max(1, math.ceil(fit_rows / EVALS_PER_EPOCH))})
+    return base, es
+
+
+def _recsync_arm(cfg, model: str, out: Path, per_seed: list) -> dict:
+    import recsync
+    summaries, cpus = [], []
+    for seed in SEEDS:
+        c0 = cpu_s()
+        r = recsync.train(recsync.override(cfg, **{"model.name": model, "train.seed": seed}),
+                          out / f"seed{seed}", overwrite=True)
+        cpus.append(cpu_s() - c0)
+        summaries.append(r.summary)
+        per_seed.append([str(out), seed, r.summary["eval"]["auc"], r.summary["eval"]["logloss"],
+                         cpus[-1], (r.summary.get("stopped") or {}).get("reason")])
+    return recsync_arm(summaries, cpus)
+
+
+def measure_sample(sample: Sample, data: Path, out: Path, tuned: Tuned | None,
+                   per_seed: list) -> dict:
+    """Every arm on one converted sample (module docstring)."""
+    from recsync.data.holdout import held_rows
+    from recsync.data.reader import Dataset
+    from recsync.model.registry import MODELS
+
+    ds = Dataset(data)
+    train, eval_ = columns(ds, "train"), columns(ds, "eval")
+    held = held_rows(len(train), VALIDATION)
+    arms = {"constant": constant_baseline(train, eval_),
+            "logistic_regression": logistic_baseline(train, eval_)}
+    absent = {}
+    missing = lightgbm_missing()
+    if missing:
+        absent["lightgbm"] = missing
+    else:
+        arms["lightgbm"] = lightgbm_baseline(train, eval_)
+    base, es = _configs(data, len(train) - held)
+    for model in MODELS:
+        arms[DEFAULTS + model] = _recsync_arm(base, model, out / "defaults" / model, per_seed)
+        arms[ES + model] = _recsync_arm(es, model, out / "es" / model, per_seed)
+    if tuned is None:
+        absent[TUNED] = tuned_absent_reason()
+    else:
+        arms[TUNED] = tuned(sample, data, out / "tuned")
+    return {"preset": sample.preset, "files": list(sample.files), "note": sample.note,
+            "train_rows": len(train), "validation_rows": held, "eval_rows": len(eval_),
+            "train_ctr": float(train.labels.mean()), "eval_ctr": float(eval_.labels.mean()),
+            "arms": arms, "absent": absent, "es_model": chosen_es_model(arms),
+            "configs": {"defaults": base.to_toml(), "es": es.to_toml()}}
+
+
+def run(out: Path, scale: float, tuned: Tuned | None = None) -> dict:
+    import recsync
+    started, cpu0 = time.perf_counter(), cpu_s()
+    root = shared_data_dir()
+    measured, skipped = available(root)
+    for name, why in skipped.items():
+        _say(f"{name}: skipped: {why}")
+    if not measured:
+        raise FileNotFoundError(f"{root}: no sample of the shared data is there (set "
+                                f"RECSYNC_SHARED_DATA to the shared sample data directory)")
+    samples, per_seed = {}, []
+    for i, sample in enumerate(measured):
+        _say(f"{sample.name}: converting with preset {sample.preset}, then every arm")
+        data = convert_sample(sample, root, out / "data" / sample.name)
+        if i == 0:  # the process's first run pays imports and first calls: not an arm's CPU
+            recsync.train(_configs(data, 1)[0], out / "warmup", overwrite=True)
+        samples[sample.name] = measure_sample(sample, data, out / "arms" / sample.name,
+                                              tuned, per_seed)
+    values, notes = ratios(samples)
     wall_s = time.perf_counter() - started
     return {
         "scenario": "quality",
-        "description": (
-            f"{source.name} ({baseline['train_rows']:,} training rows, the last "
-            f"{baseline['eval_rows']:,} held out in time order, eval CTR "
-            f"{baseline['eval_ctr']:.4f}), preset avazu. Every built-in model with default "
-            f"settings, mode local, 1 epoch, batch {BATCH}, seeds {', '.join(map(str, SEEDS))}; "
-            f"mean ± spread (population standard deviation) over seeds. Baseline: "
-            f"scikit-learn logistic regression, C = {baseline['C']:g} picked by validation log "
-            f"loss on the last 20% of the training rows. --scale does not apply (the sample is "
-            f"fixed). Scenario wall time {wall_s / 60:.1f} min.\n\n## Models and baselines\n\n"
-            + table),
-        "arms": arms,
-        "ratios": ratios,
-        "baseline": baseline,
+        "description": _description(samples, skipped, notes, wall_s, cpu_s() - cpu0),
+        # the arms' table and throughput plot: the largest sample's recsync arms (the other
+        # samples take a handful of steps, their speed says nothing)
+        "arms": {f"{measured[0].name} {n}": a
+                 for n, a in samples[measured[0].name]["arms"].items() if "samples_per_s" in a},
+        "ratios": values,
+        "ratio_notes": notes,
+        "samples": samples,
+        "skipped": skipped,
         "wall_s": wall_s,
-        "tables": {"Per seed (model, seed: AUC, log loss, samples/s)": [
-            [f"{n}, seed {s}", auc, f"log loss {loss:.4f}, {sps:,.0f} samples/s"]
-            for n, s, auc, loss, sps in per_seed]},
-        "configs": {"recsync arms (model.name and train.seed vary)": base.to_toml()},
+        "tables": {},
+        "per_seed": [dict(zip(("arm", "seed", "auc", "logloss", "cpu_s", "stopped"), row))
+                     for row in per_seed],
+        "configs": {f"{kind} arm (model.name and train.seed vary; {measured[0].name})": text
+                    for kind, text in samples[measured[0].name]["configs"].items()},
     }
+
+
+def _description(samples: dict, skipped: dict, notes: dict, wall_s: float,
+                 cpu_total_s: float) -> str:
+    seeds = ", ".join(map(str, SEEDS))
+    lines = [
+        f"Every real sample of the shared data, converted with its shipped preset and that "
+        f"preset's split. recsync: every built-in model with default settings, mode local, "
+        f"batch {BATCH}, seeds {seeds} (mean ± spread, population standard deviation over "
+        f"seeds): `defaults/<model>` one epoch; `es/<model>` with train.validation = "
+        f"{VALIDATION}, train.patience = {ES_PATIENCE}, train.epochs = {ES_EPOCHS} (a maximum), "
+        f"{EVALS_PER_EPOCH} evaluations an epoch, the best model kept; the early stopping "
+        f"model a user would keep is the lowest mean validation log loss. Baselines on the "
+        f"same rows: logistic regression (scikit-learn, C by validation log loss) and LightGBM "
+        f"(categorical ids, rounds by early stopping on validation log loss), each choosing on "
+        f"the same last {VALIDATION:.0%} of the training rows and refitted on all of them; the "
+        f"constant predictor is the training click rate. CPU s: the whole arm (recsync: its "
+        f"{len(SEEDS)} seeds; a baseline: its search and refit). --scale does not apply. "
+        f"Scenario wall time {wall_s / 60:.1f} min, CPU {cpu_total_s / 60:.1f} min.", ""]
+    lines += [f"- skipped {name}: {why}" for name, why in skipped.items()]
+    lines += [f"- ratio {name}: {why}" for name, why in notes.items()]
+    lines += ["", "## Samples", "", overview(samples), ""]
+    for name, s in samples.items():
+        lines += [sample_section(name, s), ""]
+    return "\n".join(lines)

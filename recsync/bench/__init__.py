@@ -25,7 +25,8 @@ SCENARIOS = {
     "recovery": "PS-shard failures: full and partial recovery, CPR's checkpoints",
     "modes": "every mode side by side on one data set",
     "chaos": "every mode under random kills of workers and shards (emulated)",
-    "quality": "every built-in model against logistic regression on the Avazu sample",
+    "quality": "every built-in model (defaults; defaults + early stopping) against logistic "
+               "regression and LightGBM on every shared real sample",
     "sizing": "memory per PS shard per million rows of each dim, per worker",
     "ps": "one PS shard's pull and push rows/s (Ray, in process, raw torch); its saturation "
           "curve with 1-12 async workers (EMULATED)",

@@ -22,6 +22,18 @@ DEFAULTS, ES, TUNED = "defaults/", "es/", "tuned"
 BASELINES = ("logistic_regression", "lightgbm", "constant")
 
 
+NOISE_AUC = 0.7  # the AUC whose standard error on a sample's eval split the overview shows
+
+
+def auc_standard_error(auc: float, positives: int, negatives: int) -> float:
+    """The standard error of an AUC measured on this many positives and negatives (Hanley and
+    McNeil, 1982): how far two arms' AUCs on the same small eval split may differ by chance."""
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    var = (auc * (1 - auc) + (positives - 1) * (q1 - auc * auc)
+           + (negatives - 1) * (q2 - auc * auc)) / (positives * negatives)
+    return var ** 0.5
+
+
 def _spread(xs: list[float]) -> float:
     return statistics.pstdev(xs) if len(xs) > 1 else 0.0
 
@@ -139,7 +151,8 @@ def sample_section(name: str, s: dict) -> str:
 
 
 def overview(samples: dict) -> str:
-    """One line per sample: LR, LightGBM, the chosen early stopping arm and tuned AUCs."""
+    """One line per sample: the noise of an AUC on its eval split (auc_standard_error), LR,
+    LightGBM, the chosen early stopping arm and tuned AUCs."""
     def auc(a):
         return "" if a is None or a.get("auc") is None else f"{a['auc']:.4f}"
     rows = []
@@ -147,10 +160,13 @@ def overview(samples: dict) -> str:
         arms, es = s["arms"], s.get("es_model")
         lr = arms["logistic_regression"]["auc"]
         es_auc = arms[es]["auc"] if es else None
+        positives = round(s["eval_rows"] * s["eval_ctr"])
+        noise = auc_standard_error(NOISE_AUC, positives, s["eval_rows"] - positives)
         rows.append([name, f"{s['train_rows'] + s['eval_rows']:,}", f"{s['eval_ctr']:.3f}",
+                     f"{noise:.3f}",
                      auc(arms["logistic_regression"]), auc(arms.get("lightgbm")),
                      f"{auc(arms.get(es))} ({es[len(ES):]})" if es else "",
                      "" if es_auc is None or lr is None else f"{es_auc - lr:+.4f}",
                      auc(arms.get(TUNED))])
-    return _table(["sample", "rows", "eval CTR", "LR AUC", "LightGBM AUC",
+    return _table(["sample", "rows", "eval CTR", f"s.e. of an AUC of {NOISE_AUC}", "LR AUC", "LightGBM AUC",
                    "defaults + early stopping AUC (model)", "minus LR", "tuned AUC"], rows)

@@ -12,7 +12,8 @@ import pytest
 
 import recsync
 from recsync.bench import quality, quality_baselines as qb
-from recsync.bench.quality_report import chosen_es_model, ratios, sample_section
+from recsync.bench.quality_report import (auc_standard_error, chosen_es_model, overview, ratios,
+                                          sample_section)
 from recsync.bench.quality_samples import SAMPLES, Sample, available, missing_label
 from recsync.data.holdout import held_rows
 from recsync.data.reader import Dataset
@@ -214,3 +215,13 @@ def test_the_tuned_ratio_is_written_once_every_sample_has_a_tuned_arm():
 def test_the_former_ratios_stay_on_the_avazu_sample():
     values, _ = ratios({"avazu_head9k": _sample(0.70, 0.71, {"dlrm": (0.72, 0.44, 0.40)})})
     assert values["dlrm_minus_baseline_auc"] == pytest.approx(-0.01)
+
+
+def test_the_overview_shows_how_noisy_an_auc_is_on_each_eval_split():
+    # by hand: Q1 = 0.7/1.3, Q2 = 0.98/1.7; (0.21 + 6 (Q1 - 0.49) + 12 (Q2 - 0.49)) / 91
+    # = 0.016906, its square root 0.1300
+    assert auc_standard_error(0.7, 7, 13) == pytest.approx(0.1300, abs=5e-4)
+    assert auc_standard_error(0.7, 331, 1469) < 0.02
+    table = overview({"a": _sample(0.70, 0.71, {"dlrm": (0.72, 0.44, 0.40)})})
+    # 52 of 250 positive: sqrt((0.21 + 51 (Q1 - 0.49) + 197 (Q2 - 0.49)) / 10296) = 0.044
+    assert "| a | 1,250 | 0.210 | 0.044 | 0.7000 | 0.7100 | 0.7200 (dlrm) | +0.0200 |  |" in table

@@ -168,5 +168,5 @@ def overview(samples: dict) -> str:
                      f"{auc(arms.get(es))} ({es[len(ES):]})" if es else "",
                      "" if es_auc is None or lr is None else f"{es_auc - lr:+.4f}",
                      auc(arms.get(TUNED))])
-    return _table(["sample", "rows", "eval CTR", f"s.e. of an AUC of {NOISE_AUC}", "LR AUC", "LightGBM AUC",
-                   "defaults + early stopping AUC (model)", "minus LR", "tuned AUC"], rows)
+    return _table(["sample", "rows", "eval CTR", f"s.e. of an AUC of {NOISE_AUC}", "LR AUC",
+                   "LightGBM AUC", "defaults + early stopping AUC (model)", "minus LR", "tuned AUC"], rows)

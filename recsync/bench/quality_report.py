@@ -120,6 +120,9 @@ def _note(name: str, a: dict, fit_rows: int) -> str:
         return f"C = {a['C']:g}"
     if name == "lightgbm":
         return f"{a['rounds']} rounds"
+    if name == TUNED:
+        return (f"recsync tune, {a['trials']} trials (CPU s: the search and the chosen "
+                f"config's seeds)")
     if "stopped" in a:
         epochs = statistics.mean(a["best_eval_samples"]) / max(fit_rows, 1)
         reasons = {r: a["stopped"].count(r) for r in a["stopped"]}

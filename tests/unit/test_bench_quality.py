@@ -205,6 +205,8 @@ def test_the_tuned_ratio_is_written_once_every_sample_has_a_tuned_arm():
     values, notes = ratios(samples)
     assert values["tuned_minus_lgbm_auc_min"] == pytest.approx(-0.005)
     assert "tuned_minus_lgbm_auc_min" not in notes
+    assert "| tuned | 0.7850 ± 0.0000 | 0.4300 ± 0.0000 | -0.0700 | 1.0 | recsync tune, 16 trials" \
+        in sample_section("b", samples["b"])
     del samples["b"]["arms"]["lightgbm"]
     samples["b"]["absent"]["lightgbm"] = "LightGBM arm skipped: lightgbm is not installed"
     values, notes = ratios(samples)

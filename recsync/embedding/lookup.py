@@ -106,6 +106,7 @@ class PulledBatch:
     routing: Any = None  # where the ids live, for a sharded lookup's push
     versions: list[int] | None = None  # a sharded lookup: the version each shard read
     dense: Any = None  # a sharded lookup: the dense vector, if a shard holds it (flat numpy)
+    dense_optimizer: Any = None  # eager: its optimizer's state_dict as read, if asked for
 
     def __init__(self, plan: LookupPlan, ids: list[torch.Tensor], inverse: list[torch.Tensor],
                  rows: list[torch.Tensor], batch_size: int, offsets: tuple):

@@ -12,8 +12,15 @@ With ``eager.overlap`` (the default), a step on batch i:
    while batch i+1 is computed.
 
 Neither waits for the other: the pull of i+1 does not wait for the push of i, so the parameters
-of step i+1 lack the worker's own last update. With ``overlap = false`` a step is the baseline
-pull, compute, push, each waited for.
+it reads lack the worker's own last update. Left so (``eager.own_update = "none"``), every
+update is one update staler than async's, which cost 0.055-0.067 eval AUC at the defaults
+(docs/benchmarks/2026-11-26-eager-gap.md). So the dense parameters of step i+1 get that update
+all the same: by default ("local") the early pull brings the dense optimizer's state as read,
+and the worker applies its own pushed gradient to the pulled vector with that optimizer, as the
+shard will, without waiting; "wait" takes the vector from the push's answer instead (exact, but
+each step then waits for one push's round trip). The rows are left as read (a batch's rows are
+few of a table's, and the modulation below covers them). With ``overlap = false`` a step is the
+baseline pull, compute, push, each waited for.
 
 Staleness-aware learning rate: every pull answer carries the version the shard read. When a
 worker pushes batch i it knows, per shard, the newest version it has seen (from any answer,
@@ -29,9 +36,16 @@ import math
 import time
 from collections import Counter
 
+import numpy as np
+import torch
+
 from recsync.metrics.stats import distribution, merged_counts
 from recsync.modes.async_ps import ApplyNow, AsyncWorker
 from recsync.modes.base import STOP, Mode
+from recsync.ps.core import DenseState
+
+# what of the dense parameters the early pull brings, per ``eager.own_update``
+EARLY_DENSE = {"local": "with_state", "wait": "none", "none": "vector"}
 
 MODULATIONS = {
     "none": lambda tau: 1.0,
@@ -57,7 +71,10 @@ class EagerWorker(AsyncWorker):
         super().__init__(ctx)
         self.overlap = ctx.cfg.eager.overlap
         self.m = modulation(ctx.cfg.eager.lr_modulation)
+        self.own_update = ctx.cfg.eager.own_update
         self._next = None  # the pull sent for the next batch
+        self._own = None  # (dense gradient, lr multiplier) of the last push, if the next lacks it
+        self._mirror = None  # "local": the dense optimizer, as the shard has it
         self.taus: Counter = Counter()  # τ (as the worker knew it) -> updates
         self.multiplier_sum, self.multiplier_min, self.updates = 0.0, 1.0, 0
 
@@ -68,17 +85,41 @@ class EagerWorker(AsyncWorker):
         begin = time.perf_counter()
         pending, self._next = self._next, None
         pulled = client.complete(pending or client.pull_async(batch))
+        own, self._own = self._own, None
+        if own is not None and pending is not None:  # read before this worker's last push
+            pulled.dense = self._with_own_update(pulled, *own)
         pull_s = time.perf_counter() - begin
         if self.overlap and ahead is not None:
-            self._next = client.pull_async(ahead)
+            self._next = client.pull_async(ahead, dense=EARLY_DENSE[self.own_update])
         loss, dense_grad = self.compute(batch, pulled)
         scales = self._scales(pulled.versions)
         begin = time.perf_counter()
-        client.push(pulled, dense_grad, lr_scales=scales)
+        if self.overlap and self.own_update != "none":
+            self._own = (dense_grad, scales[client.dense_shard])
+        client.push(pulled, dense_grad, lr_scales=scales,
+                    read_dense=self.overlap and self.own_update == "wait")
         if not self.overlap:
             client.flush()
         self.ctx.add_waits(pull_s, time.perf_counter() - begin)
         return loss
+
+    def _with_own_update(self, pulled, grad: np.ndarray, lr_scale: float) -> np.ndarray:
+        """The pulled dense vector with this worker's last update in it (``eager.own_update``):
+        from the push's answer ("wait"), or applied here as the shard applies it ("local": its
+        optimizer, loaded with the state the pull read, steps on the pushed gradient x the
+        same learning-rate multiplier)."""
+        if self.own_update == "wait":
+            return self.ctx.client.dense_after_push()[0]
+        t = self.ctx.cfg.train
+        if self._mirror is None:
+            self._mirror = DenseState(torch.from_numpy(pulled.dense), t.dense_optimizer,
+                                      t.dense_lr, t.dense_weight_decay, t.dense_warmup_steps)
+        mirror = self._mirror
+        with torch.no_grad():
+            mirror.params.copy_(torch.from_numpy(pulled.dense))
+        mirror.optimizer.load_state_dict(pulled.dense_optimizer)
+        mirror.apply(torch.from_numpy(np.asarray(grad, np.float32)), lr_scale)
+        return mirror.params.detach().numpy().copy()
 
     def _scales(self, read: list[int]) -> list[float]:
         known = self.ctx.client.known_versions(self._next)
@@ -113,14 +154,13 @@ class Eager(Mode):
 
     @classmethod
     def caveat(cls, cfg) -> str | None:
-        if not cfg.eager.overlap:
+        if not cfg.eager.overlap or cfg.eager.own_update != "none":
             return None
-        return ("with eager.overlap = true each update misses about 3 others (the next "
-                "batch's pull leaves before this batch's push): measured 0.055 eval AUC below "
-                "async at defaults, and eager.overlap = false level with it (0.7438, 0.7992, "
-                "0.8019; 800,000 synthetic rows, 2 workers x 2 shards, one seed: "
-                "docs/benchmarks/2026-11-26-eager-gap.md). Choose overlap where hiding the "
-                "pull's time matters more than that")
+        return ("with eager.own_update = \"none\" each step computes on dense parameters "
+                "without its own last update: measured 0.055 eval AUC below async (0.7438 "
+                "against 0.7992; 800,000 synthetic rows, 2 workers x 2 shards, one seed: "
+                "docs/benchmarks/2026-11-26-eager-gap.md); with the default \"local\" 0.003 "
+                "below it (mean of 3 seeds)")
 
     @classmethod
     def console_line(cls, eager: dict) -> str | None:
@@ -142,7 +182,8 @@ class Eager(Mode):
         updates = sum(w["updates"] for w in workers)
         steps = waits.get("interval_steps", 0)
         return {
-            "overlap": cfg.eager.overlap, "lr_modulation": cfg.eager.lr_modulation,
+            "overlap": cfg.eager.overlap, "own_update": cfg.eager.own_update,
+            "lr_modulation": cfg.eager.lr_modulation,
             "caveat": cls.caveat(cfg),
             "tau": distribution(taus),
             "multiplier": {"mean": sum(w["multiplier_sum"] for w in workers) / updates

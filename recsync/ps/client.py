@@ -41,6 +41,7 @@ class PendingPull:
     refs: list  # one answer per shard
     min_version: int = 0
     read_only: bool = False  # an evaluation's: a dynamic table admits, evicts and scores nothing
+    dense: str = "vector"  # what of the dense parameters comes with it (ShardCore.pull)
 
 
 SHARD_RESTART_TIMEOUT_S = 120  # partial recovery: how long a pull waits for a shard to return
@@ -71,6 +72,7 @@ class PSClient:
         self._ssu_rng = np.random.default_rng(seed)
         self.push_window = push_window
         self._in_flight: deque = deque()
+        self._dense_ref = None  # the last push that asked for the dense vector back
         self.seen_versions: list[int] = []  # per shard, the newest version any answer carried
         self.device = torch.device("cpu")  # a GPU worker's: pulled rows go there
 
@@ -85,14 +87,17 @@ class PSClient:
         """
         return self.complete(self.pull_async(batch, min_version, read_only))
 
-    def pull_async(self, batch, min_version: int = 0, read_only: bool = False) -> PendingPull:
-        """Send a batch's pull to every shard and return at once; ``complete`` waits for it."""
+    def pull_async(self, batch, min_version: int = 0, read_only: bool = False,
+                   dense: str = "vector") -> PendingPull:
+        """Send a batch's pull to every shard and return at once; ``complete`` waits for it.
+        ``dense``: "vector", "none" (eager: ``dense_after_push``) or "with_state" (eager: the
+        pulled batch's ``dense_optimizer`` holds the optimizer's state as read)."""
         tables = self.plan.dedup(batch)
         ids = [u for u, _ in tables]
         routing = ShardRouting([split_by_shard(u, len(self.shards)) for u in ids])
-        refs = [s.pull.remote(routing.ids_for(ids, i), min_version, read_only)
+        refs = [s.pull.remote(routing.ids_for(ids, i), min_version, read_only, dense)
                 for i, s in enumerate(self.shards)]
-        return PendingPull(batch, tables, routing, refs, min_version, read_only)
+        return PendingPull(batch, tables, routing, refs, min_version, read_only, dense)
 
     def _answers(self, pending: PendingPull) -> list:
         if not self.survive_shard_restarts:
@@ -114,7 +119,8 @@ class PSClient:
                     else:
                         time.sleep(0.2)  # Ray is restarting the shard: ask the new one
                     ref = self.shards[i].pull.remote(pending.routing.ids_for(ids, i),
-                                                     pending.min_version, pending.read_only)
+                                                     pending.min_version, pending.read_only,
+                                                     pending.dense)
         return answers
 
     def _wait_push(self, ref):
@@ -135,17 +141,19 @@ class PSClient:
         ids = [u for u, _ in pending.tables]
         # merged in numpy: Ray hands back read-only arrays, which numpy copies from freely
         rows = [np.empty((len(u), d), np.float32) for u, d in zip(ids, self.dims)]
-        dense_vector = None
+        dense_vector = dense_optimizer = None
         for s, (shard_rows, dense, _) in enumerate(answers):
             for t, r in enumerate(shard_rows):
                 rows[t][pending.routing.positions[t][s].numpy()] = r
-            if dense is not None:
+            if isinstance(dense, tuple):
+                dense_vector, dense_optimizer = dense
+            elif dense is not None:
                 dense_vector = dense
         pulled = self.plan.fuse(pending.batch, pending.tables,
                                 [torch.from_numpy(r) for r in rows])
         pulled.routing = pending.routing
         pulled.versions = [a[2] for a in answers]
-        pulled.dense = dense_vector
+        pulled.dense, pulled.dense_optimizer = dense_vector, dense_optimizer
         self._see(pulled.versions)
         return pulled.to(self.device)
 
@@ -177,13 +185,16 @@ class PSClient:
         return [(g * scale if scale != 1.0 else g).numpy() for g in out]
 
     def push(self, pulled: PulledBatch | None, dense_grad: np.ndarray | None = None, *,
-             scale: float = 1.0, lr_scales: list[float] | None = None, **meta) -> None:
+             scale: float = 1.0, lr_scales: list[float] | None = None, read_dense: bool = False,
+             **meta) -> None:
         """Send each shard its rows' gradients x ``scale`` (and the dense one x ``scale`` to the
         shard that holds the dense parameters), with ``meta`` for the mode's rule plus, per
         shard, the version the batch read (``version_read``) and ``lr_scale`` (``lr_scales``:
         a learning-rate multiplier per shard, eager). ``pulled`` None: an empty push (0
         samples) to every shard, so that a step counts every worker. Returns at once unless
-        ``push_window`` pushes per shard are in flight; then it first waits for the oldest."""
+        ``push_window`` pushes per shard are in flight; then it first waits for the oldest.
+        ``read_dense``: the shard that holds the dense parameters answers with them as this push
+        left them (``dense_after_push``)."""
         sampled = None if pulled is None else self._sampled(pulled)
         for s, shard in enumerate(self.shards):
             dense = None
@@ -198,9 +209,31 @@ class PSClient:
             shard_meta = {**meta, "version_read": pulled.versions[s] if pulled else 0,
                           "lr_scale": 1.0 if lr_scales is None else lr_scales[s],
                           "sampled": self._sampled_on(sampled, pulled, s)}
-            self._in_flight.append(shard.push.remote(ids, grads, dense, shard_meta))
+            if read_dense and s == self.dense_shard:
+                shard_meta["read_dense"] = True
+            ref = shard.push.remote(ids, grads, dense, shard_meta)
+            if shard_meta.get("read_dense"):
+                self._dense_ref = ref
+            self._in_flight.append(ref)
         while len(self._in_flight) > self.push_window * len(self.shards):
             self._wait_push(self._in_flight.popleft())
+
+    def dense_after_push(self) -> tuple[np.ndarray, int]:
+        """The dense vector and the version of its shard just after the last push sent with
+        ``read_dense`` was applied (waits for it); if that push was lost with its shard, the
+        shard's dense vector now (its new process's)."""
+        ref, self._dense_ref = self._dense_ref, None
+        answer = None if ref is None else self._wait_push(ref)
+        if answer is None:  # no such push, or it was lost: ask every shard for no rows
+            empty = torch.empty(0, dtype=torch.int64)
+            tables = [(empty, empty) for _ in self.dims]
+            routing = ShardRouting([split_by_shard(empty, len(self.shards)) for _ in self.dims])
+            refs = [s.pull.remote(routing.ids_for([empty] * len(self.dims), i), 0, True)
+                    for i, s in enumerate(self.shards)]
+            pending = PendingPull(None, tables, routing, refs, read_only=True)
+            answer = self._answers(pending)[self.dense_shard]
+        _, dense, version = answer
+        return dense, version
 
     def _sampled(self, pulled: PulledBatch) -> list[torch.Tensor] | None:
         """SSU: per table, a mask over the batch's unique ids: touched by a sampled sample."""

@@ -10,6 +10,8 @@ mode's: the core hands every push to its ``ShardRule`` (modes/base.py), which ca
 
 from __future__ import annotations
 
+import copy
+
 import functools
 from collections import Counter
 
@@ -61,27 +63,40 @@ class ShardCore:
         self.priority, self.full_every = priority, full_every
         self.snapshots = 0  # since this process started
 
-    def pull(self, ids: list[np.ndarray], read_only: bool = False
-             ) -> tuple[list[np.ndarray], np.ndarray | None, int]:
-        """Rows of each table's ``ids`` (int64, owned here), the dense vector if held, version.
+    def pull(self, ids: list[np.ndarray], read_only: bool = False, dense: str = "vector"
+             ) -> tuple[list[np.ndarray], object, int]:
+        """Rows of each table's ``ids`` (int64, owned here), the dense part if held, version.
         ``read_only``: an evaluation's pull: a dynamic table admits, evicts and scores nothing
-        (EmbeddingStore.pull's ``admit``)."""
+        (EmbeddingStore.pull's ``admit``). ``dense``: "vector" (the dense vector), "none"
+        (left out), "with_state" ((vector, a copy of its optimizer's state_dict): eager applies
+        its own update to them, modes/eager.py)."""
         self.pulls += 1
         rows = [self.store.pull(t, read_only_tensor(i), admit=not read_only).numpy()
                 for t, i in enumerate(ids)]
-        dense = self.dense.params.detach().numpy().copy() if self.dense is not None else None
-        return rows, dense, self.version
+        part = None if dense == "none" else self.dense_vector()
+        if dense == "with_state" and part is not None:
+            part = (part, copy.deepcopy(self.dense.optimizer.state_dict()))
+        return rows, part, self.version
+
+    def dense_vector(self) -> np.ndarray | None:
+        """A copy of the dense parameters, if this shard holds them."""
+        return self.dense.params.detach().numpy().copy() if self.dense is not None else None
 
     def push(self, ids: list[np.ndarray], grads: list[np.ndarray], dense_grad: np.ndarray | None,
              meta: dict):
-        """One worker's push, handed to the mode's rule; returns what the rule returns.
+        """One worker's push, handed to the mode's rule; returns what the rule returns, or with
+        ``meta["read_dense"]`` (eager) (that, the dense vector after the rule ran, version): the
+        worker's next step reads its own update.
         ``meta["sampled"]`` (SSU): per table, which ids a sampled training sample touched."""
         if dense_grad is not None and self.dense is None:
             raise ValueError("a dense gradient was pushed to a shard that holds no dense "
                              "parameters")
         self._note_access(ids, meta.get("sampled"))
         self.pushes += 1
-        return self.rule.push(self, ids, grads, dense_grad, meta)
+        result = self.rule.push(self, ids, grads, dense_grad, meta)
+        if meta.get("read_dense"):
+            return result, self.dense_vector(), self.version
+        return result
 
     # -- what rules call -------------------------------------------------------------------
     def apply_now(self, ids, grads, dense_grad, lr_scale: float = 1.0) -> None:

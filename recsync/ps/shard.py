@@ -155,18 +155,20 @@ class PSShard:
             latency_s, s_per_byte = self.network
             await asyncio.sleep(latency_s / 2 + nbytes(payload) * s_per_byte)
 
-    async def pull(self, ids: list[np.ndarray], min_version: int = 0, read_only: bool = False):
+    async def pull(self, ids: list[np.ndarray], min_version: int = 0, read_only: bool = False,
+                   dense: str = "vector"):
         """Rows of ``ids`` per table (int64, unique, owned here), dense vector or None, version.
 
         Waits until the shard's version is at least ``min_version`` (modes whose steps wait
         for the previous ones). ``read_only``: an evaluation's pull (ShardCore.pull).
+        ``dense``: what of the dense parameters comes with it (ShardCore.pull).
         """
         await self._travel(ids)
         if self.core.version < min_version:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.core.version >= min_version)
         paced = self.pacer and self.pacer.start()
-        answer = self.core.pull(ids, read_only)
+        answer = self.core.pull(ids, read_only, dense)
         if paced:
             await self.pacer.finish(paced)
         await self._travel(answer)
@@ -176,7 +178,8 @@ class PSShard:
 
     async def push(self, ids, grads, dense_grad, meta: dict):
         """One worker's push (rows' gradients per table, the dense gradient if this shard holds
-        the dense parameters, and what the mode sends with it), handed to the mode's rule."""
+        the dense parameters, and what the mode sends with it), handed to the mode's rule.
+        Returns what ShardCore.push returns (with the dense vector if ``meta["read_dense"]``)."""
         await self._travel((ids, grads, dense_grad))
         version = self.core.version
         paced = self.pacer and self.pacer.start()
@@ -185,7 +188,7 @@ class PSShard:
             await self.pacer.finish(paced)
         if self.core.version != version:
             await self._notify()
-        await self._travel(None)
+        await self._travel(result[1] if meta.get("read_dense") else None)
         return result
 
     async def call(self, verb: str, *args):

@@ -17,7 +17,7 @@ from harness_config import config
 from test_standby_harness import killed, stop
 
 CPR = ['mode="async"', "cluster.workers=2", "cluster.ps_shards=2", 'recovery.kind="partial"',
-       "recovery.checkpoint_every_s=1.0", "model.dynamic.admit_after=1"]
+       "recovery.checkpoint_every_s=0.25", "model.dynamic.admit_after=1"]
 
 
 def step(shard, tables, ids, version_read=0):
@@ -80,8 +80,9 @@ def test_runs_with_a_shard_killed_go_on_from_the_checkpoints_of_dynamic_tables(
                  f'recovery.rows="{rows}"',
                  "recovery.mfu_fraction=0.5", "recovery.ssu_rate=0.5", "recovery.full_every=4",
                  "recovery.keep=1000", "model.dynamic.capacity=100", "train.epochs=12",
-                 # full at 0 s, partial at 1 and 2 s: the kill restores a chain
-                 'faults.kills=[{target="ps", index=1, at_s=3.0}]')
+                 # full at 0 s, partial at 0.25, 0.5 and 0.75 s: the kill restores a chain (early:
+                 # on a fast machine the 12 epochs took under 3 s, and no kill came)
+                 'faults.kills=[{target="ps", index=1, at_s=0.9}]')
     summary = run(cfg, tmp_path)
     assert summary["status"] == "completed", summary.get("error")
     rec = summary["recovery"]

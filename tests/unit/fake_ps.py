@@ -30,9 +30,9 @@ def _ro(x):
 
 def fake_shards(cores) -> list[SimpleNamespace]:
     return [SimpleNamespace(
-        pull=SimpleNamespace(remote=lambda ids, min_version=0, read_only=False, c=c:
-                             _ro(c.pull(ids, read_only))),
-        push=SimpleNamespace(remote=lambda *a, c=c: c.push(*_ro(a))),
+        pull=SimpleNamespace(remote=lambda ids, min_version=0, read_only=False, dense=True, c=c:
+                             _ro(c.pull(ids, read_only, dense))),
+        push=SimpleNamespace(remote=lambda *a, c=c: _ro(c.push(*_ro(a)))),
     ) for c in cores]
 
 

@@ -12,7 +12,7 @@ from torch.nn.utils import parameters_to_vector
 import recsync.ps.client as client_mod
 from fake_ps import fake_shards, patch_ray_get
 from cores import test_core, worker_half
-from recsync.config import ModelConfig
+from recsync.config import ModelConfig, TrainConfig
 from recsync.data.reader import Dataset
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.embedding.row_optim import RowSGD
@@ -47,7 +47,8 @@ def no_ray(monkeypatch):
                         lambda refs, num_returns=1, timeout=None: (list(refs), []))
 
 
-def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log=None):
+def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log=None,
+           own_update="local", dense_optimizer="sgd"):
     model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8])
     models = []
     for _ in range(workers):
@@ -57,18 +58,20 @@ def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log
     tables = models[0][1]
     init = parameters_to_vector(models[0][0].parameters()).detach().clone()
     cores = [test_core(tables, RowSGD(lr=0.1), shard=s, num_shards=shards, num_workers=workers,
-                       dense=DenseState(init, "sgd", 0.1) if s == 0 else None)
+                       dense=DenseState(init, dense_optimizer, 0.1) if s == 0 else None)
              for s in range(shards)]
     handles = fake_shards(cores)
     if log is not None:  # record every call in order: (kind, shard, lr_scale)
         for s, h in enumerate(handles):
             pull, push = h.pull.remote, h.push.remote
             h.pull = SimpleNamespace(remote=lambda *a, f=pull, s=s, **k: (
-                log.append(("pull", s)), f(*a, **k))[1])
+                log.append(("pull", s, a[3] if len(a) > 3 else "vector")), f(*a, **k))[1])
             h.push = SimpleNamespace(remote=lambda *a, f=push, s=s: (
                 log.append(("push", s, a[3]["lr_scale"])), f(*a))[1])
     modes = [worker_half(EagerWorker, m, PSClient(handles, [t.dim for t in tables], dense_shard=0),
-                         eager=EagerConfig(overlap=overlap, lr_modulation=lr_modulation))
+                         eager=EagerConfig(overlap=overlap, lr_modulation=lr_modulation,
+                                           own_update=own_update),
+                         train=TrainConfig(dense_optimizer=dense_optimizer, dense_lr=0.1))
              for m, _ in models]
     batches = list(tiny.batches(tiny.chunks("train", 256)[0], 32))
     return cores, modes, batches
@@ -136,7 +139,8 @@ def test_at_most_push_window_pushes_per_shard_are_in_flight(tiny, monkeypatch):
                         if not isinstance(x, list) else x)
     monkeypatch.setattr(client_mod.ray, "wait",
                         lambda refs, num_returns=1, timeout=None: (list(refs), []))
-    cores, (mode,), batches = _setup(tiny, shards=2)
+    # the dense vector's answers are waited for besides the window: counted in the next test
+    cores, (mode,), batches = _setup(tiny, shards=2, own_update="none")
     mode.ctx.client.push_window = 2
     in_flight = []
     for b, nxt in zip(batches[:6], batches[1:7]):
@@ -152,3 +156,60 @@ def test_no_push_is_left_behind_at_the_end(tiny, no_ray):
     assert len(mode.ctx.client._in_flight) == 0
     assert [c.stats()["pushes"] for c in cores] == [5, 5]
     assert [c.version for c in cores] == [5, 5]
+
+
+@pytest.mark.parametrize("own_update,optimizer", [("local", "sgd"), ("local", "adagrad"),
+                                                  ("local", "adam"), ("wait", "adagrad")])
+def test_each_step_computes_on_the_dense_vector_its_own_last_push_left(tiny, no_ray, own_update,
+                                                                        optimizer):
+    """With overlap the next batch's pull leaves before this step's push, so it lacks this
+    worker's own update; the next step computes on the dense vector the push left on the
+    shard all the same: applied on the worker ("local", from the optimizer state the pull read)
+    or taken from the push's answer ("wait": the early pulls carry rows only)."""
+    log = []
+    cores, (mode,), batches = _setup(tiny, shards=2, log=log, own_update=own_update,
+                                     dense_optimizer=optimizer)
+    seen, compute = [], mode.compute
+    mode.compute = lambda batch, pulled: (seen.append(pulled.dense.copy()), compute(batch, pulled))[1]
+    after = []
+    for b, nxt in zip(batches[:4], batches[1:5]):
+        mode.step(b, nxt)
+        after.append(cores[0].dense_vector())  # no one else pushes: the shard's vector now
+    mode.finish()
+    for used, left in zip(seen[1:], after):
+        np.testing.assert_allclose(used, left, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(seen[1], seen[0])  # the first push moved it
+    early = [e for e in log if e[0] == "pull"][2:]  # after the first step's full pulls (2 shards)
+    want = {"local": "with_state", "wait": "none"}[own_update]
+    assert early and all(dense == want for _, _, dense in early)
+
+
+def test_without_its_own_update_the_next_step_computes_on_the_vector_before_it(tiny, no_ray):
+    cores, (mode,), batches = _setup(tiny, shards=1, own_update="none")
+    seen, compute = [], mode.compute
+    mode.compute = lambda batch, pulled: (seen.append(pulled.dense.copy()), compute(batch, pulled))[1]
+    _run(mode, batches[:2])
+    np.testing.assert_array_equal(seen[0], seen[1])  # pulled before the first push
+
+
+def test_a_lost_push_leaves_the_dense_vector_to_a_fresh_read(tiny, no_ray):
+    """Partial recovery, own_update "wait": the push that was to bring the dense vector back
+    died with its shard (counted as lost); the next step reads the shard's vector as it is."""
+    cores, (mode,), batches = _setup(tiny, shards=2, own_update="wait")
+    client = mode.ctx.client
+    mode.step(batches[0], batches[1])
+    client._dense_ref = object()  # an answer that never comes: its shard died
+    client.survive_shard_restarts = True
+    real_get = client_mod.ray.get
+
+    def get(x):
+        if not isinstance(x, (list, tuple, np.ndarray)) and type(x) is object:
+            raise client_mod.ray.exceptions.RayActorError()
+        return real_get(x)
+    client_mod.ray.get = get
+    try:
+        dense, version = client.dense_after_push()
+    finally:
+        client_mod.ray.get = real_get
+    np.testing.assert_array_equal(dense, cores[0].dense_vector())
+    assert version == cores[0].version and client.lost_pushes == 1

@@ -130,13 +130,14 @@ def test_a_diverging_local_run_stops_at_that_step_with_its_summary(data, tmp_pat
 
 
 
-def test_eager_with_overlap_says_its_measured_gap_at_start_and_without_overlap_nothing(capsys):
-    eager = load_config(None, ['mode="eager"', "cluster.workers=2"])
-    preflight.warn_caveat(eager)
+def test_eager_without_its_own_update_says_its_measured_gap_at_start_and_else_nothing(capsys):
+    stale = load_config(None, ['mode="eager"', "cluster.workers=2", 'eager.own_update="none"'])
+    preflight.warn_caveat(stale)
     said = capsys.readouterr().err
     assert "warning: mode eager:" in said and "0.055 eval AUC below async" in said
     assert "docs/benchmarks/2026-11-26-eager-gap.md" in said
+    preflight.warn_caveat(load_config(None, ['mode="eager"', "cluster.workers=2"]))
     preflight.warn_caveat(load_config(None, ['mode="eager"', "cluster.workers=2",
-                                             "eager.overlap=false"]))
+                                             'eager.own_update="none"', "eager.overlap=false"]))
     preflight.warn_caveat(load_config(None, ['mode="async"', "cluster.workers=2"]))
     assert capsys.readouterr().err == ""

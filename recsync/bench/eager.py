@@ -24,15 +24,15 @@ Arms (all with the same emulated network):
 - ``eager``: the next batch's pull sent before this one is computed, pushes not waited for
   (``lr_modulation = "none"``);
 - ``eager_lr``: eager with the learning rate of each update x 1 / max(1, τ) (the default);
-- ``eager_wait``: eager taking the dense vector from its push's answer (``eager.own_update =
-  "wait"``, exact, one push's round trip waited for per step) instead of applying its own
-  update locally (the default "local", in ``eager`` and ``eager_lr``), ``lr_modulation =
-  "none"``;
+- ``eager_local``: eager applying its own last update to the pulled dense vector on the worker
+  (``eager.own_update = "local"``: no wait) instead of taking the vector from its push's answer
+  (the default "wait", in ``eager`` and ``eager_lr``: one push's round trip waited for per
+  step), ``lr_modulation = "none"``;
 - ``async``: the runtime's async mode (pull, compute, push without waiting for it), reference.
 
 Ratios: ``eager_vs_sequential_iter_time`` (time per iteration, workers x batch / samples per
 second after a warm-up, as in scenario `overhead`; lower is better; also ``eager_lr_...`` and
-``eager_wait_...``), ``eager_lr_minus_eager_auc``, ``eager_wait_minus_eager_auc``,
+``eager_local_...``), ``eager_lr_minus_eager_auc``, ``eager_local_minus_eager_auc``,
 and ``eager_lr_vs_eager_iters_to_target``: iterations (steps of all workers) until the training
 loss, smoothed over ``LOSS_WINDOW`` records, first reaches a target, the higher of the two
 arms' final smoothed losses (so both reach it); lower is better. Every arm runs once per seed
@@ -77,7 +77,7 @@ ARMS = {
     "sequential": ['mode="eager"', "eager.overlap=false", 'eager.lr_modulation="none"'],
     "eager": ['mode="eager"', 'eager.lr_modulation="none"'],
     "eager_lr": ['mode="eager"', 'eager.lr_modulation="inverse"'],
-    "eager_wait": ['mode="eager"', 'eager.own_update="wait"', 'eager.lr_modulation="none"'],
+    "eager_local": ['mode="eager"', 'eager.own_update="local"', 'eager.lr_modulation="none"'],
     "async": ['mode="async"'],
 }
 
@@ -150,11 +150,11 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
                                                 0.5),
               "eager_lr_vs_sequential_iter_time": (
                   iter_time("eager_lr") / iter_time("sequential"), 0.5),
-              "eager_wait_vs_sequential_iter_time": (
-                  iter_time("eager_wait") / iter_time("sequential"), 0.5)}
+              "eager_local_vs_sequential_iter_time": (
+                  iter_time("eager_local") / iter_time("sequential"), 0.5)}
     diffs = {"eager_lr_minus_eager_auc": sd.auc_difference(arms, "eager_lr", "eager"),
              "async_minus_eager_auc": sd.auc_difference(arms, "async", "eager"),
-             "eager_wait_minus_eager_auc": sd.auc_difference(arms, "eager_wait", "eager")}
+             "eager_local_minus_eager_auc": sd.auc_difference(arms, "eager_local", "eager")}
     ratios = {name: measured for name, (measured, _) in ideals.items()}
     ratios["async_vs_sequential_iter_time"] = iter_time("async") / iter_time("sequential")
     ratios.update({name: d["mean"] for name, d in diffs.items()})

@@ -15,12 +15,13 @@ Neither waits for the other: the pull of i+1 does not wait for the push of i, so
 it reads lack the worker's own last update. Left so (``eager.own_update = "none"``), every
 update is one update staler than async's, which cost 0.055-0.067 eval AUC at the defaults
 (docs/benchmarks/2026-11-26-eager-gap.md). So the dense parameters of step i+1 get that update
-all the same: by default ("local") the early pull brings the dense optimizer's state as read,
-and the worker applies its own pushed gradient to the pulled vector with that optimizer, as the
-shard will, without waiting; "wait" takes the vector from the push's answer instead (exact, but
-each step then waits for one push's round trip). The rows are left as read (a batch's rows are
-few of a table's, and the modulation below covers them). With ``overlap = false`` a step is the
-baseline pull, compute, push, each waited for.
+all the same: by default ("wait") the early pull carries the rows only, and the dense vector
+comes back with the push's answer, as the push left it (each step waits for one push's round
+trip); "local" has the early pull bring the dense optimizer's state as read, and the worker
+applies its own pushed gradient to the pulled vector with that optimizer, as the shard will,
+without waiting (the other workers' updates meanwhile are missed). The rows are left as read
+(a batch's rows are few of a table's, and the modulation below covers them). With
+``overlap = false`` a step is the baseline pull, compute, push, each waited for.
 
 Staleness-aware learning rate: every pull answer carries the version the shard read. When a
 worker pushes batch i it knows, per shard, the newest version it has seen (from any answer,
@@ -46,6 +47,18 @@ from recsync.ps.core import DenseState
 
 # what of the dense parameters the early pull brings, per ``eager.own_update``
 EARLY_DENSE = {"local": "with_state", "wait": "none", "none": "vector"}
+# the measured shortfall of each setting but the default (docs/benchmarks/2026-11-26-eager-gap.md)
+CAVEATS = {
+    "none": ("with eager.own_update = \"none\" each step computes on dense parameters without "
+             "its own last update: measured 0.055 eval AUC below async (0.7438 against 0.7992; "
+             "800,000 synthetic rows, 2 workers x 2 shards, one seed: "
+             "docs/benchmarks/2026-11-26-eager-gap.md); the default \"wait\" was level with it"),
+    "local": ("with eager.own_update = \"local\" each step's dense parameters miss the other "
+              "workers' updates since its pull: measured 0.011 eval AUC below sync in `recsync "
+              "bench modes` (0.7908 against 0.8018, 2 rounds of one seed; 0.003 below async "
+              "over 3 seeds: docs/benchmarks/2026-11-26-eager-gap.md); the default \"wait\" "
+              "was level with async"),
+}
 
 MODULATIONS = {
     "none": lambda tau: 1.0,
@@ -154,13 +167,9 @@ class Eager(Mode):
 
     @classmethod
     def caveat(cls, cfg) -> str | None:
-        if not cfg.eager.overlap or cfg.eager.own_update != "none":
+        if not cfg.eager.overlap or cfg.eager.own_update == "wait":
             return None
-        return ("with eager.own_update = \"none\" each step computes on dense parameters "
-                "without its own last update: measured 0.055 eval AUC below async (0.7438 "
-                "against 0.7992; 800,000 synthetic rows, 2 workers x 2 shards, one seed: "
-                "docs/benchmarks/2026-11-26-eager-gap.md); with the default \"local\" 0.003 "
-                "below it (mean of 3 seeds)")
+        return CAVEATS[cfg.eager.own_update]
 
     @classmethod
     def console_line(cls, eager: dict) -> str | None:

@@ -48,7 +48,7 @@ def no_ray(monkeypatch):
 
 
 def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log=None,
-           own_update="local", dense_optimizer="sgd"):
+           own_update="wait", dense_optimizer="sgd"):
     model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8])
     models = []
     for _ in range(workers):

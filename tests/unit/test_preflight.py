@@ -130,12 +130,14 @@ def test_a_diverging_local_run_stops_at_that_step_with_its_summary(data, tmp_pat
 
 
 
-def test_eager_without_its_own_update_says_its_measured_gap_at_start_and_else_nothing(capsys):
-    stale = load_config(None, ['mode="eager"', "cluster.workers=2", 'eager.own_update="none"'])
-    preflight.warn_caveat(stale)
-    said = capsys.readouterr().err
-    assert "warning: mode eager:" in said and "0.055 eval AUC below async" in said
-    assert "docs/benchmarks/2026-11-26-eager-gap.md" in said
+def test_eager_says_the_measured_gap_of_an_own_update_other_than_the_default(capsys):
+    for setting, gap in (("none", "0.055 eval AUC below async"),
+                         ("local", "0.011 eval AUC below sync")):
+        preflight.warn_caveat(load_config(None, ['mode="eager"', "cluster.workers=2",
+                                                 f'eager.own_update="{setting}"']))
+        said = capsys.readouterr().err
+        assert "warning: mode eager:" in said and gap in said
+        assert "docs/benchmarks/2026-11-26-eager-gap.md" in said
     preflight.warn_caveat(load_config(None, ['mode="eager"', "cluster.workers=2"]))
     preflight.warn_caveat(load_config(None, ['mode="eager"', "cluster.workers=2",
                                              'eager.own_update="none"', "eager.overlap=false"]))

@@ -125,11 +125,11 @@ class EagerWorker(AsyncWorker):
             return self.ctx.client.dense_after_push()[0]
         t = self.ctx.cfg.train
         if self._mirror is None:
-            self._mirror = DenseState(torch.from_numpy(pulled.dense), t.dense_optimizer,
+            self._mirror = DenseState(torch.tensor(pulled.dense), t.dense_optimizer,
                                       t.dense_lr, t.dense_weight_decay, t.dense_warmup_steps)
         mirror = self._mirror
         with torch.no_grad():
-            mirror.params.copy_(torch.from_numpy(pulled.dense))
+            mirror.params.copy_(torch.tensor(pulled.dense))  # Ray's arrays are read-only
         mirror.optimizer.load_state_dict(pulled.dense_optimizer)
         mirror.apply(torch.from_numpy(np.asarray(grad, np.float32)), lr_scale)
         return mirror.params.detach().numpy().copy()

@@ -5,8 +5,9 @@ directory, each evaluation on the validation slice reported to the trial as it e
 What a trial reports, each validation evaluation (the scheduler compares ``METRIC`` at equal
 ``TIME_ATTR``): ``evals`` (validation evaluations so far, from 1), ``samples`` (trained so
 far), ``validation_logloss`` and ``validation_auc``. A trial that ASHA stops ends inside its
-report (Ray Tune ends the trial's thread there): its directory keeps config.toml and
-metrics.jsonl up to then, and no summary.json.
+report (Ray Tune's report raises SystemExit in the trial's thread): its directory keeps
+config.toml and metrics.jsonl up to the evaluation before (the one it was stopped at is in
+the search's trials.json), and no summary.json.
 """
 
 from __future__ import annotations

@@ -189,11 +189,10 @@ def _search(base: RunConfig, space: Space, samples: int, out: Path, table: Trial
             callbacks=[_table_callback(table)],
             failure_config=tune.FailureConfig(max_failures=0)))
     keep_signals_from_ray()
-    # Tune's own SIGINT handler would end the search its way; ours raises Interrupted
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    # Tune's reporter (verbose=0) still prints its boxes: the table's lines say the progress
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    with catch_signals() as signals:
+    # Tune's own SIGINT handler would end the search its way (ours raises Interrupted); its
+    # reporter still prints boxes at verbose=0 (the table's lines say the progress)
+    with _environ(TUNE_DISABLE_SIGINT_HANDLER="1", RAY_AIR_NEW_OUTPUT="0"), \
+            catch_signals() as signals:
         with ray_session(base.cluster, runtime_env_for(base.cluster, base.model.name),
                          log_to_driver=False):
             signals.install()  # again: ray.init installed handlers of its own
@@ -201,6 +200,22 @@ def _search(base: RunConfig, space: Space, samples: int, out: Path, table: Trial
                 tuner.fit()
             finally:  # however it ended: Ray's shutdown is not interrupted
                 signals.stopping("the search ended")
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Environment variables set for the block (Ray Tune reads these in this process), then
+    as they were."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _table_callback(table: TrialTable):

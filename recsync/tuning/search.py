@@ -10,7 +10,7 @@ config are written from the trials that reported (docs/tune.md).
 
 Resources: a `local` trial asks Ray for train.threads CPUs (its one process), so the trials
 that run at once are as many as the cluster's CPUs allow (2 on a 2-core machine); a trial of a
-distributed mode asks for none itself, since its workers and PS shards are actors that ask
+distributed mode asks for none itself (a nominal 0.001), since its workers and PS shards are actors that ask
 for their own (cluster.worker_cpus, shard_cpus), and such trials run one at a time unless told
 otherwise (``concurrent``): two of them could each hold part of the CPUs and wait forever for
 the rest.
@@ -82,10 +82,11 @@ def check_trials(space: Space, trials: int) -> int:
 
 def trial_cpus(base: RunConfig, space: Space) -> tuple[float, bool]:
     """(CPUs a trial asks for, whether some trial runs a distributed mode)."""
+    from recsync.cluster.placement import NOMINAL_CPU  # (imports Ray)
     modes = set(space.values_of("mode")) if "mode" in space.keys else {base.mode}
     distributed = modes != {LOCAL}
-    if distributed:
-        return 0.0, True
+    if distributed:  # Ray Tune refuses a trial of no resource: a nominal one, as placement's
+        return NOMINAL_CPU, True
     threads = [base.train.threads]
     if "train.threads" in space.keys:
         threads += [int(v) for v in space.values_of("train.threads")]
@@ -182,8 +183,9 @@ def _search(base: RunConfig, space: Space, samples: int, out: Path, table: Trial
         trainable, param_space={p.key: sampler(p) for p in space.params},
         tune_config=tune.TuneConfig(
             metric=METRIC, mode="min", scheduler=scheduler, num_samples=samples,
-            max_concurrent_trials=concurrent,
-            search_alg=BasicVariantGenerator(random_state=seed)),
+            # (the generator's own bound: Tune ignores max_concurrent_trials beside one)
+            search_alg=BasicVariantGenerator(max_concurrent=concurrent or 0,
+                                             random_state=seed)),
         run_config=tune.RunConfig(
             name=TUNE_DIR, storage_path=str(out), verbose=0,
             callbacks=[_table_callback(table)],

@@ -156,14 +156,14 @@ def test_the_trials_must_cover_the_grid_evenly():
         search.check_trials(space, 0)
 
 
-def test_local_trials_ask_for_their_threads_and_distributed_ones_for_no_cpu():
+def test_local_trials_ask_for_their_threads_and_distributed_ones_for_a_nominal_cpu():
     base = load_config(None, ["train.validation=0.1", "train.threads=2"])
     local = parse_space({"train": {"dense_lr": {"choice": [0.1]}}}, base)
     assert search.trial_cpus(base, local) == (2.0, False)
     threads = parse_space({"train": {"threads": {"int": [1, 3]}}}, base)
     assert search.trial_cpus(base, threads) == (3.0, False)
     modes = parse_space({"mode": {"choice": ["local", "async"]}}, base)
-    assert search.trial_cpus(base, modes) == (0.0, True)
+    assert search.trial_cpus(base, modes) == (0.001, True)  # Ray Tune refuses 0
 
 
 def test_a_base_without_validation_gets_a_tenth():

@@ -109,7 +109,7 @@ def tune(config: RunConfig | str | Path | None, space: str | Path, trials: int,
     """A search over config keys on Ray Tune with ASHA (`recsync tune`, docs/tune.md): the
     base ``config``, the search ``space`` (a TOML file), ``trials`` runs; the table, plot and
     best.toml in ``out``. Options: overrides, concurrent, grace_period, reduction_factor,
-    seed, overwrite (recsync.tuning.search.tune). Returns a TuneResult (``best``,
+    seed, overwrite, echo (where progress lines go; print) (recsync.tuning.search.tune). Returns a TuneResult (``best``,
     ``best_config``, ``trials``)."""
     from recsync.tuning import tune as run_tune
     return run_tune(config, space, trials, out, **options)

@@ -28,10 +28,12 @@ def plot_trials(table: TrialTable, path: Path) -> Path | None:
         is_best = best is not None and r.trial == best.trial
         ax.plot(xs, ys, marker="o", markersize=3, linewidth=2.5 if is_best else 1.0,
                 alpha=1.0 if is_best else 0.6, linestyle="-" if r.status == "completed" else "--",
+                color="black" if is_best else None,
                 label=f"{r.trial} (best)" if is_best else None)
     ax.set_xlabel("samples trained")
     ax.set_ylabel("validation log loss")
-    ax.set_title(f"{len(rows)} trials (dashed: stopped by ASHA, failed or interrupted)")
+    ax.set_title(f"{len(rows)} trials (dashed: stopped by ASHA, failed or interrupted; the "
+                 f"best in black)")
     if best is not None:
         ax.legend(loc="upper right")
     ax.grid(alpha=0.3)

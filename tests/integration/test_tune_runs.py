@@ -10,9 +10,9 @@ import subprocess
 import sys
 import time
 
+import recsync
 from recsync.config import load_config
 from recsync.run.driver import run
-from recsync.tuning import tune
 from runs import SMALL, wait_gone
 
 SPACE = '''
@@ -35,7 +35,7 @@ def base_config(tmp_path, data):
 def test_a_search_writes_its_table_and_a_best_config_that_trains(ray_cluster, data, tmp_path):
     base, space = base_config(tmp_path, data)
     out = tmp_path / "search"
-    result = tune(base, space, 3, out, echo=lambda line: None)
+    result = recsync.tune(base, space, 3, out, echo=lambda line: None)  # the Python API
     table = json.loads((out / "trials.json").read_text())
     assert table["keys"] == ["train.dense_lr", "model.dropout"]
     assert len(table["trials"]) == 3

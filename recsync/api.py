@@ -1,5 +1,6 @@
-"""recsync from Python: configs (load, override, save), ``train``, ``convert`` and
-``load_model`` (a run's trained model, to score rows: docs/serving.md).
+"""recsync from Python: configs (load, override, save), ``train``, ``convert``,
+``load_model`` (a run's trained model, to score rows: docs/serving.md) and ``tune`` (a search
+on Ray Tune: docs/tune.md).
 
     import recsync
     cfg = recsync.load_config("run.toml", ["mode=\\"gba\\""])     # or recsync.load_config()
@@ -101,6 +102,17 @@ def convert(inputs, out: str | Path, *, schema: str | Path | None = None,
     return run_convert([str(p) for p in inputs], loaded, out, strict=strict,
                        overwrite=overwrite, progress=progress,
                        allow_empty_train=allow_empty_train)
+
+
+def tune(config: RunConfig | str | Path | None, space: str | Path, trials: int,
+         out: str | Path, **options):
+    """A search over config keys on Ray Tune with ASHA (`recsync tune`, docs/tune.md): the
+    base ``config``, the search ``space`` (a TOML file), ``trials`` runs; the table, plot and
+    best.toml in ``out``. Options: overrides, concurrent, grace_period, reduction_factor,
+    seed, overwrite, echo (where progress lines go; print) (recsync.tuning.search.tune). Returns a TuneResult (``best``,
+    ``best_config``, ``trials``)."""
+    from recsync.tuning import tune as run_tune
+    return run_tune(config, space, trials, out, **options)
 
 
 def load_model(path: str | Path, *, builder: str | None = None):

@@ -26,14 +26,16 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def ray_session(cfg: ClusterConfig, runtime_env: dict | None = None):
+def ray_session(cfg: ClusterConfig, runtime_env: dict | None = None,
+                log_to_driver: bool = True):
     """Embedded default: a local Ray instance on loopback with the dashboard off and a bounded
     object store, shut down on exit (also on error and Ctrl-C) and its session folder removed
     (kept with ``cfg.keep_ray_logs``). Its actors run at the driver's priority (Ray's default
     nice 15 lets any other process on the machine take their CPU, which an emulated cluster
     cannot pace against). With ``cfg.address``, or under ``ray job submit`` (RAY_ADDRESS
     set): join that cluster with ``runtime_env`` (the job's own, under ``ray job submit``), and
-    only disconnect from it on exit."""
+    only disconnect from it on exit. ``log_to_driver`` False: the processes' output stays in
+    Ray's logs (recsync tune: its trials' runs would print over the search's lines)."""
     import ray
     if ray.is_initialized():  # e.g. a test's session-scoped cluster
         yield
@@ -48,7 +50,7 @@ def ray_session(cfg: ClusterConfig, runtime_env: dict | None = None):
             on_loopback = loopback_node() if is_loopback(host) else contextlib.nullcontext()
             with on_loopback:
                 ray.init(address=address, logging_level=logging.WARNING,
-                         runtime_env=runtime_env or None)
+                         runtime_env=runtime_env or None, log_to_driver=log_to_driver)
             log.info("joined the Ray cluster at %s", address)
         else:
             private_auth_token(Path.home())
@@ -56,7 +58,7 @@ def ray_session(cfg: ClusterConfig, runtime_env: dict | None = None):
                 ctx = ray.init(address="local", include_dashboard=False,
                                object_store_memory=cfg.object_store_mb * 2**20,
                                num_cpus=os.cpu_count(), logging_level=logging.WARNING,
-                               configure_logging=True, log_to_driver=True,
+                               configure_logging=True, log_to_driver=log_to_driver,
                                _system_config={"worker_niceness": 0})
             session = Path(ctx.address_info["session_dir"])
             node_ip = ctx.address_info["node_ip_address"]

@@ -26,9 +26,9 @@ from recsync.run.selection import EARLY_STOPPING, EPOCHS, MAX_STEPS, Selection, 
 class BestKept:
     """The best evaluation's model of one run (handle.DistributedRun) and the stop decision."""
 
-    def __init__(self, run):
+    def __init__(self, run, on_eval=None):
         self.run = run
-        self.selection = Selection(run.cfg.train.patience, bool(run.ds.held))
+        self.selection = Selection(run.cfg.train.patience, bool(run.ds.held), on_eval)
         self.state: ModelState | None = None  # the best evaluation's (None: the final one's)
         self.stopping = False
 

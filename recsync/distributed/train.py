@@ -50,11 +50,12 @@ def work_items(cfg: RunConfig, ds: Dataset) -> list[tuple]:
 
 
 def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
-              started: float | None = None, warm=None) -> DistributedRun:
+              started: float | None = None, warm=None, on_eval=None) -> DistributedRun:
     """A run's parts, its actors started. ``checkpoint_root``: where the shards' checkpoints
     go if ``recovery`` asks for them (``recovery.dir`` wins); ``started``: when the run began
     (perf_counter; default now); ``warm``: the model directory the run starts from
-    (run/warm_start.py), if any."""
+    (run/warm_start.py), if any; ``on_eval``: run()'s hook, told of each validation
+    evaluation (run/selection.py)."""
     record = RunRecord() if started is None else RunRecord(start=started)
     ds.hold_out(cfg.train.validation)  # "train" stops before the validation slice
     model = DriverModel(cfg, ds, warm)
@@ -63,20 +64,21 @@ def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
     tallies, shard_watch = RunTallies(cfg.cluster.workers), ShardWatch()
     rounds = CheckpointRounds(cfg, record, actors, tallies, shard_watch, model)
     run = DistributedRun(cfg, ds, record, model, actors, tallies, shard_watch, rounds)
-    run.best = BestKept(run)
+    run.best = BestKept(run, on_eval)
     return run
 
 
 def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path | None = None,
                     resume: files.Checkpoint | None = None, *,
-                    started: float | None = None, warm=None) -> dict:
+                    started: float | None = None, warm=None, on_eval=None) -> dict:
     """Train on Ray; returns what the summary needs beyond the local fields, with the run's
     record (on Ctrl-C or RunFailed the exception carries it). Checkpoints, if any, go to
     ``recovery.dir`` or ``out_dir``/checkpoints. ``resume``: a job checkpoint of an earlier
     run of this config to go on from; ``started``: when the run began (perf_counter);
-    ``warm``: a model directory to start from (train.init_from, run/warm_start.py)."""
+    ``warm``: a model directory to start from (train.init_from, run/warm_start.py);
+    ``on_eval``: run()'s hook, told of each validation evaluation."""
     run = build_run(cfg, ds, None if out_dir is None else Path(out_dir) / "checkpoints",
-                    started, warm=None if resume else warm)
+                    started, warm=None if resume else warm, on_eval=on_eval)
     record = run.record
     try:
         # provisional: the clock starts again when the first workers start training

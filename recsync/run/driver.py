@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -72,7 +73,7 @@ def _trained_nothing(summary_text: str | None) -> bool:
 
 
 def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
-        resume: bool = False) -> dict:
+        resume: bool = False, on_eval: Callable[[dict], object] | None = None) -> dict:
     """Train as ``cfg`` says, write outputs into ``out_dir``, return the summary.
 
     Raises FileExistsError if ``out_dir`` holds an earlier run's outputs and not ``overwrite``,
@@ -80,6 +81,10 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
     writing the summary) if the run could not go on, and Interrupted (after writing the summary)
     on SIGINT, SIGTERM or SIGHUP. ``resume``: go on with the run in ``out_dir`` (``cfg`` is its
     config.toml) from its newest complete job checkpoint; metrics.jsonl is appended to.
+    ``on_eval``: called in this process, in every mode, with each evaluation on the validation
+    slice (train.validation) as it ends: its record (``samples``, ``logloss``, ``auc``, ...,
+    as metrics.jsonl's ``eval``); what it raises ends the run (recsync tune reports each one to
+    its trial through it, recsync/tuning/trial.py).
     """
     out = storage.local(out_dir)  # a URL: its staging folder, uploaded as the run goes
     started = time.perf_counter()
@@ -109,7 +114,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                              upload_every_s=cfg.output.upload_every_s)
             try:
                 if not cfg.distributed:
-                    result = run_local(cfg, ds, log, started, warm)
+                    result = run_local(cfg, ds, log, started, warm, on_eval)
                 else:
                     from recsync.cluster.ray_session import ray_session, runtime_env_for
                     from recsync.distributed.train import run_distributed
@@ -118,7 +123,8 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
                         signals.install()  # again: ray.init installed handlers of its own
                         try:
                             result = run_distributed(cfg, ds, log, out, checkpoint,
-                                                     started=started, warm=warm)
+                                                     started=started, warm=warm,
+                                                     on_eval=on_eval)
                         finally:  # however it ended: Ray's shutdown is not interrupted
                             signals.stopping()
                 log.final_eval(result.get("eval"), result["record"].samples)

@@ -88,11 +88,12 @@ CHUNK_BATCHES = 16  # default chunk: this many batches
 
 
 def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
-              warm=None) -> dict:
+              warm=None, on_eval=None) -> dict:
     """Train as ``cfg`` says in this process; returns the final evaluation and the run's record
     (``started``: when the run began; ``warm``: the model directory to start from,
-    run/warm_start.py). An exception (Ctrl-C, a failure) carries ``record`` and ``model`` (the
-    work done so far, to evaluate)."""
+    run/warm_start.py; ``on_eval``: run()'s hook, told of each validation evaluation). An
+    exception (Ctrl-C, a failure) carries ``record`` and ``model`` (the work done so far, to
+    evaluate)."""
     record = RunRecord(start=started)
     ds.hold_out(cfg.train.validation)
     model = build_local_model(cfg.model, cfg.train, ds)
@@ -102,7 +103,8 @@ def run_local(cfg: RunConfig, ds: Dataset, log: MetricsLog, started: float,
     warm_up(model.dense, model.lookup.plan, ds, cfg.train.batch_size)  # compiles, if set
     record.train_start = time.perf_counter()
     try:
-        selection, best = Selection(cfg.train.patience, bool(ds.held)), BestLocal()
+        selection, best = (Selection(cfg.train.patience, bool(ds.held), on_eval),
+                           BestLocal())
         try:
             reason = _train(cfg, ds, model, log, record, selection, best)
         finally:

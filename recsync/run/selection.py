@@ -24,17 +24,22 @@ BEST_KEYS = ("samples", "time_s", "logloss", "auc", "ne", "calibration", "rows")
 class Selection:
     """The evaluations of one run on the validation slice, as they come (``observe``)."""
 
-    def __init__(self, patience: int, enabled: bool = True):
+    def __init__(self, patience: int, enabled: bool = True, on_eval=None):
         self.enabled, self.patience = enabled, patience
         self.best: dict | None = None  # the best evaluation's record, with its "index"
         self.since_best = 0  # evaluations since the best one
         self.count = 0
+        self.on_eval = on_eval  # run()'s hook (run/driver.py): told of each evaluation
 
     def observe(self, result: dict, index: int) -> bool:
         """Evaluation ``index`` (of record.evals) ended with ``result``; True where it is the
-        new best (lower log loss than every one before; a NaN never is)."""
+        new best (lower log loss than every one before; a NaN never is). The hook
+        ``on_eval``, if any, is called with a copy of ``result`` first (what it raises ends
+        the run as an error of the run would)."""
         if not self.enabled:
             return False
+        if self.on_eval is not None:
+            self.on_eval(dict(result))
         self.count += 1
         loss = result.get("logloss")
         if loss is not None and not math.isnan(loss) and (

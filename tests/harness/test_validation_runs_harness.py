@@ -22,9 +22,12 @@ def test_distributed_run_stops_early_and_keeps_the_best_model(fake_ray, data, tm
                  "train.eval_every_samples=1024", "train.eval_sample_rows=100000",
                  "train.embedding_lr=0.5", "train.dense_lr=0.05", "network.latency_ms=10",
                  'train.dense_precision="float32"')
-    summary = run(cfg, tmp_path)
+    told = []  # run()'s on_eval hook (recsync tune's reports): every validation evaluation
+    summary = run(cfg, tmp_path, on_eval=told.append)
     assert summary["status"] == "completed", summary["error"]
     stopped, evals = summary["stopped"], summary["evals"]
+    assert [(t["samples"], t["logloss"]) for t in told] == \
+        [(e["samples"], e["logloss"]) for e in evals]
     assert stopped["reason"] == "early_stopping"
     assert summary["samples"] < 40 * 3584 and summary["queue"]["dropped"] > 0
     assert all(e["split"] == "validation" and e["rows"] == 512 for e in evals)

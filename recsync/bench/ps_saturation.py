@@ -24,8 +24,9 @@ the largest N measured such that N and every smaller N measured kept an efficien
 0.9 (a dip below it counts, even if a larger N comes back over it); beside it, the linear
 interpolation of the crossing, and the same figure against the best per-worker speed measured
 (``_vs_best``): the emulated shard charges each request the CPU its process used since the
-previous one, Ray's idle threads included, so with one worker (long gaps) each step carries
-more of it than with several, and one worker is slower per worker than a few.
+previous one less its idle rate (measured as training starts, cluster/emulation.py); what Ray's
+threads use between calls above that rate still makes one worker (long gaps) slower per worker
+than a few.
 
 Where the shard's time goes: each arm's shard CPU per request and busy fraction (its paced
 service time over the training time) from summary.json's ``emulation``, and ps_probe.py's CPU
@@ -207,6 +208,7 @@ def shard_figures(summary: dict) -> dict:
             "pushes": counts.get("pushes"), "cpu_s": s["cpu_s"],
             "cpu_ms_per_request": s["cpu_s"] / requests * 1e3,
             "paced_wall_s": s["paced_wall_s"], "late_s": s["late_s"],
+            "idle_cores": s.get("idle_cores"),
             "busy_fraction": s["paced_wall_s"] / train_s if train_s > 0 else None}
 
 
@@ -278,12 +280,13 @@ def result_part(measured: dict, out: Path) -> dict:
         f"the core: Ray's handling of the call (arguments, answers, event loop, its threads). "
         f"In the arms, the shard's CPU per request fell from "
         f"{one['shard']['cpu_ms_per_request']:.1f} ms at 1 worker to {per_request:.1f} ms at "
-        f"{most['workers']}: the emulated machine charges a request all the CPU its process "
-        f"used since the previous one ended, also what Ray's threads used while it was idle "
-        f"({probe['idle_cores']:.3f} cores on the probe's idle shard, "
-        f"{probe['idle_cores'] / CORES:.0%} of its {CORES:g} cores). With few workers the "
-        f"gaps are long: the push after each compute carries the idle CPU of the compute and "
-        f"the worker's next pull waits behind it, so samples/s at 1 worker is lower than a "
+        f"{most['workers']}: the emulated machine charges a request the CPU its process used "
+        f"since the previous one ended less the process's idle rate, measured as training "
+        f"started ({_cores(one['shard'].get('idle_cores'))} cores at 1 worker; the probe's "
+        f"idle shard used {probe['idle_cores']:.3f} cores, {probe['idle_cores'] / CORES:.0%} "
+        f"of its {CORES:g} cores, which were charged to requests before and made most of its "
+        f"time). What Ray's threads use between calls above that rate still lands on the next "
+        f"request, most where the gaps are long: samples/s at 1 worker is lower than a "
         f"machine that did that work while idle would give, and every efficiency against it "
         f"is flattered by as much (points over 1 are this). Against the best per-worker speed "
         f"measured (at {best_n} worker(s)) the 90% figure is "
@@ -314,9 +317,9 @@ def result_part(measured: dict, out: Path) -> dict:
             ["push rows alone, ShardCore", probe["core_push_rows_cpu_ms"], "no dense gradient"],
             ["push dense alone, ShardCore", probe["core_push_dense_cpu_ms"], "no rows"],
             ["the shard process's CPU while idle (cores)", probe["idle_cores"],
-             f"over {IDLE_S:g} s without calls (Ray's threads); the emulated machine charges it "
-             f"to the next request, so at low load a pull after a gap of g s carries about "
-             f"g x this / {CORES:g} s more"],
+             f"over {IDLE_S:g} s without calls (Ray's threads); the arms' shards measure theirs "
+             f"as training starts, and their machines do not charge it to requests (the probe's "
+             f"figures above include it)"],
             ["shard capacity (samples/s, EMULATED)", capacity,
              f"{ov.BATCH} x {CORES:g} cores / (2 x CPU per request at {most['workers']} "
              f"workers)"]],
@@ -327,6 +330,10 @@ def result_part(measured: dict, out: Path) -> dict:
                       "efficiency_vs_best": [vs_best[n] for n in curve],
                       "capacity_samples_per_s": capacity},
             "probe": probe, "configs": measured["configs"], "emulation_label": label()}
+
+
+def _cores(x: float | None) -> str:
+    return "not measured" if x is None else f"{x:.3f}"
 
 
 def _pct(x: float | None) -> str:

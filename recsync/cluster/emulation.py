@@ -13,6 +13,13 @@ CPU time is the whole process's (``time.process_time``), charged to the section 
 a step's or a request's own work and what Ray's threads did for it (serializing its arguments
 and answers, gloo). Pacing on the calling thread's CPU time alone left out about 20% of a
 worker's CPU time and half of a shard's (measured: docs/design.md §6b).
+
+Less the process's idle CPU: Ray's threads use CPU while a process does nothing (0.03-0.08 of a
+core measured in an idle shard), a fixed cost of a process, not a share of its machine; on an
+emulated machine of 0.11 cores it was charged to the next request and took most of the shard's
+time. Each process measures it before training (``measure_idle``: ``IDLE_WINDOW_S`` doing
+nothing) and its machine charges a section only the CPU above that rate since the last section
+ended.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ import asyncio
 import threading
 import time
 from typing import Callable
+
+IDLE_WINDOW_S = 1.0  # how long a process measures its idle CPU before training
+IDLE_SHARE_MAX = 0.5  # at most this share of a machine's cores is taken as idle CPU
 
 
 def cluster_label(workers: int, cores_per_worker: float, shards: int,
@@ -64,15 +74,24 @@ class EmulatedMachine:
         self.cores, self.clock, self.cpu_clock = cores, clock, cpu_clock
         self.free_at = float("-inf")
         self.charged: float | None = None  # the CPU clock up to which sections have paid
+        self.charged_at = 0.0  # the wall clock then
+        self.idle_cores = self.idle_measured = 0.0  # the process's CPU while idle, in cores
         self.sections = 0
-        self.cpu_s = self.service_s = self.late_s = 0.0
+        self.cpu_s = self.service_s = self.late_s = self.idle_cpu_s = 0.0
         self._lock = threading.Lock()
+
+    def set_idle(self, measured_cores: float) -> None:
+        """The process's CPU while idle (cores), from ``measure_idle``: not charged to sections
+        from now on (at most ``IDLE_SHARE_MAX`` of the machine's cores)."""
+        with self._lock:
+            self.idle_measured = max(0.0, measured_cores)
+            self.idle_cores = min(self.idle_measured, IDLE_SHARE_MAX * self.cores)
 
     def open(self) -> float:
         """A section starting now (its wall clock)."""
         with self._lock:
             if self.charged is None:
-                self.charged = self.cpu_clock()
+                self.charged, self.charged_at = self.cpu_clock(), self.clock()
         return self.clock()
 
     def close(self, t0: float, factor: float = 1.0) -> tuple[float, float]:
@@ -81,10 +100,13 @@ class EmulatedMachine:
         (counted in ``late_s``)."""
         with self._lock:
             now, cpu_now = self.clock(), self.cpu_clock()
-            cpu = max(0.0, cpu_now - self.charged)
+            idle = self.idle_cores * max(0.0, now - self.charged_at)
+            cpu = max(0.0, cpu_now - self.charged - idle)
+            self.idle_cpu_s += min(idle, max(0.0, cpu_now - self.charged))
             # a clock that went back (CPU moved to another machine's account after it was
             # charged here) pays it back from the next sections' CPU
             self.charged = max(self.charged, cpu_now)
+            self.charged_at = now
             due = max(t0, self.free_at) + factor * cpu / self.cores
             self.free_at = max(due, now)
             self.sections += 1
@@ -99,7 +121,29 @@ class EmulatedMachine:
 
     def totals(self) -> dict:
         return {"sections": self.sections, "cpu_s": self.cpu_s, "service_s": self.service_s,
-                "late_s": self.late_s, "unpaced_cpu_s": self.unpaced_cpu_s()}
+                "late_s": self.late_s, "unpaced_cpu_s": self.unpaced_cpu_s(),
+                "idle_cores": self.idle_cores, "idle_measured_cores": self.idle_measured,
+                "idle_cpu_s": self.idle_cpu_s}
+
+
+def idle_cores(seconds: float = IDLE_WINDOW_S) -> float:
+    """The process's CPU per wall second (cores) while the calling thread does nothing for
+    ``seconds``: what its other threads (Ray's) use when idle."""
+    start = time.perf_counter(), time.process_time()
+    time.sleep(seconds)
+    return _cores_since(*start)
+
+
+async def idle_cores_async(seconds: float = IDLE_WINDOW_S) -> float:
+    """``idle_cores`` for an asyncio actor (a PS shard): the event loop waits meanwhile."""
+    start = time.perf_counter(), time.process_time()
+    await asyncio.sleep(seconds)
+    return _cores_since(*start)
+
+
+def _cores_since(wall0: float, cpu0: float) -> float:
+    wall = time.perf_counter() - wall0
+    return (time.process_time() - cpu0) / wall if wall > 0 else 0.0
 
 
 class StepPacer:
@@ -187,7 +231,7 @@ def worker_entry(rank: int, totals: dict) -> dict:
     others, or for a pull, run longer)."""
     cpu, comp = totals["cpu_s"], totals["compute_cpu_s"]
     return {"rank": rank, "steps": totals["steps"], "cpu_s": cpu,
-            "unpaced_cpu_s": totals.get("unpaced_cpu_s"),
+            "unpaced_cpu_s": totals.get("unpaced_cpu_s"), "idle_cores": totals.get("idle_cores"),
             "paced_wall_s": totals["paced_wall_s"], "slept_s": totals["slept_s"],
             "wall_per_cpu": totals["paced_wall_s"] / cpu if cpu > 0 else None,
             "compute_wall_per_cpu": totals["compute_wall_s"] / comp if comp > 0 else None,
@@ -210,7 +254,7 @@ def shard_entry(shard: int, totals: dict, cores: float) -> dict:
     cpu = totals["cpu_s"]
     service = totals["service_s"] + totals["late_s"]
     return {"shard": shard, "requests": totals["sections"], "cpu_s": cpu,
-            "unpaced_cpu_s": totals.get("unpaced_cpu_s"),
+            "unpaced_cpu_s": totals.get("unpaced_cpu_s"), "idle_cores": totals.get("idle_cores"),
             "paced_wall_s": service, "late_s": totals["late_s"],
             "wall_per_cpu": service / cpu if cpu > 0 else None, "expected": 1.0 / cores}
 

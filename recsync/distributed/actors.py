@@ -60,6 +60,12 @@ class RunActors:
             host, port = ray.get(self.workers[0].address.remote())
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
 
+    def measure_idle(self) -> None:
+        """The emulated cluster: each shard measures its idle CPU while the workers, as they
+        start, measure theirs (cluster/emulation.py); not waited for."""
+        if self.cfg.emulation.cores_per_shard > 0:
+            self._idle_refs = [s.measure_idle.remote() for s in self.shards]
+
     def start(self, ranks: list[int], start_unix: float) -> None:
         """Workers ``ranks`` start training (``start_unix``: when the run's training began)."""
         ray.get([self.workers[r].start.remote(start_unix) for r in ranks])

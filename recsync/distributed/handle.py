@@ -41,6 +41,7 @@ class DistributedRun:
         self.shard_watch.workers_started(ranks)
         if self.tallies.start_clock(self.record.train_s_before, time.time()):
             self.record.train_start = time.perf_counter()  # start-up is not training time
+            self.actors.measure_idle()
         self.actors.start(ranks, self.tallies.start_unix)
 
     def poll(self) -> list[WorkerStatus]:

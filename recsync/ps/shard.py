@@ -17,7 +17,7 @@ import ray
 from recsync.checkpoint import files, reshard
 from recsync.checkpoint.writer import CheckpointWriter
 from recsync.cluster import storage
-from recsync.cluster.emulation import EmulatedMachine, RequestPacer
+from recsync.cluster.emulation import EmulatedMachine, RequestPacer, idle_cores_async
 from recsync.cluster.placement import where
 from recsync.ps.core import ShardCore
 from recsync.run.signals import ignore_interrupts
@@ -149,6 +149,16 @@ class PSShard:
     async def where(self) -> dict:
         """This process's node and pid (a standby's too)."""
         return self.node
+
+    async def measure_idle(self) -> float | None:
+        """The emulated cluster: measure this process's CPU while idle (Ray's threads), which
+        its machine then does not charge to requests (cluster/emulation.py). Called as training
+        starts, while the workers measure theirs and send nothing. None without emulation."""
+        if self.pacer is None:
+            return None
+        cores = await idle_cores_async()
+        self.pacer.machine.set_idle(cores)
+        return cores
 
     async def _travel(self, payload) -> None:
         if self.network is not None:

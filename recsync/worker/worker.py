@@ -28,7 +28,7 @@ import torch
 
 from recsync.cluster import storage
 from recsync.cluster.device import group_backend, worker_device
-from recsync.cluster.emulation import EmulatedMachine, StepPacer, shadow_cores
+from recsync.cluster.emulation import EmulatedMachine, StepPacer, idle_cores, shadow_cores
 from recsync.cluster.net import is_loopback, listening_socket, loopback_interface
 from recsync.cluster.placement import where
 from recsync.config import RunConfig
@@ -172,6 +172,7 @@ class Worker:
         return {**StepPacer.summed(own),  # the rounds' work too, unless on a machine of theirs
                 "steps": sum(p.steps for p in training),  # training steps only
                 "unpaced_cpu_s": self.machine.unpaced_cpu_s(),
+                "idle_cores": self.machine.idle_cores,
                 "shadow_thread": StepPacer.summed(shadow) if shadow else None}
 
     def mode_stats(self) -> dict | None:
@@ -284,6 +285,8 @@ class Worker:
     # -- the loop --------------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            if self.machine is not None:  # the emulated machine is charged what is above it
+                self.machine.set_idle(idle_cores())
             slots = [(2 * t, 2 * t + 1) if self.mode.lookahead else (t,)
                      for t in range(self.mode.threads)]
             feeds = [self._feed(s) for s in slots]

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from recsync.cluster.emulation import (EmulatedMachine, RequestPacer, StepPacer, cluster_label,
-                               shard_entry, worker_entry)
+                                       idle_cores, shard_entry, worker_entry)
 from recsync.config import ConfigError, load_config
 
 
@@ -193,3 +193,45 @@ def test_the_shadow_threads_cores_are_labelled_counted_and_only_for_mode_shadow(
         load_config(None, [*base, "emulation.cores_per_shadow=0.125"])
     with pytest.raises(ConfigError, match="only mode \"shadow\" has a shadow thread"):
         load_config(None, [*base[1:], 'mode="foreground"', "emulation.cores_per_shadow=0.0625"])
+
+
+def test_the_process_idle_cpu_is_not_charged_to_the_next_section():
+    """Ray's threads use CPU while a shard waits for requests (measured before training): a
+    request after 2 s of waiting is charged its own work only, not the 2 s x the idle rate."""
+    clock = FakeClock()
+    m = clock.machine(0.1)
+    m.set_idle(0.03)
+    first = m.open()
+    clock.work(0.01)
+    m.close(first)
+    clock.wait(2.0)
+    clock.cpu += 0.06  # idle: 0.03 cores x 2 s
+    section = m.open()
+    clock.work(0.01)
+    wait, charged = m.close(section)
+    assert charged == pytest.approx(0.01 - 0.03 * 0.01, abs=1e-9)  # the idle rate meanwhile too
+    assert m.totals()["idle_cpu_s"] == pytest.approx(0.06 + 0.03 * 0.02, abs=1e-9)
+    assert m.totals()["idle_cores"] == 0.03
+
+
+def test_without_an_idle_measurement_every_cpu_second_is_charged():
+    clock = FakeClock()
+    m = clock.machine(0.1)
+    m.open()
+    clock.wait(2.0)
+    clock.cpu += 0.06
+    section = m.open()
+    clock.work(0.01)
+    _, charged = m.close(section)
+    assert charged == pytest.approx(0.07)
+
+
+def test_idle_cpu_is_taken_at_most_at_half_the_machine():
+    """A measurement disturbed by real work must not make the machine free of charge."""
+    m = FakeClock().machine(0.1)
+    m.set_idle(0.2)
+    assert m.idle_cores == pytest.approx(0.05) and m.idle_measured == 0.2
+
+
+def test_idle_cores_measures_this_process_doing_nothing():
+    assert 0.0 <= idle_cores(0.05) < 0.5  # the test process's other threads are quiet

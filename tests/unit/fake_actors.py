@@ -26,6 +26,9 @@ class FakeActors:
     def spawn(self, ranks, dense_state=None, step_index=0):
         self.calls.append(("spawn", ranks, dense_state, step_index))
 
+    def measure_idle(self):
+        """The shards' idle CPU (emulated cluster): no processes here, nothing to measure."""
+
     def start(self, ranks, start_unix):
         self.calls.append(("start", ranks))
 

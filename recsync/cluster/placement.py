@@ -60,8 +60,9 @@ class Placement:
 
     @staticmethod
     def _options(group, bundle: int, cpus: float, gpus: float = 0.0) -> dict:
-        if group is None:
-            return {"num_cpus": cpus, "num_gpus": gpus}
+        if group is None:  # "DEFAULT", not None: under Ray Tune a trial's actors would else
+            # be captured into the trial's placement group (recsync tune), where they do not fit
+            return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": "DEFAULT"}
         return {"num_cpus": cpus or NOMINAL_CPU, "num_gpus": gpus,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=bundle)}

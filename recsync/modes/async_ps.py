@@ -55,7 +55,8 @@ class ApplyNow(ShardRule):
 
     def push(self, core, ids, grads, dense_grad, meta: dict) -> int:
         staleness = max(0, core.version - meta["version_read"])
-        core.apply_now(ids, grads, dense_grad, meta.get("lr_scale", 1.0))
+        core.apply_now(ids, grads, dense_grad, meta.get("lr_scale", 1.0),
+                       meta.get("dense_lr_scale"))
         core.record_staleness(staleness)
         return staleness
 

@@ -89,6 +89,7 @@ class EagerWorker(AsyncWorker):
         self._own = None  # (dense gradient, lr multiplier) of the last push, if the next lacks it
         self._mirror = None  # "local": the dense optimizer, as the shard has it
         self.taus: Counter = Counter()  # τ (as the worker knew it) -> updates
+        self.dense_taus: Counter = Counter()  # the same for the dense vector
         self.multiplier_sum, self.multiplier_min, self.updates = 0.0, 1.0, 0
 
     def step(self, batch, ahead=None, thread: int = 0):
@@ -99,30 +100,33 @@ class EagerWorker(AsyncWorker):
         pending, self._next = self._next, None
         pulled = client.complete(pending or client.pull_async(batch))
         own, self._own = self._own, None
+        dense_read = pulled.versions[client.dense_shard]  # the version its dense vector holds
         if own is not None and pending is not None:  # read before this worker's last push
-            pulled.dense = self._with_own_update(pulled, *own)
+            pulled.dense, dense_read = self._with_own_update(pulled, *own)
         pull_s = time.perf_counter() - begin
         if self.overlap and ahead is not None:
             self._next = client.pull_async(ahead, dense=EARLY_DENSE[self.own_update])
         loss, dense_grad = self.compute(batch, pulled)
-        scales = self._scales(pulled.versions)
+        scales, dense_scale = self._scales(pulled.versions, dense_read)
         begin = time.perf_counter()
         if self.overlap and self.own_update != "none":
-            self._own = (dense_grad, scales[client.dense_shard])
-        client.push(pulled, dense_grad, lr_scales=scales,
+            self._own = (dense_grad, dense_scale)
+        client.push(pulled, dense_grad, lr_scales=scales, dense_lr_scale=dense_scale,
                     read_dense=self.overlap and self.own_update == "wait")
         if not self.overlap:
             client.flush()
         self.ctx.add_waits(pull_s, time.perf_counter() - begin)
         return loss
 
-    def _with_own_update(self, pulled, grad: np.ndarray, lr_scale: float) -> np.ndarray:
-        """The pulled dense vector with this worker's last update in it (``eager.own_update``):
-        from the push's answer ("wait"), or applied here as the shard applies it ("local": its
-        optimizer, loaded with the state the pull read, steps on the pushed gradient x the
-        same learning-rate multiplier)."""
+    def _with_own_update(self, pulled, grad: np.ndarray, lr_scale: float
+                         ) -> tuple[np.ndarray, int]:
+        """The pulled dense vector with this worker's last update in it (``eager.own_update``),
+        and the version it counts as read at: from the push's answer ("wait": the shard's
+        version then), or applied here as the shard applies it ("local": its optimizer, loaded
+        with the state the pull read, steps on the pushed gradient x the same multiplier; the
+        pull's version + 1)."""
         if self.own_update == "wait":
-            return self.ctx.client.dense_after_push()[0]
+            return self.ctx.client.dense_after_push()
         t = self.ctx.cfg.train
         if self._mirror is None:
             self._mirror = DenseState(torch.tensor(pulled.dense), t.dense_optimizer,
@@ -132,10 +136,15 @@ class EagerWorker(AsyncWorker):
             mirror.params.copy_(torch.tensor(pulled.dense))  # Ray's arrays are read-only
         mirror.optimizer.load_state_dict(pulled.dense_optimizer)
         mirror.apply(torch.from_numpy(np.asarray(grad, np.float32)), lr_scale)
-        return mirror.params.detach().numpy().copy()
+        version = pulled.versions[self.ctx.client.dense_shard] + 1
+        return mirror.params.detach().numpy().copy(), version
 
-    def _scales(self, read: list[int]) -> list[float]:
+    def _scales(self, read: list[int], dense_read: int) -> tuple[list[float], float]:
+        """m(τ) per shard for the rows (τ: the newest version known minus the one read), and
+        for the dense part, whose vector may hold a later version (``dense_read``)."""
         known = self.ctx.client.known_versions(self._next)
+        dense_tau = max(0, known[self.ctx.client.dense_shard] - dense_read)
+        self.dense_taus[dense_tau] += 1
         scales = []
         for k, r in zip(known, read):
             tau = max(0, k - r)
@@ -145,11 +154,12 @@ class EagerWorker(AsyncWorker):
             self.multiplier_min = min(self.multiplier_min, scale)
             self.updates += 1
             scales.append(scale)
-        return scales
+        return scales, self.m(dense_tau)
 
     def stats(self) -> dict:
         """τ as this worker knew it, and the learning-rate multipliers applied."""
-        return {"taus": dict(self.taus), "multiplier_sum": self.multiplier_sum,
+        return {"taus": dict(self.taus), "dense_taus": dict(self.dense_taus),
+                "multiplier_sum": self.multiplier_sum,
                 "multiplier_min": self.multiplier_min, "updates": self.updates}
 
 
@@ -195,6 +205,7 @@ class Eager(Mode):
             "lr_modulation": cfg.eager.lr_modulation,
             "caveat": cls.caveat(cfg),
             "tau": distribution(taus),
+            "dense_tau": distribution(merged_counts(w.get("dense_taus", {}) for w in workers)),
             "multiplier": {"mean": sum(w["multiplier_sum"] for w in workers) / updates
                            if updates else None,
                            "min": min(w["multiplier_min"] for w in workers) if updates else None,

@@ -125,13 +125,16 @@ class PSClient:
 
     def _wait_push(self, ref):
         """The result of a push (what the shard's rule returned); a push to a shard that died
-        is lost if recovery is on (None)."""
+        is lost if recovery is on (None), and counted once (``dense_after_push`` then reads
+        the vector afresh instead of waiting for it again)."""
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError:
             if not self.survive_shard_restarts:
                 raise
             self.lost_pushes += 1
+            if ref is self._dense_ref:
+                self._dense_ref = None
             return None
 
     def complete(self, pending: PendingPull) -> PulledBatch:
@@ -186,7 +189,7 @@ class PSClient:
 
     def push(self, pulled: PulledBatch | None, dense_grad: np.ndarray | None = None, *,
              scale: float = 1.0, lr_scales: list[float] | None = None, read_dense: bool = False,
-             **meta) -> None:
+             dense_lr_scale: float | None = None, **meta) -> None:
         """Send each shard its rows' gradients x ``scale`` (and the dense one x ``scale`` to the
         shard that holds the dense parameters), with ``meta`` for the mode's rule plus, per
         shard, the version the batch read (``version_read``) and ``lr_scale`` (``lr_scales``:
@@ -194,7 +197,8 @@ class PSClient:
         samples) to every shard, so that a step counts every worker. Returns at once unless
         ``push_window`` pushes per shard are in flight; then it first waits for the oldest.
         ``read_dense``: the shard that holds the dense parameters answers with them as this push
-        left them (``dense_after_push``)."""
+        left them (``dense_after_push``); ``dense_lr_scale``: the dense update's multiplier
+        there, where it differs from its rows' (eager)."""
         sampled = None if pulled is None else self._sampled(pulled)
         for s, shard in enumerate(self.shards):
             dense = None
@@ -209,8 +213,11 @@ class PSClient:
             shard_meta = {**meta, "version_read": pulled.versions[s] if pulled else 0,
                           "lr_scale": 1.0 if lr_scales is None else lr_scales[s],
                           "sampled": self._sampled_on(sampled, pulled, s)}
-            if read_dense and s == self.dense_shard:
-                shard_meta["read_dense"] = True
+            if s == self.dense_shard:
+                if read_dense:
+                    shard_meta["read_dense"] = True
+                if dense_lr_scale is not None:
+                    shard_meta["dense_lr_scale"] = dense_lr_scale
             ref = shard.push.remote(ids, grads, dense, shard_meta)
             if shard_meta.get("read_dense"):
                 self._dense_ref = ref
@@ -233,6 +240,7 @@ class PSClient:
             pending = PendingPull(None, tables, routing, refs, read_only=True)
             answer = self._answers(pending)[self.dense_shard]
         _, dense, version = answer
+        self.seen_versions[self.dense_shard] = max(self.seen_versions[self.dense_shard], version)
         return dense, version
 
     def _sampled(self, pulled: PulledBatch) -> list[torch.Tensor] | None:

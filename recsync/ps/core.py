@@ -99,9 +99,12 @@ class ShardCore:
         return result
 
     # -- what rules call -------------------------------------------------------------------
-    def apply_now(self, ids, grads, dense_grad, lr_scale: float = 1.0) -> None:
-        """Apply one gradient as an update of its own, and move the version on."""
-        self._apply(ids, grads, dense_grad, lr_scale)
+    def apply_now(self, ids, grads, dense_grad, lr_scale: float = 1.0,
+                  dense_lr_scale: float | None = None) -> None:
+        """Apply one gradient as an update of its own, and move the version on; the dense part
+        at ``dense_lr_scale`` where given (eager: its dense vector was read later than its
+        rows), else at ``lr_scale``."""
+        self._apply(ids, grads, dense_grad, lr_scale, dense_lr_scale)
         self.version += 1
 
     def apply_mean(self, buffer: GradientBuffer) -> None:
@@ -182,12 +185,14 @@ class ShardCore:
                     local, mark = local[has], None if mark is None else mark[has]
                 self.priority.record(t, local, mark)
 
-    def _apply(self, ids, grads, dense_grad, lr_scale: float) -> None:
+    def _apply(self, ids, grads, dense_grad, lr_scale: float,
+               dense_lr_scale: float | None = None) -> None:
         for t, (i, g) in enumerate(zip(ids, grads)):
             if len(i):
                 self.store.push(t, read_only_tensor(i), read_only_tensor(g), lr_scale)
         if dense_grad is not None:
-            self.dense.apply(as_tensor(dense_grad), lr_scale)
+            self.dense.apply(as_tensor(dense_grad),
+                             lr_scale if dense_lr_scale is None else dense_lr_scale)
 
     # -- checkpoints -----------------------------------------------------------------------
     def snapshot(self, partial: bool = False) -> tuple[dict[str, np.ndarray], dict]:

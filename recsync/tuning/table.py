@@ -118,11 +118,13 @@ class TrialTable:
         self.write()
 
     def best(self) -> TrialRow | None:
-        """The trial with the lowest validation log loss (a completed one wins a tie)."""
+        """The trial with the lowest validation log loss (a completed one wins a tie); a
+        failed trial only where none other reported (its config would fail again)."""
         rows = [r for r in self.rows.values() if r.best_logloss is not None]
         if not rows:
             return None
-        return min(rows, key=lambda r: (r.best_logloss, r.status != "completed"))
+        return min(rows, key=lambda r: (r.status == "failed", r.best_logloss,
+                                        r.status != "completed"))
 
     def line(self, row: TrialRow) -> str:
         """The progress line of a finished trial."""

@@ -67,7 +67,7 @@ def _setup(tiny, shards=2, workers=1, overlap=True, lr_modulation="inverse", log
             h.pull = SimpleNamespace(remote=lambda *a, f=pull, s=s, **k: (
                 log.append(("pull", s, a[3] if len(a) > 3 else "vector")), f(*a, **k))[1])
             h.push = SimpleNamespace(remote=lambda *a, f=push, s=s: (
-                log.append(("push", s, a[3]["lr_scale"])), f(*a))[1])
+                log.append(("push", s, a[3]["lr_scale"], a[3].get("dense_lr_scale"))), f(*a))[1])
     modes = [worker_half(EagerWorker, m, PSClient(handles, [t.dim for t in tables], dense_shard=0),
                          eager=EagerConfig(overlap=overlap, lr_modulation=lr_modulation,
                                            own_update=own_update),
@@ -192,9 +192,11 @@ def test_without_its_own_update_the_next_step_computes_on_the_vector_before_it(t
     np.testing.assert_array_equal(seen[0], seen[1])  # pulled before the first push
 
 
-def test_a_lost_push_leaves_the_dense_vector_to_a_fresh_read(tiny, no_ray):
+@pytest.mark.parametrize("flushed_first", [False, True])
+def test_a_lost_push_leaves_the_dense_vector_to_a_fresh_read(tiny, no_ray, flushed_first):
     """Partial recovery, own_update "wait": the push that was to bring the dense vector back
-    died with its shard (counted as lost); the next step reads the shard's vector as it is."""
+    died with its shard (counted as lost once, also when a pause's flush met it first); the
+    next step reads the shard's vector as it is."""
     cores, (mode,), batches = _setup(tiny, shards=2, own_update="wait")
     client = mode.ctx.client
     mode.step(batches[0], batches[1])
@@ -208,8 +210,29 @@ def test_a_lost_push_leaves_the_dense_vector_to_a_fresh_read(tiny, no_ray):
         return real_get(x)
     client_mod.ray.get = get
     try:
+        if flushed_first:
+            client._in_flight.append(client._dense_ref)
+            client.flush()
         dense, version = client.dense_after_push()
     finally:
         client_mod.ray.get = real_get
     np.testing.assert_array_equal(dense, cores[0].dense_vector())
     assert version == cores[0].version and client.lost_pushes == 1
+
+
+@pytest.mark.parametrize("own_update", ["wait", "local"])
+def test_the_dense_update_is_modulated_by_the_staleness_of_the_vector_it_computed_on(
+        tiny, no_ray, own_update):
+    """One worker: its rows were read before its own last push (τ 1), but its dense vector
+    holds that push, so the dense update is not stale (τ 0); the dense shard gets the dense
+    part's multiplier beside the rows' (m(τ) = 1 / τ here, to tell them apart)."""
+    log = []
+    cores, (mode,), batches = _setup(tiny, shards=2, log=log, own_update=own_update)
+    mode.m = lambda tau: 1.0 / (1 + tau)
+    _run(mode, batches[:4])
+    dense_shard = [e for e in log if e[0] == "push" and e[1] == 0]
+    # the rows': τ 1 while the next batch's pull went out before the push (not the last step)
+    assert [e[2] for e in dense_shard[1:3]] == [0.5, 0.5]
+    assert [e[3] for e in dense_shard] == [1.0] * 4  # the dense vector's: τ 0
+    assert all(e[3] is None for e in log if e[0] == "push" and e[1] == 1)  # no dense there
+    assert mode.dense_taus == {0: 4} and mode.taus[1] >= 4

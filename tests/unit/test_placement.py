@@ -61,9 +61,11 @@ def test_auto_spreads_only_where_the_cluster_has_several_nodes(cluster):
 
 
 def test_actors_without_a_group_declare_what_the_config_says():
+    """And Ray's default strategy, so that a run inside a Ray Tune trial (recsync tune) does not
+    place its actors in the trial's placement group, where they would not fit."""
     p = placement.Placement("none", shard_cpus=0.0, worker_cpus=2.0, worker_gpus=1.0)
-    assert p.worker(1) == {"num_cpus": 2.0, "num_gpus": 1.0}
-    assert p.shard(0) == {"num_cpus": 0.0, "num_gpus": 0.0}
+    assert p.worker(1) == {"num_cpus": 2.0, "num_gpus": 1.0, "scheduling_strategy": "DEFAULT"}
+    assert p.shard(0) == {"num_cpus": 0.0, "num_gpus": 0.0, "scheduling_strategy": "DEFAULT"}
     assert p.standby() == p.shard(0)
 
 

@@ -122,7 +122,8 @@ def test_the_table_says_each_trials_status_and_picks_the_lowest_validation_loglo
     status = {t: r.status for t, r in table.rows.items()}
     assert status == {"t0": "completed", "t1": "stopped", "t2": "failed", "t3": "interrupted"}
     assert table.rows["t2"].error == "the disk is full"
-    assert table.best().trial == "t2"  # the lowest validation log loss, whatever its end
+    # the lowest validation log loss of the trials that did not fail (t2's config failed)
+    assert table.best().trial == "t0"
     assert table.rows["t0"].eval_auc == 0.7 and table.rows["t1"].eval_auc is None
     # one progress line per finished trial, on the console and in tune.log
     assert len(lines) == 3 and lines[0].startswith("trial 1/4 t0 completed")
@@ -132,7 +133,7 @@ def test_the_table_says_each_trials_status_and_picks_the_lowest_validation_loglo
     assert rows[0]["train.dense_lr"] == "0.01" and rows[0]["best_validation_logloss"] == "0.5"
     saved = json.loads((tmp_path / "trials.json").read_text())
     assert saved["trials"][2]["evals"][1] == {"samples": 200, "logloss": 0.45, "auc": 0.6}
-    assert table.text().splitlines()[1].startswith("t2")  # best first
+    assert table.text().splitlines()[1].startswith("t2")  # the lowest validation log loss first
 
 
 def test_a_trial_that_failed_before_its_run_keeps_the_errors_last_line(tmp_path):

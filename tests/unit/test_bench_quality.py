@@ -258,6 +258,7 @@ def test_the_scenario_runs_the_tuned_arm_by_default_and_its_result_reaches_the_r
     def fake_tune(base, space, n, out, **options):
         searches.append((base, (space.read_text()), n, options))
         best = recsync.override(base, **{"model.name": "dcn", "train.dense_lr": 0.02})
+        out.mkdir(parents=True)
         path = recsync.save_config(best, out / "best.toml")
         return SimpleNamespace(best_config=path, trials=[SimpleNamespace(status="completed")] * n,
                                best=SimpleNamespace(values={"model.name": "dcn",

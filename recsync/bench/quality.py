@@ -19,10 +19,19 @@ Arms, per sample, in one run:
   ES_PATIENCE`` evaluations, ``EVALS_PER_EPOCH`` evaluations an epoch; the best evaluation's
   model is kept and scored on the eval split. The model a user would keep is the one with the
   lowest mean validation log loss (the eval split plays no part in the choice).
-- ``tuned``: recsync tune's chosen config (issue 35 item 2), through the ``tuned`` argument of
-  ``run``; absent, with the reason, where there is none.
+- ``tuned`` (bench/quality_tuned.py): ``recsync.tune`` with N trials (16;
+  ``$RECSYNC_QUALITY_TUNE_TRIALS`` sets N, 0 turns the arm off) over its default search space
+  (model.name one of dlrm, dcn, deepfm; dense and embedding learning rates and weight decays
+  log-uniform; dropout; batch 32-256) around the early stopping arm's config, ASHA on the
+  validation log loss with a grace of one epoch; then the chosen config (best.toml) trained
+  with ``SEEDS`` as the other recsync arms, its mean eval AUC and log loss. Its CPU seconds
+  are the search's (the whole process tree: Ray's processes and the trials) plus the seeds'.
+  Without Ray Tune it is absent with the reason; ``run``'s ``tuned`` argument replaces it (a
+  test's fake, or None for none).
 
 Every arm's CPU seconds (user + system, the whole arm) are recorded beside its AUC and log loss.
+Checks read ``ratios.tuned_minus_lgbm_auc_min`` and ``tuned_minus_lr_auc_min`` (the lowest over
+samples of the tuned arm's eval AUC minus LightGBM's, logistic regression's).
 Ratios and tables: bench/quality_report.py. --scale does not apply (the samples are fixed).
 """
 
@@ -52,6 +61,7 @@ EVALS_PER_EPOCH = 4
 # tuned(sample, data set path, output folder) -> the tuned arm: recsync_arm() of the chosen
 # config's seeds, with "trials" (N) added and "cpu_s" covering the search and the seeds.
 Tuned = Callable[[Sample, Path, Path], dict]
+DEFAULT = "default"  # run's tuned argument: bench/quality_tuned.py's arm, unless unavailable
 
 
 def tuned_absent_reason() -> str:
@@ -62,6 +72,13 @@ def tuned_absent_reason() -> str:
                 "tuned_minus_lgbm_auc_min is not written")
     return ("scenario quality was run without a tuned arm (quality.run's tuned argument): "
             "tuned_minus_lgbm_auc_min is not written")
+
+
+def _default_tuned() -> tuple[Tuned | None, str | None]:
+    """(the default tuned arm, None) or (None, why there is none)."""
+    from recsync.bench import quality_tuned
+    why = quality_tuned.unavailable()
+    return (None, why) if why else (quality_tuned.tuned_arm, None)
 
 
 def _say(line: str) -> None:
@@ -96,7 +113,7 @@ def _recsync_arm(cfg, model: str, out: Path, per_seed: list) -> dict:
 
 
 def measure_sample(sample: Sample, data: Path, out: Path, tuned: Tuned | None,
-                   per_seed: list) -> dict:
+                   per_seed: list, tuned_absent: str | None = None) -> dict:
     """Every arm on one converted sample (module docstring)."""
     from recsync.data.holdout import held_rows
     from recsync.data.reader import Dataset
@@ -118,7 +135,7 @@ def measure_sample(sample: Sample, data: Path, out: Path, tuned: Tuned | None,
         arms[DEFAULTS + model] = _recsync_arm(base, model, out / "defaults" / model, per_seed)
         arms[ES + model] = _recsync_arm(es, model, out / "es" / model, per_seed)
     if tuned is None:
-        absent[TUNED] = tuned_absent_reason()
+        absent[TUNED] = tuned_absent or tuned_absent_reason()
     else:
         arms[TUNED] = tuned(sample, data, out / "tuned")
     return {"preset": sample.preset, "files": list(sample.files), "note": sample.note,
@@ -128,7 +145,7 @@ def measure_sample(sample: Sample, data: Path, out: Path, tuned: Tuned | None,
             "configs": {"defaults": base.to_toml(), "es": es.to_toml()}}
 
 
-def run(out: Path, scale: float, tuned: Tuned | None = None) -> dict:
+def run(out: Path, scale: float, tuned: Tuned | None | str = DEFAULT) -> dict:
     import recsync
     started, cpu0 = time.perf_counter(), cpu_s()
     root = shared_data_dir()
@@ -138,6 +155,11 @@ def run(out: Path, scale: float, tuned: Tuned | None = None) -> dict:
     if not measured:
         raise FileNotFoundError(f"{root}: no sample of the shared data is there (set "
                                 f"RECSYNC_SHARED_DATA to the shared sample data directory)")
+    tuned_absent = None
+    if tuned == DEFAULT:
+        tuned, tuned_absent = _default_tuned()
+        if tuned_absent:
+            _say(f"tuned: {tuned_absent}")
     samples, per_seed = {}, []
     for i, sample in enumerate(measured):
         _say(f"{sample.name}: converting with preset {sample.preset}, then every arm")
@@ -145,7 +167,7 @@ def run(out: Path, scale: float, tuned: Tuned | None = None) -> dict:
         if i == 0:  # the process's first run pays imports and first calls: not an arm's CPU
             recsync.train(_configs(data, 1)[0], out / "warmup", overwrite=True)
         samples[sample.name] = measure_sample(sample, data, out / "arms" / sample.name,
-                                              tuned, per_seed)
+                                              tuned, per_seed, tuned_absent)
     values, notes = ratios(samples)
     wall_s = time.perf_counter() - started
     return {
@@ -182,9 +204,15 @@ def _description(samples: dict, skipped: dict, notes: dict, wall_s: float,
         f"same rows: logistic regression (scikit-learn, C by validation log loss) and LightGBM "
         f"(categorical ids, rounds by early stopping on validation log loss), each choosing on "
         f"the same last {VALIDATION:.0%} of the training rows and refitted on all of them; the "
-        f"constant predictor is the training click rate. CPU s: the whole arm (recsync: its "
-        f"{len(SEEDS)} seeds; a baseline: its search and refit). --scale does not apply. "
-        f"Scenario wall time {wall_s / 60:.1f} min, CPU {cpu_total_s / 60:.1f} min.", ""]
+        f"constant predictor is the training click rate. `tuned`: recsync tune (Ray Tune, "
+        f"ASHA on validation log loss, grace one epoch) over bench/quality_tuned.py's space "
+        f"(model.name of dlrm, dcn, deepfm; learning rates, weight decays, dropout, batch) "
+        f"around the early stopping arm's config, then the chosen config with seeds {seeds}. "
+        f"CPU s: the whole arm (recsync: its {len(SEEDS)} seeds; a baseline: its search and "
+        f"refit; tuned: the search's whole process tree, Ray's processes included, plus its "
+        f"seeds). --scale does not apply. Scenario wall time {wall_s / 60:.1f} min, CPU "
+        f"{cpu_total_s / 60:.1f} min (this process and the children it waited for: the "
+        f"searches' Ray workers only in part; their rows have their own).", ""]
     lines += [f"- skipped {name}: {why}" for name, why in skipped.items()]
     lines += [f"- ratio {name}: {why}" for name, why in notes.items()]
     lines += ["", "## Samples", "", overview(samples), ""]

@@ -5,8 +5,9 @@ per-sample tables of report.md. Plain functions of dicts: tested without trainin
 A sample's results: ``{"arms": {name: arm}, "absent": {name: why}, "train_rows", ...}``.
 Arm names: ``logistic_regression``, ``lightgbm``, ``constant`` (the baselines),
 ``defaults/<model>`` (recsync's defaults, one epoch), ``es/<model>`` (defaults with
-validation and early stopping), ``tuned`` (recsync tune's chosen config: absent until tune
-exists). Every arm has ``auc`` and ``logloss`` (eval split; the mean over seeds for recsync's),
+validation and early stopping), ``tuned`` (recsync tune's chosen config, its seeds:
+bench/quality_tuned.py). Every arm has ``auc`` and ``logloss`` (eval split; the mean over
+seeds for recsync's),
 ``auc_spread`` and ``logloss_spread`` (population standard deviation over seeds; 0 for the
 deterministic baselines) and ``cpu_s`` (the whole arm: every seed, or the baseline's search and
 refit).
@@ -72,8 +73,9 @@ def ratios(samples: dict) -> tuple[dict, dict]:
     it was measured}.
 
     ``defaults_minus_lr_auc_min``: the lowest over samples of the chosen early stopping arm's
-    eval AUC minus logistic regression's. ``tuned_minus_lgbm_auc_min``: the lowest over samples
-    of the tuned arm's minus LightGBM's, only where every sample has both.
+    eval AUC minus logistic regression's. ``tuned_minus_lgbm_auc_min``
+    (``tuned_minus_lr_auc_min``): the lowest over samples of the tuned arm's minus LightGBM's
+    (logistic regression's), only where every sample has both; the note says where.
     ``worst_logloss_minus_constant``: the highest over samples and recsync arms of the eval log
     loss minus the constant predictor's. ``<model>_minus_baseline_auc``: the former ratios
     (one epoch minus logistic regression) on avazu_head9k, where it was measured."""
@@ -85,16 +87,20 @@ def ratios(samples: dict) -> tuple[dict, dict]:
         out["defaults_minus_lr_auc_min"] = min(es_minus_lr)
     else:
         absent["defaults_minus_lr_auc_min"] = "no sample with an early stopping arm"
-    missing = {n: a["absent"].get(TUNED) or a["absent"].get("lightgbm")
-               for n, a in samples.items() if TUNED not in a["arms"]
-               or "lightgbm" not in a["arms"]}
-    if samples and not missing:
-        out["tuned_minus_lgbm_auc_min"] = min(
-            a["arms"][TUNED]["auc"] - a["arms"]["lightgbm"]["auc"] for a in samples.values())
-    else:
-        absent["tuned_minus_lgbm_auc_min"] = (
-            "; ".join(sorted(set(filter(None, missing.values()))))
-            or "no sample measured")
+    for ratio, baseline in (("tuned_minus_lgbm_auc_min", "lightgbm"),
+                            ("tuned_minus_lr_auc_min", "logistic_regression")):
+        missing = {n: a["absent"].get(TUNED) or a["absent"].get(baseline)
+                   for n, a in samples.items() if TUNED not in a["arms"]
+                   or baseline not in a["arms"]}
+        gaps = [(a["arms"][TUNED]["auc"] - a["arms"][baseline]["auc"], n)
+                for n, a in samples.items() if n not in missing
+                and a["arms"][baseline]["auc"] is not None]
+        if samples and not missing and gaps:
+            out[ratio], where = min(gaps)
+            absent[ratio] = f"at {where}"
+        else:
+            absent[ratio] = ("; ".join(sorted(set(filter(None, missing.values()))))
+                             or "no sample measured")
     worst = [(a["logloss"] - s["arms"]["constant"]["logloss"], f"{n} {arm}")
              for n, s in samples.items() for arm, a in _recsync_arms(s["arms"]).items()]
     if worst:
@@ -115,14 +121,26 @@ def _cell(a: dict, key: str) -> str:
     return f"{a[key]:.4f} ± {spread:.4f}"
 
 
+def _short(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
 def _note(name: str, a: dict, fit_rows: int) -> str:
     if name == "logistic_regression":
         return f"C = {a['C']:g}"
     if name == "lightgbm":
         return f"{a['rounds']} rounds"
     if name == TUNED:
-        return (f"recsync tune, {a['trials']} trials (CPU s: the search and the chosen "
-                f"config's seeds)")
+        note = f"recsync tune, {a['trials']} trials"
+        if "model" in a:
+            values = ", ".join(f"{k.split('.')[-1]} {_short(v)}"
+                               for k, v in a.get("values", {}).items() if k != "model.name")
+            note += (f", chosen {a['model']} ({values}); CPU s: search "
+                     f"{a['search_cpu_s']:.1f} (whole process tree, {a['search_wall_s']:.0f} s "
+                     f"wall) + seeds {a['seeds_cpu_s']:.1f}")
+        else:
+            note += " (CPU s: the search and the chosen config's seeds)"
+        return note
     if "stopped" in a:
         epochs = statistics.mean(a["best_eval_samples"]) / max(fit_rows, 1)
         reasons = {r: a["stopped"].count(r) for r in a["stopped"]}

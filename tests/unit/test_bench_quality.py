@@ -189,7 +189,7 @@ def test_ratios_take_the_lowest_over_samples_and_leave_out_tuned_until_it_exists
                "b": _sample(0.80, 0.79, {"dlrm": (0.78, 0.47, 0.40)}, constant=0.46)}
     values, notes = ratios(samples)
     assert values["defaults_minus_lr_auc_min"] == pytest.approx(-0.02)
-    assert "tuned_minus_lgbm_auc_min" not in values
+    assert "tuned_minus_lgbm_auc_min" not in values and "tuned_minus_lr_auc_min" not in values
     assert "recsync tune is not in this build" in notes["tuned_minus_lgbm_auc_min"]
     # the highest recsync eval log loss over the constant's: sample b's, +0.02 (defaults/dlrm)
     assert values["worst_logloss_minus_constant"] == pytest.approx(0.02)
@@ -204,7 +204,9 @@ def test_the_tuned_ratio_is_written_once_every_sample_has_a_tuned_arm():
                "b": _sample(0.80, 0.79, {"dlrm": (0.78, 0.43, 0.40)}, tuned=0.785)}
     values, notes = ratios(samples)
     assert values["tuned_minus_lgbm_auc_min"] == pytest.approx(-0.005)
-    assert "tuned_minus_lgbm_auc_min" not in notes
+    assert notes["tuned_minus_lgbm_auc_min"] == "at b"
+    assert values["tuned_minus_lr_auc_min"] == pytest.approx(-0.015)
+    assert notes["tuned_minus_lr_auc_min"] == "at b"
     assert "| tuned | 0.7850 ± 0.0000 | 0.4300 ± 0.0000 | -0.0700 | 1.0 | recsync tune, 16 trials" \
         in sample_section("b", samples["b"])
     del samples["b"]["arms"]["lightgbm"]
@@ -212,6 +214,7 @@ def test_the_tuned_ratio_is_written_once_every_sample_has_a_tuned_arm():
     values, notes = ratios(samples)
     assert "tuned_minus_lgbm_auc_min" not in values
     assert "lightgbm is not installed" in notes["tuned_minus_lgbm_auc_min"]
+    assert values["tuned_minus_lr_auc_min"] == pytest.approx(-0.015)
 
 
 def test_the_former_ratios_stay_on_the_avazu_sample():
@@ -227,3 +230,87 @@ def test_the_overview_shows_how_noisy_an_auc_is_on_each_eval_split():
     table = overview({"a": _sample(0.70, 0.71, {"dlrm": (0.72, 0.44, 0.40)})})
     # 52 of 250 positive: sqrt((0.21 + 51 (Q1 - 0.49) + 197 (Q2 - 0.49)) / 10296) = 0.044
     assert "| a | 1,250 | 0.210 | 0.044 | 0.7000 | 0.7100 | 0.7200 (dlrm) | +0.0200 |  |" in table
+
+
+def test_the_scenario_runs_the_tuned_arm_by_default_and_its_result_reaches_the_ratios(
+        synthetic, tmp_path, monkeypatch):
+    """quality.run with its default tuned arm, recsync.tune faked (no Ray) and the recsync
+    arms' training stubbed: the fake search's best.toml is what the tuned arm trains with the
+    scenario's seeds, and the arm reaches the ratios and report."""
+    from types import SimpleNamespace
+
+    from recsync.bench import quality_tuned as qt
+    folder = tmp_path / "shared" / "s"
+    folder.mkdir(parents=True)
+    lines = ["click,x,user,noise,tags"] + [
+        f"{i % 3 == 0:d},{i / 100:.2f},u{i % 7},n{i},t{i % 5}" for i in range(400)]
+    (folder / "rows.csv").write_text("\n".join(lines) + "\n")
+    (folder / "schema.toml").write_text(SCHEMA)
+    monkeypatch.setenv("RECSYNC_SHARED_DATA", str(tmp_path / "shared"))
+    monkeypatch.setenv(qt.TRIALS_ENV, "5")
+    monkeypatch.setattr(quality, "available", lambda root: (
+        [Sample("s", ("rows.csv",), "schema")], {"other": "not there"}))
+    monkeypatch.setattr(quality, "convert_sample", lambda sample, root, out: (recsync.convert(
+        folder / "rows.csv", out, schema=folder / "schema.toml", progress=False,
+        overwrite=True), out)[1])
+    searches, trained = [], []
+
+    def fake_tune(base, space, n, out, **options):
+        searches.append((base, (space.read_text()), n, options))
+        best = recsync.override(base, **{"model.name": "dcn", "train.dense_lr": 0.02})
+        out.mkdir(parents=True)
+        path = recsync.save_config(best, out / "best.toml")
+        return SimpleNamespace(best_config=path, trials=[SimpleNamespace(status="completed")] * n,
+                               best=SimpleNamespace(values={"model.name": "dcn",
+                                                            "train.dense_lr": 0.02},
+                                                    best_logloss=0.4))
+
+    def fake_train(cfg, out, overwrite=False):
+        trained.append((cfg.model.name, cfg.train.seed, cfg.train.dense_lr, str(out)))
+        auc = 0.9 if "tuned" in str(out) else 0.6
+        return SimpleNamespace(summary={"eval": {"auc": auc + cfg.train.seed / 100,
+                                                 "logloss": 0.5, "rows": 100},
+                                        "samples_per_s": 1000.0})
+
+    monkeypatch.setattr(recsync, "tune", fake_tune)
+    monkeypatch.setattr(recsync, "train", fake_train)
+    monkeypatch.setattr(qt, "unavailable", lambda: None)
+    result = quality.run(tmp_path / "out", 1.0)
+    (base, space, n, options), = searches
+    assert n == 5 and space == qt.SPACE and options["grace_period"] == qt.GRACE_EVALS
+    assert base.train.validation == qb.VALIDATION and base.train.patience == quality.ES_PATIENCE
+    assert base.train.epochs == quality.ES_EPOCHS
+    assert [(m, seed, lr) for m, seed, lr, out in trained if "tuned" in out] == [
+        ("dcn", seed, 0.02) for seed in quality.SEEDS]
+    arm = result["samples"]["s"]["arms"]["tuned"]
+    assert arm["trials"] == 5 and arm["model"] == "dcn"
+    assert arm["auc"] == pytest.approx(0.91)
+    assert arm["cpu_s"] == pytest.approx(arm["search_cpu_s"] + arm["seeds_cpu_s"])
+    lr_auc = result["samples"]["s"]["arms"]["logistic_regression"]["auc"]
+    assert result["ratios"]["tuned_minus_lr_auc_min"] == pytest.approx(0.91 - lr_auc)
+    if "lightgbm" in result["samples"]["s"]["arms"]:
+        assert "tuned_minus_lgbm_auc_min" in result["ratios"]
+    assert "recsync tune, 5 trials, chosen dcn (dense_lr 0.02)" in result["description"]
+
+
+def test_the_tuned_arm_is_off_with_zero_trials_and_refuses_a_bad_count(monkeypatch):
+    from recsync.bench import quality_tuned as qt
+    monkeypatch.delenv(qt.TRIALS_ENV, raising=False)
+    assert qt.trials() == qt.TRIALS == 16
+    monkeypatch.setenv(qt.TRIALS_ENV, "0")
+    assert qt.trials() == 0 and qt.TRIALS_ENV in qt.unavailable()
+    monkeypatch.setenv(qt.TRIALS_ENV, "many")
+    with pytest.raises(ValueError, match="whole number"):
+        qt.trials()
+
+
+def test_tree_cpu_counts_a_child_process_while_it_lives(tmp_path):
+    import subprocess
+    from recsync.bench.quality_tuned import TreeCPU
+    with TreeCPU(poll_s=0.05) as t:
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import time\nt = time.process_time()\n"
+                                  "while time.process_time() - t < 0.6: pass\n"
+                                  "time.sleep(0.3)"])
+        child.wait()
+    assert t.processes >= 1 and t.seconds >= 0.5, (t.seconds, t.processes)

@@ -270,25 +270,31 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     return tree
 
 
+def read_toml(path: str | Path, what: str) -> dict:
+    """The TOML tree of the file at ``path`` (``what`` it is, for the errors); ConfigError in one
+    line naming the file for a missing, unreadable, binary, invalid or too deeply nested one."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} not found") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (a {what} is UTF-8 TOML)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: tables or arrays nested too deeply (at most "
+                          f"{MAX_DEPTH} levels)") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Read a TOML file (or start from defaults), apply ``--set`` overrides, validate."""
     tree: dict = {}
     source = "defaults"
     if path is not None:
         source = str(path)
-        try:
-            tree = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not a text file (a TOML config is UTF-8 text)") from None
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read the config file ({e.strerror})") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from None
-        except RecursionError:
-            raise ConfigError(f"{path}: tables or arrays nested too deeply (at most "
-                              f"{MAX_DEPTH} levels)") from None
+        tree = read_toml(path, "config file")
     if overrides:
         source += " with --set " + " ".join(overrides)
     tree = apply_overrides(tree, list(overrides))

@@ -16,12 +16,11 @@ so a bound or choice the config refuses is named here, before any trial runs.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recsync.config import ConfigError, RunConfig
+from recsync.config import ConfigError, RunConfig, read_toml
 
 # distribution -> what its value is
 DISTRIBUTIONS = {
@@ -75,16 +74,7 @@ def load_space(path: str | Path, base: RunConfig) -> Space:
     """Read and check the space file ``path`` against the base config ``base``; ConfigError
     (one line naming the file and the key) for anything wrong."""
     source = str(path)
-    try:
-        tree = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: search space file not found") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: not a text file (a search space is TOML)") from None
-    except OSError as e:
-        raise ConfigError(f"{source}: cannot read the search space ({e.strerror})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    tree = read_toml(path, "search space file")
     return parse_space(tree, base, source)
 
 

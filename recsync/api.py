@@ -115,6 +115,15 @@ def tune(config: RunConfig | str | Path | None, space: str | Path, trials: int,
     return run_tune(config, space, trials, out, **options)
 
 
+def scale(run_dir: str | Path, workers: int | None = None,
+          drain_nodes: list[str] | None = None) -> dict:
+    """Ask a running elastic run (``cluster.workers = [min, max]``, its ``--out`` directory
+    ``run_dir``) for ``workers`` workers, or to move off ``drain_nodes``; returns the request
+    (recsync/run/scale.py). The run takes it up within a second."""
+    from recsync.run.scale import ask
+    return ask(run_dir, workers, drain_nodes)
+
+
 def load_model(path: str | Path, *, builder: str | None = None):
     """The trained model a run wrote (``OUT/model``) as a torch module
     (recsync.model_dir.trained.TrainedModel): ``score(rows)`` on raw rows, ``score_batch`` on

@@ -183,6 +183,27 @@ def plot(runs, out):
         fail(e)
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--workers", type=int, default=None,
+              help="The number of workers the run should have now (within its range).")
+@click.option("--drain-node", "drain_nodes", multiple=True, metavar="NODE_ID",
+              help="A node (Ray node id or a prefix of one) to move the run's workers off; "
+                   "no new worker goes there. May be given more than once.")
+def scale(run_dir, workers, drain_nodes):
+    """Change a running elastic run (cluster.workers = [min, max]): its number of workers, or
+    drain a node. The run takes it up within a second (docs/cluster.md)."""
+    from recsync.run.scale import ask
+    try:
+        request = ask(run_dir, workers, list(drain_nodes))
+    except (ValueError, OSError) as e:
+        fail(e)
+    what = [f"{workers} workers"] if workers is not None else []
+    what += [f"drain node {n}" for n in drain_nodes]
+    click.echo(f"asked the run in {run_dir} for {' and '.join(what)} (request "
+               f"{request['sequence']}); its console and metrics.jsonl say when it is done")
+
+
 BUILDER_HELP = ("Only for a model of your own code: its builder, package.module:NAME or "
                 "path/to/file.py:NAME, which is imported and run (name only code you trust).")
 

@@ -159,7 +159,27 @@ class RunConfigBase(Section):
                              f"\"{LOCAL}\" has none (choose a distributed mode)")
         if self.emulation.enabled:
             self._check_emulation()
+        if self.cluster.elastic and self.distributed:
+            self._check_elastic()
         return self
+
+    def _check_elastic(self) -> None:
+        c = self.cluster
+        span = f"cluster.workers = [{c.workers_min}, {c.workers}]"
+        if MODES[self.mode].elastic_join(self) is None:
+            can = [n for n, m in MODES.items() if m.elastic_join(self) is not None]
+            group = " (its workers form a process group, which is not rebuilt at another size)"
+            raise ValueError(f"{span}: mode {self.mode!r} cannot change its number of workers "
+                             f"during a run{group if MODES[self.mode].needs_group(self) else ''}"
+                             f"; elastic modes: {_quoted(can)}, and shadow or foreground with "
+                             f"shadow.algorithm = \"easgd\" or \"none\"")
+        if self.switching.enabled:
+            raise ValueError(f"{span}: an elastic run cannot switch modes (switching into sync "
+                             f"needs a fixed group); give one number of workers")
+        if self.recovery.kind == "full":
+            raise ValueError(f"{span}: full recovery rolls every worker back to a job "
+                             f"checkpoint of a fixed set of workers; use recovery.kind = "
+                             f"\"partial\" or \"none\"")
 
     def _check_emulation(self) -> None:
         e = self.emulation

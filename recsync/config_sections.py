@@ -158,7 +158,19 @@ class OutputConfig(Section):
 
 class ClusterConfig(Section):
     workers: int = Field(1, ge=1)
-    """worker processes (Ray actors); ignored in local mode"""
+    """worker processes (Ray actors); ignored in local mode. A range ``[min, max]`` makes the
+    run elastic (docs/cluster.md): it starts once ``min`` are placed, grows to ``max`` (or the
+    target `recsync scale` sets) as nodes allow, and goes on with fewer when workers leave;
+    the value read back is then ``max`` and ``workers_min`` holds ``min``"""
+    workers_min: int | None = Field(None, ge=1)
+    """the elastic run's least number of workers (set by ``workers = [min, max]``; None: the
+    run is not elastic)"""
+    below_min_timeout_s: float = Field(600.0, gt=0)
+    """an elastic run with fewer than ``min`` workers for this long fails, naming what the
+    cluster lacks"""
+    drain_grace_s: float = Field(120.0, gt=0)
+    """a worker told to leave (scale down, SIGTERM) finishes its chunk within this long, or it
+    is stopped and its chunk goes back to the queue"""
     ps_shards: int = Field(1, ge=1)
     """parameter-server shards (Ray actors) holding the embedding rows"""
     address: str = ""
@@ -189,6 +201,38 @@ class ClusterConfig(Section):
     """Ray runtime environment for the run's processes when joining a cluster (e.g.
     {py_modules = ["mymodels"], pip = ["..."]}); a model builder's module that is not
     installed is added to py_modules"""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workers_range(cls, data):
+        """``workers = [min, max]``: ``workers`` = max, ``workers_min`` = min."""
+        if not isinstance(data, dict) or not isinstance(data.get("workers"), (list, tuple)):
+            return data
+        span = data["workers"]
+        if (len(span) != 2 or not all(isinstance(n, int) and not isinstance(n, bool)
+                                      for n in span) or not 1 <= span[0] <= span[1]):
+            raise ValueError(f"cluster.workers = {list(span)}: a number, or a range [min, max] "
+                             f"of two whole numbers with 1 <= min <= max")
+        if data.get("workers_min") is not None:
+            raise ValueError("cluster.workers is a range [min, max]: leave out "
+                             "cluster.workers_min (the range sets it)")
+        return {**data, "workers": span[1], "workers_min": span[0]}
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self):
+        if self.workers_min is not None and self.workers_min > self.workers:
+            raise ValueError(f"cluster.workers_min = {self.workers_min} is more than "
+                             f"cluster.workers = {self.workers}")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the number of workers may change during the run."""
+        return self.workers_min is not None and self.workers_min < self.workers
+
+    @property
+    def min_workers(self) -> int:
+        return self.workers if self.workers_min is None else self.workers_min
 
 
 class NetworkConfig(Section):

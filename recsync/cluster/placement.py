@@ -3,7 +3,8 @@
 Two placement groups hold a bundle per PS shard and standby, and one per worker, with the
 resources each declares (``cluster.shard_cpus``, ``worker_cpus``, ``worker_gpus``). Strategy
 "spread" places each group's bundles on as many nodes as it can (a node's death then takes as
-few shards as it can), "pack" on as few. A bundle must hold some resource, so an actor that
+few shards as it can), "pack" on as few. An elastic run's workers have no group: each is placed
+when a node can hold it (spread where the run spreads), never on a drained node. A bundle must hold some resource, so an actor that
 declares none gets a bundle of ``NOMINAL_CPU`` (and uses none of it beyond what it runs).
 
 The control actors (the work queue, the standby directory) stay on the driver's node: they must
@@ -15,11 +16,12 @@ fails after ``cluster.placement_timeout_s``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                            NodeLabelSchedulingStrategy, NotIn,
                                             PlacementGroupSchedulingStrategy)
 
 NOMINAL_CPU = 0.001  # a bundle's CPU where its actor declares none (Ray refuses empty bundles)
@@ -56,7 +58,8 @@ class Placement:
     worker_cpus: float = 0.0
     worker_gpus: float = 0.0
     shard_group: object = None
-    worker_group: object = None
+    worker_group: object = None  # None in an elastic run: its workers come and go
+    avoid: set = field(default_factory=set)  # node ids an elastic run's workers keep off
 
     @staticmethod
     def _options(group, bundle: int, cpus: float, gpus: float = 0.0) -> dict:
@@ -76,8 +79,15 @@ class Placement:
         return self._options(self.shard_group, -1, self.shard_cpus)
 
     def worker(self, rank: int) -> dict:
-        """``.options`` of worker ``rank``'s process (a restarted one takes the same bundle)."""
-        return self._options(self.worker_group, rank, self.worker_cpus, self.worker_gpus)
+        """``.options`` of worker ``rank``'s process (a restarted one takes the same bundle; an
+        elastic run's go wherever Ray places them, spread where the run spreads)."""
+        options = self._options(self.worker_group, rank, self.worker_cpus, self.worker_gpus)
+        if self.avoid:  # drained nodes (elastic runs): anywhere else
+            options["scheduling_strategy"] = NodeLabelSchedulingStrategy(
+                hard={"ray.io/node_id": NotIn(*sorted(self.avoid))})
+        elif self.worker_group is None and self.strategy == "spread":
+            options["scheduling_strategy"] = "SPREAD"
+        return options
 
     def remove(self) -> None:
         for group in (self.shard_group, self.worker_group):
@@ -101,12 +111,15 @@ def place(cfg, standbys: int) -> Placement:
     if strategy == "none":
         return p
     shard_bundles = [_resources(c.shard_cpus)] * (c.ps_shards + standbys)
-    worker_bundles = [_resources(c.worker_cpus, c.worker_gpus)] * c.workers
+    worker_bundles = [] if c.elastic else [_resources(c.worker_cpus, c.worker_gpus)] * c.workers
     p.shard_group = placement_group(shard_bundles, strategy=strategy.upper())
-    p.worker_group = placement_group(worker_bundles, strategy=strategy.upper())
-    ready, _ = ray.wait([p.shard_group.ready(), p.worker_group.ready()], num_returns=2,
+    groups = [p.shard_group]
+    if worker_bundles:  # an elastic run's workers are placed one by one as nodes allow
+        p.worker_group = placement_group(worker_bundles, strategy=strategy.upper())
+        groups.append(p.worker_group)
+    ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups),
                         timeout=c.placement_timeout_s)
-    if len(ready) < 2:
+    if len(ready) < len(groups):
         p.remove()
         raise PlacementError(
             f"cluster.placement = {strategy!r}: Ray could not place the run's "
@@ -126,7 +139,7 @@ def check_feasible(cfg, standbys: int) -> None:
         for k, v in n.items():
             total[k] = total.get(k, 0.0) + v
     asks = [("PS shard", c.ps_shards + standbys, {"CPU": c.shard_cpus}),
-            ("worker", c.workers, {"CPU": c.worker_cpus, "GPU": c.worker_gpus})]
+            ("worker", c.min_workers, {"CPU": c.worker_cpus, "GPU": c.worker_gpus})]
     need: dict[str, float] = {}
     for what, count, res in asks:
         for k, v in res.items():
@@ -142,7 +155,7 @@ def check_feasible(cfg, standbys: int) -> None:
     if missing:
         raise PlacementError(
             f"the run needs {_fmt(need)} ({c.ps_shards} shards + {standbys} standbys x "
-            f"{c.shard_cpus:g} CPU, {c.workers} workers x {c.worker_cpus:g} CPU + "
+            f"{c.shard_cpus:g} CPU, {c.min_workers} workers x {c.worker_cpus:g} CPU + "
             f"{c.worker_gpus:g} GPU); the cluster has {_fmt(total, need)}: missing "
             f"{_fmt(missing)}")
 

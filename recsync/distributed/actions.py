@@ -40,7 +40,10 @@ def carry_out(run, d: Decision, shards: list[ShardStatus], elapsed_s: float,
         return
     run.tallies.count_restarts(len(d.dead))
     dead = list(d.dead)
-    if d.kind is Kind.REPLACE_WORKERS:
+    if run.elastic is not None and d.kind in (Kind.REPLACE_WORKERS,
+                                              Kind.RESTART_FROM_REPLICA):
+        what = run.elastic.lost(run, dead)  # goes on with fewer; new ones asked for
+    elif d.kind is Kind.REPLACE_WORKERS:
         what = replace_workers(run, d, dead)
     elif d.kind is Kind.REBUILD_GROUP:
         what = rebuild_group(run, d, dead)
@@ -199,5 +202,8 @@ def roll_back(run, ckpt: files.Checkpoint) -> dict:
         run.rounds.log(run.rounds.take(resumed={
             "queue": loaded["queue"], "done": run.tallies.done_before, "dense": dense}),
             time.time() - run.tallies.start_unix, training=False)
-    run.start_workers(list(range(workers)), dense, ckpt.meta["step_index"])
+    if run.elastic is not None:  # as many as can be placed, at least the minimum
+        run.elastic.start(run, dense)
+    else:
+        run.start_workers(list(range(workers)), dense, ckpt.meta["step_index"])
     return loaded

@@ -19,8 +19,8 @@ from recsync.cluster.placement import on_driver_node
 from recsync.config import RunConfig
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import death_cause
-from recsync.distributed.spawn import spawn_workers
-from recsync.distributed.status import DEAD, RESTARTING, ShardStatus, WorkerStatus
+from recsync.distributed.spawn import new_worker, spawn_workers
+from recsync.distributed.status import DEAD, PENDING, RESTARTING, VACANT, ShardStatus, WorkerStatus
 from recsync.modes import MODES
 from recsync.ps.standby import start_shards
 from recsync.worker.queue import WorkQueue
@@ -44,7 +44,10 @@ class RunActors:
         self.shards, self._builders, self.directory, self.placement = start_shards(
             cfg, tables, dense_init, checkpoint_dir)
         self.queue = WorkQueue.options(**on_driver_node()).remote(items)  # outlives any node
-        self.workers: list = [None] * cfg.cluster.workers
+        self.workers: list = [None] * cfg.cluster.workers  # None: no process (elastic runs)
+        self.pending: dict[int, ray.ObjectRef] = {}  # elastic: rank -> its worker's ``where``,
+        # answered once Ray placed and built it
+        self.gone: list[dict] = []  # figures of workers that left an elastic run (ending.py)
 
     @property
     def facts(self):
@@ -60,22 +63,93 @@ class RunActors:
             host, port = ray.get(self.workers[0].address.remote())
             ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
 
+    def live(self) -> list[int]:
+        """The ranks whose worker was started and not retired since (a run of a fixed size:
+        every rank)."""
+        return [r for r, w in enumerate(self.workers) if w is not None and r not in self.pending]
+
+    def spawn_later(self, ranks: list[int]) -> None:
+        """Elastic runs: fresh workers for ``ranks``, not waited for: Ray builds each where and
+        when it can place it (``placed`` says which are built)."""
+        for r in ranks:
+            self.workers[r] = new_worker(self, r, None, 0)
+            self.pending[r] = self.workers[r].where.remote()
+
+    def placed(self) -> dict[int, dict]:
+        """{rank: its node and pid} of the pending workers built since the last call (the caller
+        starts them). One that died unbuilt (its node died) is asked for again; one whose
+        constructor raised raises: that error would recur."""
+        if not self.pending:
+            return {}
+        refs = list(self.pending.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        out = {}
+        for r, ref in list(self.pending.items()):
+            if ref not in ready:
+                continue
+            try:
+                out[r] = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                if e.actor_init_failed:
+                    raise
+                self.spawn_later([r])
+                continue
+            del self.pending[r]
+        return out
+
+    def cancel(self, ranks: list[int]) -> None:
+        """Pending workers ``ranks`` are not wanted any more."""
+        for r in ranks:
+            ray.kill(self.workers[r], no_restart=True)
+            self.workers[r] = None
+            self.pending.pop(r, None)
+
+    def leave(self, ranks: list[int]) -> None:
+        """Workers ``ranks`` finish the chunks they hold and leave (Worker.leave)."""
+        for r in ranks:
+            with contextlib.suppress(*ACTOR_GONE):
+                ray.get(self.workers[r].leave.remote(), timeout=30)
+
+    def avoid_nodes(self, node_ids: set[str]) -> None:
+        """Workers asked for from now on go to other nodes than ``node_ids`` (drained)."""
+        self.placement.avoid = set(node_ids)
+
+    def free_resources(self) -> str:
+        """What the cluster has free now, for a message."""
+        return f"free now: {ray.available_resources()}"
+
+    def nodes(self) -> dict[int, str]:
+        """{rank: node id} of the live workers that answer."""
+        refs = {r: self.workers[r].where.remote() for r in self.live()}
+        out = {}
+        for r, ref in refs.items():
+            with contextlib.suppress(*ACTOR_GONE):
+                out[r] = ray.get(ref, timeout=30)["node_id"]
+        return out
+
     def measure_idle(self) -> None:
         """The emulated cluster: each shard measures its idle CPU while the workers, as they
         start, measure theirs (cluster/emulation.py); not waited for."""
         if self.cfg.emulation.cores_per_shard > 0:
             self._idle_refs = [s.measure_idle.remote() for s in self.shards]
 
-    def start(self, ranks: list[int], start_unix: float) -> None:
-        """Workers ``ranks`` start training (``start_unix``: when the run's training began)."""
-        ray.get([self.workers[r].start.remote(start_unix) for r in ranks])
+    def start(self, ranks: list[int], start_unix: float, dense_state: dict | None = None) -> None:
+        """Workers ``ranks`` start training (``start_unix``: when the run's training began;
+        ``dense_state``: a live replica's, for workers built before it)."""
+        ray.get([self.workers[r].start.remote(start_unix, dense_state) for r in ranks])
 
     def poll(self, tallies) -> list[WorkerStatus]:
         """Every worker's status, its counts including its rank's earlier processes'
-        (``tallies``: tallies.RunTallies, which keeps them); a dead worker reads as "dead"."""
-        refs = [w.status.remote() for w in self.workers]
+        (``tallies``: tallies.RunTallies, which keeps them); a dead worker reads as "dead", a
+        rank without a process as "vacant", one whose process is not built yet as "pending"."""
+        live = set(self.live())
+        refs = [w.status.remote() if r in live else None for r, w in enumerate(self.workers)]
         out = []
         for r, ref in enumerate(refs):
+            if ref is None:
+                state = PENDING if r in self.pending else VACANT
+                out.append(WorkerStatus(rank=r, state=state, **tallies.polled(r, 0, 0)))
+                continue
             try:
                 s = WorkerStatus.from_dict(ray.get(ref, timeout=30))
             except ACTOR_GONE:
@@ -94,6 +168,12 @@ class RunActors:
             except ACTOR_GONE:
                 last = self._dead_counts(r, tallies)
             tallies.retired(r, last)
+            if self.cfg.cluster.elastic:  # its figures outlive it (ending.py)
+                with contextlib.suppress(*ACTOR_GONE):
+                    w = self.workers[r]
+                    stats, pacing = ray.get([w.mode_stats.remote(), w.pacing.remote()],
+                                            timeout=5)
+                    self.gone.append({"mode_stats": stats, "pacing": pacing})
             ray.kill(self.workers[r], no_restart=True)
             ray.get(self.queue.release.remote(r))
 
@@ -116,16 +196,17 @@ class RunActors:
         lets them go on) if a worker finished or failed meanwhile (the run is ending, or
         recovery comes first), or a shard changed since ``watch`` (shard_watch.ShardWatch)
         saw it (workers waiting for it cannot pause)."""
-        ray.get([w.request_pause.remote() for w in self.workers])
+        workers = [self.workers[r] for r in self.live()]
+        ray.get([w.request_pause.remote() for w in workers])
         states: list[str] = []
         deadline = time.time() + PAUSE_TIMEOUT_S
         while True:
             if time.time() > deadline:
                 raise RunFailed(f"{why}: the workers did not all pause within "
                                 f"{PAUSE_TIMEOUT_S} s (states: {states})")
-            states = [s["state"] for s in ray.get([w.status.remote() for w in self.workers],
+            states = [s["state"] for s in ray.get([w.status.remote() for w in workers],
                                                    timeout=60)]
-            if ("error" in states or "done" in states
+            if ("error" in states or "done" in states or "left" in states
                     or (self.cfg.recovery.kind != "none" and self._shard_changed(watch))):
                 self.resume_all()
                 return False
@@ -136,8 +217,8 @@ class RunActors:
     def resume_all(self, mode: str | None = None, dense_state: dict | None = None,
                    step_index: int = 0) -> None:
         """Paused workers go on, in ``mode`` (default: the mode now)."""
-        ray.get([w.resume.remote(mode or self.mode, dense_state, step_index)
-                 for w in self.workers])
+        ray.get([self.workers[r].resume.remote(mode or self.mode, dense_state, step_index)
+                 for r in self.live()])
 
     def shard_statuses(self, watch, patience_s: float | None = None) -> list[ShardStatus]:
         """Every shard's status, as ``watch`` (shard_watch.ShardWatch) sees its answer.

@@ -98,7 +98,7 @@ class CheckpointRounds:
         the new shards' checkpoints."""
         actors = self.actors
         begin = time.perf_counter()
-        started = actors.workers[0] is not None
+        started = bool(actors.live())
         paused = actors.facts.pauses_for_checkpoint and not final and started
         if paused and not actors.pause_all("checkpoint", self.watch):
             return None
@@ -107,7 +107,7 @@ class CheckpointRounds:
             if resumed is not None:
                 queue_state, counts = resumed["queue"], resumed["done"]
             elif paused:
-                for p in ray.get([w.positions.remote() for w in actors.workers]):
+                for p in ray.get([actors.workers[r].positions.remote() for r in actors.live()]):
                     positions.update(p)
             if resumed is None:
                 counts = ([{"samples": s.samples, "steps": s.steps}
@@ -179,7 +179,7 @@ class CheckpointRounds:
         if not started:
             return (self.model.start_dense(self.cfg, dense_on_ps=False)
                     or {"params": self.model.initial_dense(), "optimizer": None})
-        return self.actors.dense_state(0)
+        return self.actors.dense_state(self.actors.live()[0])
 
     def log(self, ckpt: dict, elapsed_s: float, training: bool = True) -> None:
         """Record a round; ``training``: whether workers were training (else it blocked

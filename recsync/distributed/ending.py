@@ -108,12 +108,15 @@ def end_calls(run, moment: Moment) -> dict:
     moment.now = AT_THE_END
     shard_stats = ray.get([s.stats.remote() for s in actors.shards])
     written = ray.get([s.checkpoints_written.remote() for s in actors.shards])
-    mode_stats = ray.get([w.mode_stats.remote() for w in actors.workers])
-    pacing = ray.get([w.pacing.remote() for w in actors.workers])
+    live = [actors.workers[r] for r in actors.live()]
+    # with the figures of the workers that left an elastic run
+    mode_stats = [g["mode_stats"] for g in actors.gone] + ray.get(
+        [w.mode_stats.remote() for w in live])
+    pacing = [g["pacing"] for g in actors.gone] + ray.get([w.pacing.remote() for w in live])
     final_dense = ray.get(actors.shards[0].call.remote("model_dense"))
     worker_state = None
-    if final_dense is None:  # the workers hold it (all replicas alike now, or worker 0's)
-        worker_state = actors.dense_state(0, timeout=None)
+    if final_dense is None:  # the workers hold it (all replicas alike now, or the first's)
+        worker_state = actors.dense_state(actors.live()[0], timeout=None)
         final_dense = worker_state["params"]
     with torch.no_grad():
         vector_to_parameters(torch.tensor(final_dense), list(model.dense_model.parameters()))
@@ -142,8 +145,8 @@ def after_end(run) -> dict:
     """What the end's calls left: the chunks each worker took, the take-overs and the queue's
     figures; the checkpoint writer closed."""
     actors, tallies = run.actors, run.tallies
-    for r, w in enumerate(actors.workers):
-        tallies.took(r, ray.get(w.taken_chunks.remote()))
+    for r in actors.live():
+        tallies.took(r, ray.get(actors.workers[r].taken_chunks.remote()))
     if actors.checkpoint_dir is not None:
         run.rounds.close()
     take_overs = ray.get(actors.directory.report.remote()) if actors.directory else []

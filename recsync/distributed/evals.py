@@ -164,8 +164,9 @@ class PeriodicEval:
         if with_state:
             optimizer = ray.get(actors.shards[0].dense_optimizer_state.remote(),
                                 timeout=FETCH_TIMEOUT_S)
-            if optimizer is None and actors.workers[0] is not None:
-                state = ray.get(actors.workers[0].dense_state.remote(), timeout=FETCH_TIMEOUT_S)
+            if optimizer is None and actors.live():
+                state = ray.get(actors.workers[actors.live()[0]].dense_state.remote(),
+                                timeout=FETCH_TIMEOUT_S)
                 optimizer = None if state is None else state.get("optimizer")
         state_dim = make_row_optimizer(cfg.train.embedding_optimizer,
                                        cfg.train.embedding_lr).state_dim
@@ -173,14 +174,15 @@ class PeriodicEval:
         return ModelState(self.run.model.tables, dense, rows, optimizer, state_dim)
 
     def _dense(self):
-        """A copy of the dense parameters now: shard 0's, or worker 0's replica."""
+        """A copy of the dense parameters now: shard 0's, or the first live worker's replica."""
         actors = self.run.actors
         dense = ray.get(actors.shards[0].call.remote("model_dense"), timeout=FETCH_TIMEOUT_S)
         if dense is not None:
             return dense
-        worker = actors.workers[0]
+        live = actors.live()
+        worker = actors.workers[live[0]] if live else None
         state = None if worker is None else ray.get(worker.dense_state.remote(),
                                                     timeout=FETCH_TIMEOUT_S)
         if state is None:  # being replaced, or the parameters are moving (a switch)
-            raise Unavailable("worker 0 holds no dense parameters now")
+            raise Unavailable("no worker holds dense parameters now")
         return state["params"]

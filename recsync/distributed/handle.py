@@ -27,6 +27,7 @@ class DistributedRun:
         self.actors, self.tallies, self.shard_watch = actors, tallies, shard_watch
         self.rounds = rounds
         self.best = None  # with a validation slice: model selection (best.py; train.py sets it)
+        self.elastic = None  # an elastic run's worker count (elastic.py; train.py sets it)
 
     @property
     def facts(self):
@@ -38,11 +39,16 @@ class DistributedRun:
         """Fresh workers for ``ranks`` (``dense_state``: flat layout), on a new group where
         the mode has one; then they start training (the first ones start the clock)."""
         self.actors.spawn(ranks, dense_state, step_index)
+        self.start_placed(ranks)
+
+    def start_placed(self, ranks: list[int], dense_state: dict | None = None) -> None:
+        """Workers built apart (an elastic run's, actors.spawn_later) start training
+        (``dense_state``: a live replica's, for a mode whose joins start from one)."""
         self.shard_watch.workers_started(ranks)
         if self.tallies.start_clock(self.record.train_s_before, time.time()):
             self.record.train_start = time.perf_counter()  # start-up is not training time
             self.actors.measure_idle()
-        self.actors.start(ranks, self.tallies.start_unix)
+        self.actors.start(ranks, self.tallies.start_unix, dense_state)
 
     def poll(self) -> list[WorkerStatus]:
         """Every worker's status, with its rank's counts (actors.poll)."""
@@ -75,4 +81,8 @@ class DistributedRun:
         self.actors.kill_in_next_write(index)
 
     def is_down(self, target: str, index: int) -> bool:
+        """Whether ``index`` has no process to kill now: killed and not back, or (an elastic
+        run's worker rank) vacant or not built."""
+        if target == "worker" and index not in self.actors.live():
+            return True
         return self.shard_watch.is_down(target, index)

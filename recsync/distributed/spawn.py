@@ -23,7 +23,7 @@ def spawn_workers(actors, ranks: list[int], dense_state: dict | None, step_index
     """``actors.workers[r]`` (actors.RunActors) for each of ``ranks``: a new Worker process,
     built (waited for)."""
     for r in ranks:
-        actors.workers[r] = _new(actors, r, dense_state, step_index)
+        actors.workers[r] = new_worker(actors, r, dense_state, step_index)
     for attempt in range(TRIES):
         lost = []
         for r in ranks:
@@ -43,10 +43,11 @@ def spawn_workers(actors, ranks: list[int], dense_state: dict | None, step_index
             return
         time.sleep(PAUSE_S)
         for r in lost:
-            actors.workers[r] = _new(actors, r, dense_state, step_index)
+            actors.workers[r] = new_worker(actors, r, dense_state, step_index)
 
 
-def _new(actors, rank: int, dense_state: dict | None, step_index: int):
+def new_worker(actors, rank: int, dense_state: dict | None, step_index: int):
+    """A new Worker process for ``rank`` (not waited for)."""
     return Worker.options(**actors.placement.worker(rank)).remote(
         rank, actors.cfg, actors.shards, actors.queue, dense_state, step_index, actors.mode,
         actors.directory)

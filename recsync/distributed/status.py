@@ -6,13 +6,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 ALIVE, RESTARTING, DEAD = "alive", "restarting", "dead"  # ShardStatus.state
+PENDING, VACANT, LEFT = "pending", "vacant", "left"  # WorkerStatus.state of an elastic run's
+# ranks: its worker asked for and not built yet; no worker; its worker drained and gone
 
 
 @dataclass
 class WorkerStatus:
     """One worker's status: cumulative counts (over every process that held its rank) plus
     the loss, step time and waits since the previous poll. ``state``: created, running,
-    paused, done, error, or dead (its process is gone)."""
+    paused, done, error, dead (its process is gone), and in elastic runs left (it drained),
+    pending (asked for, not built yet) or vacant (no process)."""
 
     rank: int
     state: str
@@ -30,6 +33,7 @@ class WorkerStatus:
     pull_wait_s: float = 0.0
     push_wait_s: float = 0.0
     lost_pushes: int = 0  # pushes to a shard that died before applying them (recovery on)
+    leaving_since: float | None = None  # elastic runs: when it was told to leave (epoch s)
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkerStatus:

@@ -16,6 +16,7 @@ from recsync.distributed.actors import RunActors
 from recsync.distributed.best import BestKept
 from recsync.distributed.checkpoints import CheckpointRounds
 from recsync.distributed.driver_model import DriverModel
+from recsync.distributed.elastic import ElasticWorkers
 from recsync.distributed.ending import finish
 from recsync.distributed.handle import DistributedRun
 from recsync.distributed.policy import Kind, decide
@@ -50,12 +51,14 @@ def work_items(cfg: RunConfig, ds: Dataset) -> list[tuple]:
 
 
 def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
-              started: float | None = None, warm=None, on_eval=None) -> DistributedRun:
+              started: float | None = None, warm=None, on_eval=None,
+              run_dir: Path | None = None) -> DistributedRun:
     """A run's parts, its actors started. ``checkpoint_root``: where the shards' checkpoints
     go if ``recovery`` asks for them (``recovery.dir`` wins); ``started``: when the run began
     (perf_counter; default now); ``warm``: the model directory the run starts from
     (run/warm_start.py), if any; ``on_eval``: run()'s hook, told of each validation
-    evaluation (run/selection.py)."""
+    evaluation (run/selection.py); ``run_dir``: the output directory, where an elastic run
+    reads `recsync scale`'s requests."""
     record = RunRecord() if started is None else RunRecord(start=started)
     ds.hold_out(cfg.train.validation)  # "train" stops before the validation slice
     model = DriverModel(cfg, ds, warm)
@@ -65,6 +68,8 @@ def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
     rounds = CheckpointRounds(cfg, record, actors, tallies, shard_watch, model)
     run = DistributedRun(cfg, ds, record, model, actors, tallies, shard_watch, rounds)
     run.best = BestKept(run, on_eval)
+    if cfg.cluster.elastic:
+        run.elastic = ElasticWorkers(cfg, run_dir)
     return run
 
 
@@ -78,7 +83,8 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
     ``warm``: a model directory to start from (train.init_from, run/warm_start.py);
     ``on_eval``: run()'s hook, told of each validation evaluation."""
     run = build_run(cfg, ds, None if out_dir is None else Path(out_dir) / "checkpoints",
-                    started, warm=None if resume else warm, on_eval=on_eval)
+                    started, warm=None if resume else warm, on_eval=on_eval,
+                    run_dir=None if out_dir is None else Path(out_dir))
     record = run.record
     try:
         # provisional: the clock starts again when the first workers start training
@@ -96,13 +102,20 @@ def run_distributed(cfg: RunConfig, ds: Dataset, log: MetricsLog, out_dir: Path 
             if run.actors.checkpoint_dir is not None:  # round 0: a rollback or resume
                 # before the first
                 run.rounds.log(run.rounds.take(), 0.0, training=False)
-            run.start_workers(list(range(cfg.cluster.workers)),
-                              run.model.start_dense(cfg, run.facts.dense_on_ps))
+            dense = run.model.start_dense(cfg, run.facts.dense_on_ps)
+            if run.elastic is not None:  # as many as Ray places, at least the minimum
+                run.elastic.start(run, dense)
+            else:
+                run.start_workers(list(range(cfg.cluster.workers)), dense)
         record.placement = actor_nodes(run.actors)
         record.event(0.0, placement_line(record.placement))
         if record.placement["strategy"] != "none" or len(record.placement["nodes"]) > 1:
             print(placement_line(record.placement), flush=True)
-        statuses, ended = watch(run, log, finish)
+        try:
+            statuses, ended = watch(run, log, finish)
+        finally:  # also on Ctrl-C or a failure
+            if run.elastic is not None:
+                record.elastic = run.elastic.section()
         record.stop()
         record.stopped = run.best.selection.section(run.best.reason())
         for rec in record.recoveries:  # the cluster may have marked a node dead since

@@ -15,7 +15,7 @@ from recsync.distributed.actors import ACTOR_GONE, SHARD_RESTART_WAIT_S
 from recsync.distributed.evals import PeriodicEval
 from recsync.distributed.faults import FaultInjector
 from recsync.distributed.policy import Decision, Kind, decide
-from recsync.distributed.status import DEAD, ShardStatus, WorkerStatus
+from recsync.distributed.status import DEAD, LEFT, PENDING, VACANT, ShardStatus, WorkerStatus
 from recsync.distributed.switching import Switcher, log_switch, switch
 from recsync.metrics.core import MetricsLog
 from recsync.metrics.progress import progress
@@ -55,10 +55,14 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
                 shards = run.shard_statuses(SHARD_RESTART_WAIT_S if recovering else 0.0)
                 settle(run, statuses, shards, elapsed)
                 continue
+            if run.elastic is not None:  # joins, leaves, the target (elastic.py)
+                run.elastic.tend(run, statuses)
             now = time.perf_counter()
-            done = all(s.state == "done" for s in statuses)
+            done = training_over(statuses)
             if done:  # training ended: waiting for the evaluation going on is not training
                 record.stop()
+                if run.elastic is not None:
+                    run.elastic.close(run)
             finished = evals.collect(wait=done)  # before the line: its events go with it
             if finished is not None and run.best is not None:
                 # may stop the run early (best.py), not one whose training has ended
@@ -73,7 +77,8 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
             last = now
             log.write(line)
             if line["loss"] is not None:
-                bar.set_postfix(loss=f"{line['loss']:.4f}")
+                bar.set_postfix(loss=f"{line['loss']:.4f}",
+                                **({"workers": line["workers"]} if run.elastic else {}))
             if done:
                 faults.inject_due(run, elapsed, line["step"])  # at the last step: as it ends
                 ended = end(run)
@@ -91,6 +96,13 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
     finally:
         evals.close()
         bar.close()
+
+
+def training_over(statuses: list[WorkerStatus]) -> bool:
+    """Whether every worker has finished: none trains, and one ran out of data (an elastic
+    run's ranks may be vacant, pending or left)."""
+    return (all(s.state in ("done", LEFT, VACANT, PENDING) for s in statuses)
+            and any(s.state == "done" for s in statuses))
 
 
 def settle(run, workers: list[WorkerStatus], shards: list[ShardStatus],
@@ -143,6 +155,7 @@ def metrics_line(run, statuses: list[WorkerStatus], interval_s: float) -> dict:
         "step": max(s.steps for s in statuses),
         "loss": sum(s.loss_sum for s in statuses) / loss_n if loss_n else None,
         "samples_per_s": (samples - record.samples) / interval_s, "mode": run.actors.mode,
+        "workers": sum(s.state not in (DEAD, LEFT, VACANT, PENDING) for s in statuses),
         "worker_step_s": [s.per_step("step_s") for s in statuses],
         "worker_compute_s": [s.per_step("compute_s") for s in statuses],
         "staleness": None, "events": record.unlogged_events(), "eval": None}

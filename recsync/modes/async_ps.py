@@ -14,7 +14,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recsync.cluster.device import host
 from recsync.model import loss as model_loss
-from recsync.modes.base import STOP, Mode, ShardRule, WorkerMode
+from recsync.modes.base import JOIN_AS_IS, STOP, Mode, ShardRule, WorkerMode
 
 
 class AsyncWorker(WorkerMode):
@@ -63,6 +63,7 @@ class ApplyNow(ShardRule):
 
 class Async(Mode):
     name = "async"
+    joins = JOIN_AS_IS
     gpu_workers = True
     worker = AsyncWorker
     dense_on_ps = True

@@ -41,6 +41,12 @@ REBUILD_GROUP = "rebuild_group"  # every worker restarts at the step the PS comp
 FROM_REPLICA = "from_replica"  # dead ranks (all, if there is a group) restart from a live
 # replica's dense parameters
 
+# What a worker joining an elastic run (cluster.workers = [min, max]) starts from
+# (Mode.elastic_join); a leave is a drain in every elastic mode: the worker finishes its chunk,
+# its pushes applied, and goes (distributed/elastic.py):
+JOIN_AS_IS = "as_is"  # the shards hold what it needs: it pulls and trains (async, eager, gba)
+JOIN_FROM_REPLICA = "from_replica"  # it starts from a live worker's dense replica (shadow)
+
 
 class Contract(ABCMeta):
     """The metaclass of the contract's three parts. A class statement that subclasses one and
@@ -221,11 +227,20 @@ class Mode(metaclass=Contract, abstract=True):
     summary_key: ClassVar[str | None] = None  # its section of summary.json
     gpu_workers: ClassVar[bool] = False  # its workers can compute on a GPU
     # (recsync/cluster/device.py)
+    joins: ClassVar[str | None] = None  # what a joining worker starts from (elastic_join)
 
     @classmethod
     def needs_group(cls, cfg) -> bool:
         """Whether the workers form a gloo process group."""
         return False
+
+    @classmethod
+    def elastic_join(cls, cfg) -> str | None:
+        """What a worker joining an elastic run starts from (JOIN_AS_IS, JOIN_FROM_REPLICA), or
+        None where the mode cannot change its number of workers during a run at ``cfg``'s
+        settings (a process group would have to be rebuilt at another size: not built)."""
+        return None if cls.needs_group(cfg) else cls.joins
+
 
     @classmethod
     @abstractmethod

@@ -42,7 +42,7 @@ import torch
 
 from recsync.metrics.stats import distribution, merged_counts
 from recsync.modes.async_ps import ApplyNow, AsyncWorker
-from recsync.modes.base import STOP, Mode
+from recsync.modes.base import JOIN_AS_IS, STOP, Mode
 from recsync.ps.core import DenseState
 
 # what of the dense parameters the early pull brings, per ``eager.own_update``
@@ -165,6 +165,7 @@ class EagerWorker(AsyncWorker):
 
 class Eager(Mode):
     name = "eager"
+    joins = JOIN_AS_IS
     gpu_workers = True
     worker = EagerWorker
     dense_on_ps = True

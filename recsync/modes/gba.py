@@ -3,15 +3,16 @@
 The worker's side is async's: pull rows and the dense vector, compute, push without waiting. The
 version each shard returned with the pull is the gradient's token; the push carries it and the
 batch's sample count, and the shard aggregates gradients until it holds the global batch of sync
-(M = workers gradients by default), applies their sample-weighted mean with the sync optimizer
-and learning rate, and decays or drops gradients that are too stale. So the hyper-parameters
-tuned for sync carry over, while no worker waits for another.
+(M = workers gradients by default: an elastic run's ``max``, whoever sends them), applies their
+sample-weighted mean with the sync optimizer and learning rate, and decays or drops gradients
+that are too stale. So the hyper-parameters tuned for sync carry over, while no worker waits for
+another.
 """
 
 from __future__ import annotations
 
 from recsync.modes.async_ps import AsyncWorker
-from recsync.modes.base import Mode, ShardRule
+from recsync.modes.base import JOIN_AS_IS, Mode, ShardRule
 from recsync.ps.aggregation import GradientBuffer, StalenessDecay
 
 
@@ -74,6 +75,7 @@ class GlobalBatch(ShardRule):
 
 class GBA(Mode):
     name = "gba"
+    joins = JOIN_AS_IS
     gpu_workers = True
     worker = GBAWorker
     dense_on_ps = True

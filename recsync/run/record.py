@@ -34,6 +34,8 @@ class RunRecord:
     placement: dict | None = None  # each actor's node when training started (cluster/placement.py)
     stopped: dict | None = None  # why training ended, its best validation evaluation
     # (run/selection.py Selection.section): summary.json's ``stopped``
+    elastic: dict | None = None  # an elastic run's worker count over time, joins and drains
+    # (distributed/elastic.py ElasticWorkers.section): summary.json's ``elastic``
 
     def elapsed(self) -> float:
         """Seconds since the run began (start-up included)."""

@@ -27,7 +27,8 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
         "error": error,
         "mode": modes[-1]["mode"],
         "modes": modes,
-        "workers": cfg.cluster.workers if distributed else 1,
+        "workers": cfg.cluster.workers if distributed else 1,  # an elastic run's max
+        "elastic": record.elastic,  # its worker count over time (distributed/elastic.py)
         "ps_shards": cfg.cluster.ps_shards if distributed else 0,
         "samples": record.samples,
         "steps": record.steps,

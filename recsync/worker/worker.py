@@ -19,6 +19,7 @@ import contextlib
 import datetime as dt
 import itertools
 import os
+import signal
 import threading
 import time
 import traceback
@@ -80,6 +81,12 @@ class Worker:
         self.steps = self.samples = 0
         self._interval = dict.fromkeys(INTERVAL_KEYS, 0)
         self._pause_requested = threading.Event()
+        self._leaving = threading.Event()  # told to leave: no chunk is taken any more
+        self.leaving_since: float | None = None
+        self.left_early = False  # it left with chunks still to train (else: out of data)
+        if cfg.cluster.elastic and threading.current_thread() is threading.main_thread():
+            # a preemption notice: this worker drains as if the driver had told it to leave
+            signal.signal(signal.SIGTERM, lambda *_: self.leave())
         self._resumed = threading.Event()
         self._resume_args: tuple = ()
         self._lock = threading.Lock()
@@ -129,9 +136,13 @@ class Worker:
         dist.init_process_group(group_backend(self.device), store=store, rank=self.rank,
                                 world_size=world, timeout=timeout)
 
-    def start(self, start_time: float) -> None:
-        """Start training on a thread; ``start_time`` (epoch seconds) anchors fault schedules."""
+    def start(self, start_time: float, dense_state: dict | None = None) -> None:
+        """Start training on a thread; ``start_time`` (epoch seconds) anchors fault schedules.
+        ``dense_state``: a live replica's, for a worker joining an elastic run after it was
+        built (the replica it was built with is older)."""
         self.start_time = time.time() if start_time is None else start_time
+        if dense_state is not None:
+            self.mode = self._make_mode(self.mode_name, dense_state, 0)
         self.state = "running"
         self._thread = threading.Thread(target=self._run, name=f"train-{self.rank}", daemon=True)
         self._thread.start()
@@ -143,6 +154,7 @@ class Worker:
             self._interval = dict.fromkeys(INTERVAL_KEYS, 0)
         return {"rank": self.rank, "state": self.state, "error": self.error, "steps": self.steps,
                 "samples": self.samples, "pid": os.getpid(),
+                "leaving_since": self.leaving_since,
                 "lost_pushes": sum(c.lost_pushes for c in self.clients), **interval}
 
     def taken_chunks(self) -> list:
@@ -189,6 +201,13 @@ class Worker:
         self._resume_args = (mode, dense_state, step_index)
         self._pause_requested.clear()
         self._resumed.set()
+
+    def leave(self) -> None:
+        """Leave the run (elastic runs): take no chunk any more, finish the ones held, push what
+        was computed; ``status`` then says "left"."""
+        if self.leaving_since is None:
+            self.leaving_since = time.time()
+        self._leaving.set()
 
     def where(self) -> dict:
         """This process's node and pid (cluster/placement.py)."""
@@ -292,7 +311,7 @@ class Worker:
             feeds = [self._feed(s) for s in slots]
             self.mode.run([lambda t=t: self._one_step(t, feeds[t])
                            for t in range(self.mode.threads)])
-            self.state = "done"
+            self.state = "left" if self.left_early else "done"  # else: out of data
         except Exception as e:  # reported through status(); the driver decides what to do
             known = known_cause(e)  # bad data, a diverging model: one line, no traceback
             self.error = known or f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
@@ -346,6 +365,9 @@ class Worker:
         seed = t.seed if self.cfg.data.shuffle else None
         for k in itertools.count():
             slot = slots[k % len(slots)]
+            if self._leaving.is_set():
+                self.left_early = True
+                return
             taken = ray.get(self.queue.take_with_skip.remote(self.rank, slot))
             if taken is None:
                 return

@@ -20,7 +20,7 @@ import torch
 from recsync.metrics.stats import distribution, merged_counts
 from recsync.model.optim import DENSE_OPTIMIZERS
 from recsync.modes.async_ps import ApplyNow
-from recsync.modes.base import FROM_REPLICA, Mode, WorkerMode
+from recsync.modes.base import FROM_REPLICA, JOIN_FROM_REPLICA, Mode, WorkerMode
 from recsync.modes.shadow.hogwild import HogwildTrainer
 from recsync.modes.shadow.replica import DenseReplica, HogwildStep
 from recsync.modes.shadow.rules import BMUF
@@ -97,6 +97,7 @@ class ForegroundWorker(ShadowWorker):
 
 class Shadow(Mode):
     name = "shadow"
+    joins = JOIN_FROM_REPLICA
     worker = ShadowWorker
     worker_death = FROM_REPLICA
     summary_key = "shadow"

@@ -1,0 +1,120 @@
+"""Elastic runs (cluster.workers = [min, max]) on the runtime harness: the worker count follows
+`recsync scale` while the run goes on, workers that leave finish their chunks (every chunk once,
+every sample counted once), a dead worker is not waited for, and what happened is in
+summary.json and metrics.jsonl. (On a Ray cluster whose nodes come and go:
+tests/integration/test_elastic.py.)"""
+
+import json
+import threading
+import time
+
+import pytest
+
+import recsync
+from recsync.data.reader import Dataset
+from recsync.run.driver import run
+from harness_config import B, config
+
+
+def _lines(out):
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _when(out, test, timeout_s=60.0):
+    """Wait until ``test(lines of metrics.jsonl)`` holds."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if test(_lines(out)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not seen in {timeout_s} s: {_lines(out)[-1:]}")
+
+
+def _scaled(out, start: int, steps: list[int]):
+    """In a thread: once ``start`` workers train, ask for each of ``steps`` workers in turn,
+    each once the run has as many as asked before and has trained some more samples."""
+    errors = []
+
+    def go():
+        try:
+            _when(out, lambda ls: ls and ls[-1]["workers"] == start and ls[-1]["samples"] > 0)
+            for n in steps:
+                seen = _lines(out)[-1]["samples"]
+                recsync.scale(out, workers=n)
+                _when(out, lambda ls: ls[-1]["workers"] == n and ls[-1]["samples"] > seen)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t, errors
+
+
+@pytest.mark.parametrize("mode", ["async", "gba", "eager"])
+def test_scaled_2_4_2_completes_every_chunk_once_and_counts_every_sample(fake_ray, data,
+                                                                         tmp_path, mode):
+    cfg = config(data, f'mode="{mode}"', "cluster.workers=[2, 4]", "cluster.ps_shards=2",
+                 f"data.chunk_rows={2 * B}", "train.epochs=8", "network.latency_ms=2")
+    out = tmp_path / "run"
+    out.mkdir()
+    # starts at the max (every worker can be placed here), then 2 -> 4 -> 2
+    thread, errors = _scaled(out, 4, [2, 4, 2])
+    summary = run(cfg, out)
+    thread.join(timeout=5)
+    assert not errors, errors
+    assert summary["status"] == "completed"
+    ds = Dataset(data)
+    queue = summary["queue"]
+    chunks = len(ds.chunks("train", 2 * B))
+    assert queue["completed"] == 8 * chunks and queue["completed_more_than_once"] == 0
+    assert queue["released"] == 0  # every drain finished its chunks: nothing trained twice
+    assert summary["samples"] == 8 * ds.rows("train")
+    e = summary["elastic"]
+    counts = iter(p["workers"] for p in e["timeline"])
+    assert all(n in counts for n in (4, 2, 4, 2))  # in this order (the first may be fewer:
+    # workers built after the minimum)
+    assert [r.get("workers") for r in e["requests"]] == [2, 4, 2]
+    assert len(e["drains"]) == 4 and e["drains_stopped"] == 0  # 4 -> 2, twice
+    assert all(d["drain_s"] < cfg.cluster.drain_grace_s for d in e["drains"])
+    assert len(e["joins"]) == 6  # 4 at the start, 2 when scaled up again
+    assert all(j["first_step_s"] is not None for j in e["joins"])
+    assert {line["workers"] for line in _lines(out)} >= {2, 4}
+
+
+def test_a_dead_worker_is_not_waited_for_and_a_new_one_joins(fake_ray, data, tmp_path):
+    cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=2",
+                 f"data.chunk_rows={2 * B}", "train.epochs=12", 'network.latency_ms=2',
+                 'faults.kills=[{target="worker", index=1, at_s=1.0}]')
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    e = summary["elastic"]
+    assert [d["rank"] for d in e["deaths"]] == [1]
+    assert [j["rank"] for j in e["joins"]].count(1) == 2  # asked for again, and joined
+    queue = summary["queue"]
+    assert queue["completed_more_than_once"] == 0 and queue["completed_never"] == 0
+    assert summary["samples"] >= 12 * Dataset(data).rows("train")
+
+
+def test_a_shadow_trainer_joins_from_a_live_replica(fake_ray, data, tmp_path):
+    cfg = config(data, 'mode="shadow"', 'shadow.algorithm="easgd"', "cluster.workers=[1, 2]",
+                 "cluster.ps_shards=2", f"data.chunk_rows={2 * B}", "train.epochs=12",
+                 'network.latency_ms=2')
+    out = tmp_path / "run"
+    out.mkdir()
+    thread, errors = _scaled(out, 2, [1, 2])
+    summary = run(cfg, out)
+    thread.join(timeout=5)
+    assert not errors, errors
+    assert summary["status"] == "completed"
+    late = summary["elastic"]["joins"][2:]  # after the first two
+    assert [j["rank"] for j in late] == [1] and late[0]["from_replica"] == 0
+    assert summary["queue"]["completed_more_than_once"] == 0
+    assert 0.5 < summary["eval"]["auc"] <= 1.0
+
+
+def test_a_range_is_refused_where_the_mode_cannot_change_its_workers(data):
+    with pytest.raises(Exception, match=r"mode 'sync' cannot change its number of workers"):
+        config(data, 'mode="sync"', "cluster.workers=[2, 4]")

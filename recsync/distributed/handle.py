@@ -83,6 +83,6 @@ class DistributedRun:
     def is_down(self, target: str, index: int) -> bool:
         """Whether ``index`` has no process to kill now: killed and not back, or (an elastic
         run's worker rank) vacant or not built."""
-        if target == "worker" and index not in self.actors.live():
+        if target == "worker" and self.elastic is not None and index not in self.actors.live():
             return True
         return self.shard_watch.is_down(target, index)

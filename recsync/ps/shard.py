@@ -282,7 +282,7 @@ class PSShard:
         return self.core.dense_optimizer_state()
 
     async def stats(self) -> dict:
-        return {**self.core.stats(),
+        return {**self.core.stats(), "pid": os.getpid(),  # the process serving it at the end
                 "pacing": self.pacer.machine.totals() if self.pacer is not None else None}
 
     async def staleness(self) -> dict[int, int]:

@@ -1,0 +1,70 @@
+"""An elastic run on a Ray cluster whose nodes come and go (``ray.cluster_utils.Cluster``, every
+node on 127.0.0.1): async with ``cluster.workers = [2, 6]`` and one CPU per worker starts with
+the two workers the head node holds, grows when a node joins, shrinks when that node is removed
+without notice, and completes every chunk exactly once with its PS shards in the processes they
+started in. (The logic on the runtime harness: tests/harness/test_elastic_harness.py.)"""
+
+import json
+import time
+
+from runs import trained
+from test_multinode import _processes_with, _train
+
+
+def _last(out) -> dict:
+    lines = [x for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _wait(proc, out, test, what: str, timeout_s: float = 180) -> None:
+    deadline = time.time() + timeout_s
+    while not ((out / "metrics.jsonl").exists() and test(_last(out))):
+        assert proc.poll() is None, f"the run ended before {what}: {proc.stdout.read()[-3000:]}"
+        assert time.time() < deadline, f"not seen in {timeout_s} s: {what}; {_last(out)}"
+        time.sleep(0.2)
+
+
+def test_workers_grow_when_a_node_joins_and_shrink_when_it_is_lost(tmp_path, data):
+    from ray.cluster_utils import Cluster
+
+    from recsync.cluster.ray_session import loopback_node
+    node = {"object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
+    with loopback_node():  # the head holds the shards (no CPU) and two workers
+        cluster = Cluster(initialize_head=True, connect=False,
+                          head_node_args={**node, "num_cpus": 2.5, "include_dashboard": False})
+    gcs_port = cluster.address.rpartition(":")[2]
+    try:
+        out = tmp_path / "run"
+        proc = _train(cluster, data, out, 'mode="async"', "cluster.workers=[2, 6]",
+                      "cluster.worker_cpus=1", "train.epochs=40", "network.latency_ms=3")
+        _wait(proc, out, lambda m: m["workers"] == 2 and m["samples"] > 0, "2 workers train")
+        with loopback_node():
+            extra = cluster.add_node(**node, num_cpus=2)
+        _wait(proc, out, lambda m: m["workers"] == 4, "4 workers after a node joined")
+        cluster.remove_node(extra, allow_graceful=False)  # its raylet and processes killed
+        _wait(proc, out, lambda m: m["workers"] == 2, "2 workers after the node was lost")
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, log[-4000:]
+    finally:
+        cluster.shutdown()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed", summary.get("error")
+    e = summary["elastic"]
+    counts = iter(p["workers"] for p in e["timeline"])
+    assert all(n in counts for n in (2, 4, 2)), e["timeline"]
+    lost = [d["rank"] for d in e["deaths"]]
+    assert len(lost) == 2 and {j["node"] for j in e["joins"] if j["rank"] in lost} == {
+        extra.node_id}
+    # the shards kept their processes: no recovery, the pids they started with
+    assert summary["recovery"]["recoveries"] == []
+    assert [s["pid"] for s in summary["per_shard"]] == [
+        a["pid"] for a in summary["placement"]["shards"]]
+    q = summary["queue"]
+    assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0, q
+    assert q["completed"] == q["chunks"] and q["pending"] == 0, q
+    print("\n" + "\n".join(f"{p['time_s']:.1f} s: {p['workers']} workers"
+                           for p in e["timeline"]))
+    deadline = time.time() + 15
+    while (left := _processes_with(gcs_port)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of the cluster left running: {left}"

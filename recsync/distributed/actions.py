@@ -100,7 +100,9 @@ def log_partial_recovery(run, s: ShardStatus, elapsed_s: float) -> None:
     the checkpoint's version to the last version the driver saw, at most half a second before
     it died) are lost, each one update's samples: counted for PLS."""
     record, cfg, restored = run.record, run.cfg, s.restored
-    lost_updates, lost = partial_loss(s.version_before, restored["version"],
+    planned = run.shard_watch.planned.pop(s.index, None)  # a move: its exact version then
+    lost_updates, lost = partial_loss(s.version_before if planned is None else planned,
+                                      restored["version"],
                                       MODES[cfg.mode].samples_per_update(cfg))
     killed = run.shard_watch.recovered(s.index, s.ready_unix)
     start_unix = run.tallies.start_unix
@@ -109,15 +111,18 @@ def log_partial_recovery(run, s: ShardStatus, elapsed_s: float) -> None:
            "lost_samples": lost, "version_before": s.version_before, "lost_work_s": 0.0,
            "standby": run.actors.directory is not None, **restored,
            "node_before": s.node_before, "node": s.node,
-           "node_before_alive": node_alive((s.node_before or {}).get("node_id"))}
+           "node_before_alive": node_alive((s.node_before or {}).get("node_id")),
+           "planned": planned is not None, "version_at_move": planned}
     record.recoveries.append(rec)
     run.shard_watch.downtime_starts(s.index, rec, killed, s.ready_unix, s.first_pull_unix,
                                     start_unix)
-    run.rounds.failed(elapsed_s)
+    if planned is None:  # a planned move is no failure (checkpoint/interval.py's MTBF)
+        run.rounds.failed(elapsed_s)
     what = (f"checkpoint {restored['sequence']} (version {restored['version']})"
             if restored["sequence"] is not None else "nothing (no checkpoint yet: from scratch)")
     record.event(elapsed_s, (
-        f"partial recovery: shard {s.index}{_on(s.node_before, rec['node_before_alive'])} "
+        ("planned move (partial recovery): " if planned is not None else "partial recovery: ")
+        + f"shard {s.index}{_on(s.node_before, rec['node_before_alive'])} "
         f"restarted{_on(s.node)} from {what}; its {lost_updates:,} updates since "
         f"(~{lost:,} samples) are lost")
         + (f"; skipped: {restored['skipped']}" if restored["skipped"] else ""))

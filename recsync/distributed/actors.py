@@ -127,6 +127,29 @@ class RunActors:
                 out[r] = ray.get(ref, timeout=30)["node_id"]
         return out
 
+    def shard_nodes(self) -> dict[int, str]:
+        """{shard: node id} of the shards' processes now."""
+        nodes = ray.get([s.where.remote() for s in self.shards], timeout=30)
+        return {i: n["node_id"] for i, n in enumerate(nodes)}
+
+    def standby_nodes(self) -> list[str]:
+        """The node of each waiting standby, the next to take over first."""
+        if self.directory is None:
+            return []
+        standbys = ray.get(self.directory.standby_handles.remote(), timeout=30)
+        return [n["node_id"] for n in ray.get([s.where.remote() for s in standbys], timeout=60)]
+
+    def wait_written(self, shard: int, sequence: int, timeout_s: float) -> None:
+        """Until shard ``shard``'s checkpoint ``sequence`` is on disk (RunFailed after
+        ``timeout_s``)."""
+        deadline = time.time() + timeout_s
+        while sequence not in [w["sequence"] for w in ray.get(
+                self.shards[shard].checkpoints_written.remote(), timeout=timeout_s)]:
+            if time.time() > deadline:
+                raise RunFailed(f"shard {shard}'s checkpoint {sequence} was not written in "
+                                f"{timeout_s:g} s")
+            time.sleep(0.05)
+
     def measure_idle(self) -> None:
         """The emulated cluster: each shard measures its idle CPU while the workers, as they
         start, measure theirs (cluster/emulation.py); not waited for."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 
 from recsync.distributed.errors import RunFailed
+from recsync.distributed.shard_move import move_shards
 from recsync.distributed.status import LEFT, WorkerStatus
 from recsync.modes.base import JOIN_FROM_REPLICA
 from recsync.run.scale import Requests
@@ -45,6 +46,8 @@ class ElasticWorkers:
         # its first step is seen
         self.leaving: dict[int, dict] = {}  # rank -> {"unix": told, "why": ...}
         self.drained_nodes: set[str] = set()
+        self.moves: list[dict] = []  # planned shard moves (shard_move.py)
+        self.to_move: list[int] = []  # shards on a drained node, to move at the next poll
         self.below_since: float | None = None
         self.count: int | None = None
         self.timeline: list[dict] = []  # {time_s, workers, target}
@@ -93,6 +96,12 @@ class ElasticWorkers:
             if r in by_rank and by_rank[r].steps > steps_before:
                 join["first_step_s"] = self._t(run, now)  # within a poll (0.5 s)
                 del self.joined[r]
+        if self.to_move:
+            move = move_shards(run, self.to_move, self.drained_nodes)
+            move["time_s"] = self._t(run, now)
+            self.moves.append(move)
+            if not move.get("retry"):
+                self.to_move = []
         self._join(run, run.actors.placed())
         self._meet_target(run)
         self._watch_minimum(run, now)
@@ -141,15 +150,17 @@ class ElasticWorkers:
         self.requests_taken.append(taken)
 
     def _drain_node(self, run, prefix: str) -> list[int]:
-        """The workers on the node whose id starts with ``prefix`` leave; no new worker goes
-        there while the run lasts."""
-        nodes = run.actors.nodes()
+        """The workers on the node whose id starts with ``prefix`` leave, its shards move
+        (shard_move.py); no new worker goes there while the run lasts. Returns the ranks."""
+        nodes, shard_nodes = run.actors.nodes(), run.actors.shard_nodes()
         ranks = [r for r, node in nodes.items() if node.startswith(prefix)
                  and r not in self.leaving]
-        matched = {node for node in nodes.values() if node.startswith(prefix)}
+        matched = {n for n in [*nodes.values(), *shard_nodes.values()] if n.startswith(prefix)}
         self.drained_nodes |= matched or {prefix}
         run.actors.avoid_nodes(self.drained_nodes)
         self._tell_to_leave(run, ranks, f"node {prefix[:8]} drained")
+        self.to_move += [i for i, n in shard_nodes.items() if n.startswith(prefix)
+                         and i not in self.to_move]
         return ranks
 
     def _tell_to_leave(self, run, ranks: list[int], why: str) -> None:
@@ -263,7 +274,7 @@ class ElasticWorkers:
         return {"min": self.min, "max": self.max, "target": self.target,
                 "timeline": self.timeline, "joins": self.joins, "drains": self.drains,
                 "deaths": self.deaths, "requests": self.requests_taken,
-                "drained_nodes": sorted(self.drained_nodes),
+                "drained_nodes": sorted(self.drained_nodes), "shard_moves": self.moves,
                 "start_to_first_step_s_max": max(firsts) if firsts else None,
                 "drain_s_max": max((d["drain_s"] for d in self.drains), default=None),
                 "drains_stopped": sum(d["stopped"] for d in self.drains)}

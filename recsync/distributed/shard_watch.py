@@ -33,6 +33,8 @@ class ShardWatch:
         self.shard_answered: dict[int, float] = {}  # shard -> epoch s of its last answer
         self.downtime_open: dict[int, tuple] = {}  # shard -> its recovery, until a pull served
         self.killed_workers: set[int] = set()  # ranks killed by injection, not yet restarted
+        self.planned: dict[int, int] = {}  # shard -> its version when a planned move stopped
+        # it (distributed/shard_move.py), until its take-over is logged
 
     def seen(self, i: int, inc: dict, now: float | None = None) -> ShardStatus:
         """Shard ``i`` answered ``inc`` (its ``incarnation``) at ``now`` (default: the clock):
@@ -62,6 +64,10 @@ class ShardWatch:
     def moved(self, i: int, pid: int) -> bool:
         """Whether shard ``i`` answered from process ``pid`` though the driver saw another."""
         return i in self.shard_seen and pid != self.shard_seen[i]["pid"]
+
+    def move_planned(self, shard: int, version: int) -> None:
+        """Shard ``shard`` is stopped on purpose at ``version`` (a planned move)."""
+        self.planned[shard] = version
 
     # -- kills ---------------------------------------------------------------------------
     def killed(self, target: str, index: int, now: float) -> None:

@@ -118,3 +118,40 @@ def test_a_shadow_trainer_joins_from_a_live_replica(fake_ray, data, tmp_path):
 def test_a_range_is_refused_where_the_mode_cannot_change_its_workers(data):
     with pytest.raises(Exception, match=r"mode 'sync' cannot change its number of workers"):
         config(data, 'mode="sync"', "cluster.workers=[2, 4]")
+
+
+def test_a_shard_on_a_drained_node_moves_to_a_standby_and_loses_nothing(fake_ray, data,
+                                                                         tmp_path, monkeypatch):
+    """Shard 1 is on a node of its own (told so: the harness has one node); that node drained,
+    the shard's pushes pause, its checkpoint is written, a standby takes it over: the recovery
+    is marked planned and loses no update and no push."""
+    from recsync.distributed.actors import RunActors
+    other = "0dd0" * 14
+    real = RunActors.shard_nodes
+    monkeypatch.setattr(RunActors, "shard_nodes", lambda self: {
+        **real(self), 1: other})
+    cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=2",
+                 f"data.chunk_rows={2 * B}", "train.epochs=8", "network.latency_ms=2",
+                 'recovery.kind="partial"', "recovery.checkpoint_every_s=5",
+                 "recovery.standby_shards=1")
+    out = tmp_path / "run"
+    out.mkdir()
+
+    def drain():
+        _when(out, lambda ls: ls and ls[-1]["samples"] > 0)
+        recsync.scale(out, drain_nodes=[other[:8]])
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    summary = run(cfg, out)
+    thread.join(timeout=5)
+    assert summary["status"] == "completed", summary["error"]
+    moves = summary["elastic"]["shard_moves"]
+    assert [m["shards"] for m in moves] == [[1]] and moves[0]["refused"] is None
+    (rec,) = summary["recovery"]["recoveries"]
+    assert rec["shard"] == 1 and rec["planned"] and rec["lost_updates"] == 0
+    assert rec["version"] == rec["version_at_move"] > 0 and rec["downtime_s"] > 0
+    assert summary["recovery"]["pls"] == 0 and summary["recovery"]["lost_pushes"] == 0
+    q = summary["queue"]
+    assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0
+    assert summary["samples"] == 8 * Dataset(data).rows("train")

@@ -213,8 +213,8 @@ def actor_nodes(actors) -> dict:
     if actors.directory is not None:
         handles = ray.get(actors.directory.standby_handles.remote(), timeout=60)
         standbys = listed(ray.get([h.where.remote() for h in handles], timeout=60))
-    workers = listed(ray.get([w.where.remote() for w in actors.workers if w is not None],
-                             timeout=60))
+    workers = listed(ray.get([actors.workers[r].where.remote() for r in actors.live()],
+                             timeout=60))  # an elastic run's: those training
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
     return {"strategy": actors.placement.strategy, "nodes": nodes, "shards": shards,
             "standbys": standbys, "workers": workers}

@@ -1,5 +1,5 @@
 """An elastic run on a Ray cluster whose nodes come and go (``ray.cluster_utils.Cluster``, every
-node on 127.0.0.1): async with ``cluster.workers = [2, 6]`` and one CPU per worker starts with
+node on 127.0.0.1): async with ``cluster.workers = [2, 6]`` and 0.9 CPU per worker starts with
 the two workers the head node holds, grows when a node joins, shrinks when that node is removed
 without notice, and completes every chunk exactly once with its PS shards in the processes they
 started in. (The logic on the runtime harness: tests/harness/test_elastic_harness.py.)"""
@@ -31,12 +31,12 @@ def test_workers_grow_when_a_node_joins_and_shrink_when_it_is_lost(tmp_path, dat
     node = {"object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
     with loopback_node():  # the head holds the shards (no CPU) and two workers
         cluster = Cluster(initialize_head=True, connect=False,
-                          head_node_args={**node, "num_cpus": 2.5, "include_dashboard": False})
+                          head_node_args={**node, "num_cpus": 2, "include_dashboard": False})
     gcs_port = cluster.address.rpartition(":")[2]
     try:
         out = tmp_path / "run"
         proc = _train(cluster, data, out, 'mode="async"', "cluster.workers=[2, 6]",
-                      "cluster.worker_cpus=1", "train.epochs=40", "network.latency_ms=3")
+                      "cluster.worker_cpus=0.9", "train.epochs=40", "network.latency_ms=3")
         _wait(proc, out, lambda m: m["workers"] == 2 and m["samples"] > 0, "2 workers train")
         with loopback_node():
             extra = cluster.add_node(**node, num_cpus=2)

@@ -37,12 +37,12 @@ def test_workers_grow_when_a_node_joins_and_shrink_when_it_is_lost(tmp_path, dat
         out = tmp_path / "run"
         proc = _train(cluster, data, out, 'mode="async"', "cluster.workers=[2, 6]",
                       "cluster.worker_cpus=0.9", "train.epochs=40", "network.latency_ms=3")
-        _wait(proc, out, lambda m: m["workers"] == 2 and m["samples"] > 0, "2 workers train")
+        _wait(proc, out, lambda m: m.get("workers") == 2 and m["samples"] > 0, "2 workers train")
         with loopback_node():
             extra = cluster.add_node(**node, num_cpus=2)
-        _wait(proc, out, lambda m: m["workers"] == 4, "4 workers after a node joined")
+        _wait(proc, out, lambda m: m.get("workers") == 4, "4 workers after a node joined")
         cluster.remove_node(extra, allow_graceful=False)  # its raylet and processes killed
-        _wait(proc, out, lambda m: m["workers"] == 2, "2 workers after the node was lost")
+        _wait(proc, out, lambda m: m.get("workers") == 2, "2 workers after the node was lost")
         log, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, log[-4000:]
     finally:

@@ -166,6 +166,9 @@ class RunConfigBase(Section):
     def _check_elastic(self) -> None:
         c = self.cluster
         span = f"cluster.workers = [{c.workers_min}, {c.workers}]"
+        if self.switching.enabled:
+            raise ValueError(f"{span}: an elastic run cannot switch modes (switching into sync "
+                             f"needs a fixed group); give one number of workers")
         if MODES[self.mode].elastic_join(self) is None:
             can = [n for n, m in MODES.items() if m.elastic_join(self) is not None]
             group = " (its workers form a process group, which is not rebuilt at another size)"
@@ -173,9 +176,6 @@ class RunConfigBase(Section):
                              f"during a run{group if MODES[self.mode].needs_group(self) else ''}"
                              f"; elastic modes: {_quoted(can)}, and shadow or foreground with "
                              f"shadow.algorithm = \"easgd\" or \"none\"")
-        if self.switching.enabled:
-            raise ValueError(f"{span}: an elastic run cannot switch modes (switching into sync "
-                             f"needs a fixed group); give one number of workers")
         if self.recovery.kind == "full":
             raise ValueError(f"{span}: full recovery rolls every worker back to a job "
                              f"checkpoint of a fixed set of workers; use recovery.kind = "

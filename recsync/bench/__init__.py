@@ -34,6 +34,8 @@ SCENARIOS = {
     "dense": "the dense step: float32, bfloat16 autocast, torch.compile; threads or processes",
     "dynamic": "dynamic embedding tables against fixed ones: AUC at the same memory, a "
                "drifting stream, bytes per row, pull and push rows/s, collisions",
+    "elastic": "an elastic run going 4 -> 2 -> 4 workers against fixed runs (EMULATED); a "
+               "shard moved off a drained node of a 2-node loopback cluster",
 }
 
 

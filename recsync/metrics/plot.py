@@ -31,6 +31,20 @@ def _shade_switched_modes(ax, summary: dict | None, color, label: str) -> None:
                        label=f"{label}: {m['mode']}")
 
 
+def _worker_count(ax, records: list[dict], color, label: str) -> None:
+    """An elastic run's workers over time, on a right-hand axis of the loss-against-seconds
+    panel (a run whose count never changed draws nothing)."""
+    points = [(r["time_s"], r["workers"]) for r in records if r.get("workers") is not None]
+    if len({n for _, n in points}) < 2:
+        return
+    twin = ax.twinx()
+    twin.step([t for t, _ in points], [n for _, n in points], where="post", color=color,
+              ls=":", lw=1.2, label=f"{label}: workers")
+    twin.set_ylabel("workers training")
+    twin.set_ylim(0, max(n for _, n in points) + 1)
+    twin.legend(fontsize=8, loc="upper right")
+
+
 def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) -> Path:
     """Draw every run into one 2x2 figure (loss and AUC, against samples and seconds)."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
@@ -59,6 +73,7 @@ def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) 
                 axes[1, col].axhline(bayes, ls="--", color="gray", lw=1, label="Bayes-optimal")
         bayes_drawn = bayes_drawn or bool((summary or {}).get("eval", {}).get("bayes_auc"))
         _shade_switched_modes(axes[0, 1], summary, line.get_color(), label)
+        _worker_count(axes[0, 1], records, line.get_color(), label)
     for col, xlabel in enumerate(("training samples",
                                   "seconds of training (from the first step)")):
         axes[0, col].set(xlabel=xlabel, ylabel="training log loss (interval mean)")

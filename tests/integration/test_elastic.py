@@ -33,8 +33,8 @@ def test_workers_grow_when_a_node_joins_and_shrink_when_it_is_lost(tmp_path, dat
         cluster = Cluster(initialize_head=True, connect=False,
                           head_node_args={**node, "num_cpus": 2, "include_dashboard": False})
     gcs_port = cluster.address.rpartition(":")[2]
+    out, proc = tmp_path / "run", None
     try:
-        out = tmp_path / "run"
         proc = _train(cluster, data, out, 'mode="async"', "cluster.workers=[2, 6]",
                       "cluster.worker_cpus=0.9", "train.epochs=40", "network.latency_ms=3")
         _wait(proc, out, lambda m: m.get("workers") == 2 and m["samples"] > 0, "2 workers train")
@@ -46,6 +46,9 @@ def test_workers_grow_when_a_node_joins_and_shrink_when_it_is_lost(tmp_path, dat
         log, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, log[-4000:]
     finally:
+        if proc is not None and proc.poll() is None:  # the test failed midway: the run goes too
+            proc.kill()
+            proc.wait(timeout=30)
         cluster.shutdown()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed", summary.get("error")

@@ -1,0 +1,139 @@
+"""Elastic runs without Ray: `cluster.workers = [min, max]` read and checked, `recsync scale`'s
+requests (run/scale.py), when a shard move is refused (distributed/shard_move.py), and the
+`elastic` benchmark's phase arithmetic."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from recsync.bench.elastic import SETTLE_LINES, join_to_first_step_s, phases
+from recsync.cli import main
+from recsync.api import save_config
+from recsync.config import load_config
+from recsync.distributed.shard_move import refusal
+from recsync.run import scale
+
+
+def cfg(*extra):
+    return load_config(None, list(extra))
+
+
+def test_a_range_sets_max_and_min_and_a_number_keeps_a_fixed_run():
+    c = cfg('mode="async"', "cluster.workers=[2, 6]").cluster
+    assert (c.workers, c.workers_min, c.elastic, c.min_workers) == (6, 2, True, 2)
+    fixed = cfg('mode="async"', "cluster.workers=3").cluster
+    assert (fixed.workers, fixed.workers_min, fixed.elastic, fixed.min_workers) == (3, None,
+                                                                                     False, 3)
+
+
+@pytest.mark.parametrize("bad", ["[3, 2]", "[0, 2]", "[2]", "[1, 2, 3]", "[1.5, 2]"])
+def test_a_bad_range_is_refused_naming_the_key(bad):
+    with pytest.raises(Exception, match=r"cluster\.workers = .*range \[min, max\]"):
+        cfg('mode="async"', f"cluster.workers={bad}")
+
+
+@pytest.mark.parametrize("mode, extra, reason", [
+    ("sync", [], "process group"), ("hybrid", [], "process group"),
+    ("shadow", [], "process group"),  # model averaging by default
+    ("gba", ["switching.auto=true"], "cannot switch modes"),
+    ("async", ['recovery.kind="full"', "recovery.checkpoint_every_s=1"], "full recovery")])
+def test_what_cannot_change_its_workers_is_refused_with_the_reason(mode, extra, reason):
+    with pytest.raises(Exception, match=reason):
+        cfg(f'mode="{mode}"', "cluster.workers=[2, 4]", *extra)
+
+
+@pytest.mark.parametrize("mode, extra", [("async", []), ("eager", []), ("gba", []),
+                                         ("shadow", ['shadow.algorithm="easgd"']),
+                                         ("foreground", ['shadow.algorithm="none"'])])
+def test_the_elastic_modes_take_a_range(mode, extra):
+    assert cfg(f'mode="{mode}"', "cluster.workers=[1, 3]", *extra).cluster.elastic
+
+
+def test_the_saved_config_of_an_elastic_run_reads_back_elastic(tmp_path):
+    path = save_config(cfg('mode="gba"', "cluster.workers=[2, 5]"), tmp_path / "c.toml")
+    c = load_config(path).cluster
+    assert (c.workers_min, c.workers) == (2, 5)
+
+
+def _running(tmp_path, workers="[2, 4]"):
+    save_config(cfg('mode="async"', f"cluster.workers={workers}"), tmp_path / "config.toml")
+    return tmp_path
+
+
+def test_scale_writes_numbered_requests_the_driver_takes_once_each(tmp_path):
+    out = _running(tmp_path)
+    driver = scale.Requests(out)
+    assert driver.new() is None
+    assert scale.ask(out, workers=3)["sequence"] == 1
+    assert driver.new()["workers"] == 3 and driver.new() is None
+    scale.ask(out, drain_nodes=["ab12"])
+    assert driver.new()["drain_nodes"] == ["ab12"]
+    assert not list(out.glob(".scale.json.tmp-*"))  # written whole, then renamed
+
+
+def test_a_request_left_by_an_earlier_run_is_not_taken(tmp_path):
+    out = _running(tmp_path)
+    scale.ask(out, workers=3)
+    assert scale.Requests(out).new() is None
+
+
+@pytest.mark.parametrize("setup, args, message", [
+    ("none", {"workers": 3}, "no config.toml"),
+    ("ended", {"workers": 3}, "the run has ended"),
+    ("fixed", {"workers": 3}, "only a run started with a range"),
+    ("elastic", {"workers": 5}, r"range is \[2, 4\]"),
+    ("elastic", {}, "give --workers N or --drain-node ID")])
+def test_scale_refuses_in_one_line(tmp_path, setup, args, message):
+    if setup != "none":
+        _running(tmp_path, "3" if setup == "fixed" else "[2, 4]")
+    if setup == "ended":
+        (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match=message):
+        scale.ask(tmp_path, **args)
+
+
+def test_the_command_says_what_it_asked_and_fails_in_one_line(tmp_path):
+    out = _running(tmp_path)
+    ok = CliRunner().invoke(main, ["scale", str(out), "--workers", "2"])
+    assert ok.exit_code == 0 and "asked the run" in ok.output and "2 workers" in ok.output
+    bad = CliRunner().invoke(main, ["scale", str(out), "--workers", "9"])
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "range" in bad.output
+
+
+def test_a_shard_move_needs_a_standby_off_the_drained_node():
+    partial = ['mode="async"', 'recovery.kind="partial"', "recovery.checkpoint_every_s=1"]
+    assert "standby" in refusal(cfg(*partial), ["n1"], {"n0"})
+    with_standby = cfg(*partial, "recovery.standby_shards=1")
+    assert refusal(with_standby, ["n1"], {"n0"}) is None
+    assert "drained node too" in refusal(with_standby, ["n0"], {"n0"})
+    assert "no standby is waiting" in refusal(with_standby, [], {"n0"})
+    mfu = cfg(*partial, "recovery.standby_shards=1", 'recovery.rows="mfu"')
+    assert "part of the rows" in refusal(mfu, ["n1"], {"n0"})
+
+
+def test_phases_split_the_metrics_by_worker_count_and_leave_out_the_settling():
+    lines = [{"time_s": t / 2, "samples": 1 + t, "workers": 4 if t < 20 else 2,
+              "samples_per_s": 400.0 if t < 20 else 200.0} for t in range(40)]
+    lines[0]["samples_per_s"] = lines[20]["samples_per_s"] = 1.0  # a settling line: left out
+    ph = phases(lines)
+    assert [(p["workers"], p["lines"], p["speed"]) for p in ph] == [(4, 20, 400.0),
+                                                                    (2, 20, 200.0)]
+    assert SETTLE_LINES >= 1
+
+
+def test_join_to_first_step_runs_from_the_scale_up_request_to_the_last_first_step():
+    section = {"max": 4, "requests": [{"workers": 2, "asked_s": 5.0},
+                                      {"workers": 4, "asked_s": 10.0}],
+               "joins": [{"started_s": 0.0, "first_step_s": 1.0},
+                         {"started_s": 14.0, "first_step_s": 15.0},
+                         {"started_s": 16.0, "first_step_s": 17.5}]}
+    assert join_to_first_step_s(section) == 7.5
+    assert join_to_first_step_s({**section, "requests": []}) is None
+
+
+def test_summary_lines_parse_back(tmp_path):
+    """The request file is plain JSON a user can read."""
+    out = _running(tmp_path)
+    scale.ask(out, workers=2)
+    assert json.loads((out / "scale.json").read_text())["workers"] == 2

@@ -328,6 +328,7 @@ class RunActors:
         queue = reshard.fold_queue(ckpt.meta["queue"], len(self.workers))
         ray.get(self.queue.restore.remote(queue))
         self.workers = [None] * len(self.workers)
+        self.pending.clear()
         return {"versions": [x["version"] for x in loaded],
                 "load_s": max(x["load_s"] for x in loaded), "resharded": resharded,
                 "shards_before": len(sequences), "workers_before": len(ckpt.meta["done"]),

@@ -62,6 +62,8 @@ class ElasticWorkers:
         built (RunFailed, naming what is missing, if that takes ``below_min_timeout_s``);
         ``dense_state``: where the workers hold the dense parameters, what they start from
         (a warm start's, a job checkpoint's)."""
+        self.leaving.clear()  # a resumed run's workers are all new
+        self.joined.clear()
         self._ask(run, [r for r, w in enumerate(run.actors.workers) if w is None][:self.target])
         deadline = time.time() + self.timeout_s
         built: dict[int, dict] = {}

@@ -2,12 +2,19 @@
 node on 127.0.0.1): async with ``cluster.workers = [2, 6]`` and 0.9 CPU per worker starts with
 the two workers the head node holds, grows when a node joins, shrinks when that node is removed
 without notice, and completes every chunk exactly once with its PS shards in the processes they
-started in. (The logic on the runtime harness: tests/harness/test_elastic_harness.py.)"""
+started in; and a worker whose process gets SIGTERM (a preemption notice) drains and is replaced.
+(The logic on the runtime harness: tests/harness/test_elastic_harness.py.)"""
 
 import json
+import os
+import signal
+import threading
 import time
 
-from runs import trained
+import ray  # noqa: F401  (before psutil: it puts the psutil it bundles on sys.path)
+import psutil
+
+from runs import B, config, trained
 from test_multinode import _processes_with, _train
 
 
@@ -71,3 +78,37 @@ def test_workers_grow_when_a_node_joins_and_shrink_when_it_is_lost(tmp_path, dat
     while (left := _processes_with(gcs_port)) and time.time() < deadline:
         time.sleep(0.5)
     assert not left, f"processes of the cluster left running: {left}"
+
+
+def test_a_worker_that_gets_sigterm_drains_and_a_new_one_takes_its_place(ray_cluster, data,
+                                                                         tmp_path):
+    from recsync.run.driver import run
+    cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=1",
+                 f"data.chunk_rows={2 * B}", "train.epochs=20", "network.latency_ms=2")
+    told = []
+
+    def preempt():  # SIGTERM to one worker process, as a cloud's preemption notice is
+        deadline = time.time() + 120
+        while not ((tmp_path / "metrics.jsonl").exists() and trained(tmp_path)):
+            if time.time() > deadline:
+                return
+            time.sleep(0.2)
+        workers = [p for p in psutil.process_iter(["cmdline"])
+                   if (p.info["cmdline"] or [""])[0].startswith("ray::Worker")]
+        if workers:
+            os.kill(workers[0].pid, signal.SIGTERM)
+            told.append(workers[0].pid)
+
+    thread = threading.Thread(target=preempt, daemon=True)
+    thread.start()
+    summary = run(cfg, tmp_path)
+    thread.join(timeout=5)
+    assert told, "no worker process found"
+    assert summary["status"] == "completed", summary.get("error")
+    e = summary["elastic"]
+    (drain,) = e["drains"]
+    assert drain["why"].startswith("SIGTERM") and not drain["stopped"]
+    assert len(e["joins"]) == 3 and e["deaths"] == []  # the two, then one in its place
+    q = summary["queue"]
+    assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0 and q["released"] == 0
+    assert summary["samples"] == 20 * 4096  # every sample once: its chunk was finished

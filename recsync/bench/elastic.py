@@ -66,18 +66,36 @@ def lines(out: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def last_line(out: Path) -> dict | None:
+    """The last whole metrics line, read from the file's end (cheap: the scale thread shares
+    the driver's process and the machine with the run it measures)."""
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 65536))
+        tail = f.read().decode(errors="replace").splitlines()
+    for text in reversed(tail):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            continue  # a line being written, or the first, cut
+    return None
+
+
 def ask_at(out: Path, total: int, steps, drain: str | None = None) -> threading.Thread:
     """A thread that asks the run in ``out`` for each (fraction, workers) of ``steps`` once that
     fraction of ``total`` samples is trained (``drain``: a node to drain instead)."""
     def go():
         for fraction, workers in steps:
             while True:
-                seen = lines(out)
+                last = last_line(out)
                 if (out / "summary.json").exists():
                     return
-                if seen and seen[-1]["samples"] >= fraction * total:
+                if last and last["samples"] >= fraction * total:
                     break
-                time.sleep(0.2)
+                time.sleep(0.5)
             if drain is not None:
                 scale_requests.ask(out, drain_nodes=[drain])
             else:

@@ -68,16 +68,16 @@ def run_shard_move(out: Path, data: Path, rows: int) -> dict:
         asked: dict = {}
 
         def drain():
+            from recsync.bench.elastic import last_line
             while not (out / "summary.json").exists():
-                seen = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()
-                        if x.strip()] if (out / "metrics.jsonl").is_file() else []
-                if seen and seen[-1]["samples"] >= rows / 3:
+                last = last_line(out)
+                if last and last["samples"] >= rows / 3:
                     node = shard_node(out)
                     asked["node"] = node
                     if node is not None and second.node_id.startswith(node):
                         scale_requests.ask(out, drain_nodes=[node])
                     return
-                time.sleep(0.2)
+                time.sleep(0.5)
 
         thread = threading.Thread(target=drain, name="bench-drain", daemon=True)
         thread.start()

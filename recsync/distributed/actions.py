@@ -126,8 +126,8 @@ def log_partial_recovery(run, s: ShardStatus, elapsed_s: float) -> None:
         f"restarted{_on(s.node)} from {what}; its {lost_updates:,} updates since "
         f"(~{lost:,} samples) are lost")
         + (f"; skipped: {restored['skipped']}" if restored["skipped"] else ""))
-    print(f"partial recovery: shard {s.index} restarted from {what} at {elapsed_s:.1f} s",
-          flush=True)
+    print(f"{'planned move' if planned is not None else 'partial recovery'}: shard {s.index} "
+          f"restarted from {what} at {elapsed_s:.1f} s", flush=True)
 
 
 def _on(node: dict | None, alive: bool | None = None) -> str:

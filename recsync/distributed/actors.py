@@ -150,6 +150,13 @@ class RunActors:
                                 f"{timeout_s:g} s")
             time.sleep(0.05)
 
+    def stop_shard(self, index: int) -> None:
+        """PS shard ``index``'s process ends (a planned move: a standby takes it over) and is
+        waited for, so that its take-over starts now."""
+        shard = self.shards[index]
+        ray.kill(shard, no_restart=True)
+        ray.wait([shard.__ray_ready__.remote()], timeout=STOP_WAIT_S)
+
     def measure_idle(self) -> None:
         """The emulated cluster: each shard measures its idle CPU while the workers, as they
         start, measure theirs (cluster/emulation.py); not waited for."""
@@ -196,7 +203,7 @@ class RunActors:
                     w = self.workers[r]
                     stats, pacing = ray.get([w.mode_stats.remote(), w.pacing.remote()],
                                             timeout=5)
-                    self.gone.append({"mode_stats": stats, "pacing": pacing})
+                    self.gone.append({"rank": r, "mode_stats": stats, "pacing": pacing})
             ray.kill(self.workers[r], no_restart=True)
             ray.get(self.queue.release.remote(r))
 

@@ -113,6 +113,7 @@ def end_calls(run, moment: Moment) -> dict:
     mode_stats = [g["mode_stats"] for g in actors.gone] + ray.get(
         [w.mode_stats.remote() for w in live])
     pacing = [g["pacing"] for g in actors.gone] + ray.get([w.pacing.remote() for w in live])
+    ranks = [g["rank"] for g in actors.gone] + actors.live()
     final_dense = ray.get(actors.shards[0].call.remote("model_dense"))
     worker_state = None
     if final_dense is None:  # the workers hold it (all replicas alike now, or the first's)
@@ -135,7 +136,7 @@ def end_calls(run, moment: Moment) -> dict:
                           run.cfg.train.eval_batch_size,
                           keep_scores=run.cfg.output.save_predictions)
     return {"eval": final_eval, "shards": shard_stats, "mode_stats": mode_stats,
-            "worker_pacing": pacing, "checkpoints_written": written,
+            "worker_pacing": pacing, "worker_ranks": ranks, "checkpoints_written": written,
             "checkpoint_dir": actors.checkpoint_dir, "final_checkpoint": final_checkpoint,
             "model_state": model_state,
             "model": trained}  # its lookup serves the trained rows while the session lasts

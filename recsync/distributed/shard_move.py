@@ -60,9 +60,10 @@ def move_shards(run, shards: list[int], drained: set[str]) -> dict:
         for i in shards:
             actors.wait_written(i, ckpt["sequences"][i], WRITE_TIMEOUT_S)
         versions = {i: ckpt["versions"][i] for i in shards}
-        for i in shards:
+        for i in shards:  # its process ends; a standby takes it over from that checkpoint
             run.shard_watch.move_planned(i, versions[i])
-            run.kill("ps", i)  # its process exits; a standby takes it over from that checkpoint
+            run.shard_watch.killed("ps", i, time.time())  # its pushes' downtime starts
+            actors.stop_shard(i)
     finally:
         actors.resume_all()
     record.event(run_time(run), f"shard(s) {shards} move off a drained node: checkpoint at "

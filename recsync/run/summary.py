@@ -181,8 +181,10 @@ def emulation_section(cfg, result: dict, shards: list[dict]) -> dict | None:
     if label is None:
         return None
     e = cfg.emulation
-    workers = [worker_entry(rank, t) for rank, t in enumerate(result.get("worker_pacing") or [])
-               if t is not None]
+    pacing = result.get("worker_pacing") or []
+    ranks = result.get("worker_ranks") or range(len(pacing))  # an elastic run's: those that
+    # left first, then those at the end
+    workers = [worker_entry(rank, t) for rank, t in zip(ranks, pacing) if t is not None]
     return {"label": label, "cores_per_worker": e.cores_per_worker,
             "cores_per_shard": e.cores_per_shard, "cores_per_shadow": shadow_cores(cfg),
             "workers": workers,

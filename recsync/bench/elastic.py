@@ -15,7 +15,7 @@ machines):
   are trained, the node holding a shard (and not the standby) is drained
   (`recsync scale --drain-node`): its shard moves (distributed/shard_move.py). Not emulated.
 
-Figures: each phase's samples/s (the metrics lines of the phase, less the first
+``ROUNDS`` rounds of the three arms, interleaved. Figures: each phase's samples/s (the metrics lines of the phase, less the first
 ``SETTLE_LINES`` after the change (0.5 s each) and the last, median) over the fixed run's of
 that size (median of its lines after the same warm-up); the time from the scale-up request to
 the first step of the last new worker (a worker process started, torch imported, model built:
@@ -24,7 +24,7 @@ finished); chunks completed other than exactly once; the moved shard's PLS, lost
 pushes, and the downtime of its pushes.
 
 Ratios: ``phase_speed_vs_fixed_min``, ``chunks_not_exactly_once``, ``join_to_first_step_s``,
-``drain_s`` (the longest), ``shard_move_pls``.
+``drain_s`` (the longest), ``shard_move_pls``; a phase's ratio is the median of the rounds'.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ from recsync.run import scale as scale_requests
 from recsync.run.driver import run as run_training
 
 BATCH = 512
-CORES_PER_WORKER, CORES_PER_SHARD = 0.25, 0.4
+# the shard at about half its time busy with 4 workers (at 0.4 cores it was 0.71 busy, close
+# enough to saturation that the 4-worker speed swung 20% between runs)
+CORES_PER_WORKER, CORES_PER_SHARD = 0.2, 0.6
+ROUNDS = 2
 ROWS = 1_000_000  # training rows at --scale 1: each phase lasts 20-30 s
 EVAL_ROWS = 20_000
 SETTLE_LINES = 6  # metrics lines (0.5 s each) after a change left out of a phase's speed
@@ -57,6 +60,7 @@ COMMON = [
 ARMS = {"fixed_4w": ["cluster.workers=4"], "fixed_2w": ["cluster.workers=2"],
         "elastic": ["cluster.workers=[2, 4]"]}
 PHASES = ((1 / 3, 2), (2 / 3, 4))  # (fraction of the samples, workers asked for)
+PHASE_WORKERS = (4, 2, 4)  # the elastic run's phases: it starts at its max
 
 
 def lines(out: Path) -> list[dict]:
@@ -130,42 +134,36 @@ def run(out: Path, scale: float) -> dict:
     started = time.perf_counter()
     rows = max(50_000, round(ROWS * scale))
     data = em.make_data(out / "data", rows, EVAL_ROWS)
-    arms, cfgs = {}, {}
-    for name, extra in ARMS.items():
-        cfgs[name] = cfg = arm_config(data, extra)
-        run_dir = out / name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        print(f"[elastic] {name} ...", flush=True)
-        thread = ask_at(run_dir, rows, PHASES) if name == "elastic" else None
-        summary = run_training(cfg, run_dir, overwrite=True)
-        if thread is not None:
-            thread.join(timeout=5)
-        arms[name] = {"samples_per_s": summary["samples_per_s"], "summary": summary,
-                      "auc": summary["eval"]["auc"], "eval_rows": summary["eval"]["rows"],
-                      "phases": phases(lines(run_dir)), "status": summary["status"]}
+    cfgs = {name: arm_config(data, extra) for name, extra in ARMS.items()}
+    rounds = [{name: _arm(cfg, out / f"round{k}" / name, rows) for name, cfg in cfgs.items()}
+              for k in range(ROUNDS)]
     move = run_shard_move(out / "shard_move", data, rows)
-    arms["shard_move"] = move
-    fixed = {4: _steady(arms["fixed_4w"]["phases"]), 2: _steady(arms["fixed_2w"]["phases"])}
-    elastic = [p for p in arms["elastic"]["phases"] if p["speed"] is not None]
-    vs_fixed = [p["speed"] / fixed[p["workers"]] for p in elastic
-                if fixed.get(p["workers"])]
-    if [p["workers"] for p in elastic] != [4, 2, 4]:  # a phase too short to measure (or
-        vs_fixed = []  # missing): no figure rather than the minimum of the others
-    e = arms["elastic"]["summary"]["elastic"]
+    per_round = [_phase_ratios(r) for r in rounds]
+    # each phase's ratio, median of the rounds that measured all three phases
+    measured = [r for r in per_round if r is not None]
+    vs_fixed = ([statistics.median(r[i] for r in measured) for i in range(len(PHASE_WORKERS))]
+                if measured else [])
+    sections = [r["elastic"]["summary"]["elastic"] for r in rounds]
+    joins = [j for j in map(join_to_first_step_s, sections) if j is not None]
+    drains = [e["drain_s_max"] for e in sections if e["drain_s_max"] is not None]
     ratios = {
         "phase_speed_vs_fixed_min": min(vs_fixed) if vs_fixed else None,
         "chunks_not_exactly_once": sum(
             a["summary"]["queue"]["completed_more_than_once"]
-            + a["summary"]["queue"]["completed_never"] for a in arms.values()
-            if a.get("summary") and a["summary"]["status"] == "completed"),
-        "join_to_first_step_s": join_to_first_step_s(e),
-        "drain_s": e["drain_s_max"],
+            + a["summary"]["queue"]["completed_never"] for r in rounds for a in r.values()
+            if a["summary"]["status"] == "completed"),
+        "join_to_first_step_s": max(joins) if joins else None,
+        "drain_s": max(drains) if drains else None,
         "shard_move_pls": move.get("pls"),
     }
-    plot_runs([out / n for n in ARMS], out / "elastic.png", list(ARMS))
+    plot_runs([out / "round0" / n for n in ARMS], out / "elastic.png", list(ARMS))
     wall_s = time.perf_counter() - started
-    for a in arms.values():
-        a.pop("summary", None)
+    arms = {name: {"samples_per_s": statistics.median(r[name]["samples_per_s"] for r in rounds),
+                   "rounds_samples_per_s": [r[name]["samples_per_s"] for r in rounds],
+                   "auc": statistics.mean(r[name]["auc"] for r in rounds),
+                   "eval_rows": rounds[0][name]["eval_rows"],
+                   "phases": [r[name]["phases"] for r in rounds]} for name in ARMS}
+    arms["shard_move"] = move
     return {
         "scenario": "elastic",
         "emulation_label": (f"EMULATED cluster: workers x {CORES_PER_WORKER:g} cores, 1 shard x "
@@ -173,16 +171,49 @@ def run(out: Path, scale: float) -> dict:
                             f"arm shard_move: a real 2-node Ray cluster on this machine, not "
                             f"emulated"),
         "description": (
-            f"{rows:,} training rows (one pass), batch {BATCH} per worker, mode async. Phase "
-            f"speeds leave out the first {SETTLE_LINES} metrics lines (0.5 s each) after a "
-            f"change. Elastic phases: "
-            + "; ".join(f"{p['workers']} workers {p['from_s']:.0f}-{p['to_s']:.0f} s: "
-                        f"{p['speed']:.0f} samples/s" for p in elastic)
-            + f". Fixed runs: 4 workers {fixed[4]:.0f}, 2 workers {fixed[2]:.0f} samples/s. "
-              f"Scenario wall time {wall_s / 60:.1f} min."),
-        "arms": arms, "ratios": ratios, "wall_s": wall_s, "elastic": e,
+            f"{rows:,} training rows (one pass), batch {BATCH} per worker, mode async, "
+            f"{ROUNDS} rounds of the three arms, interleaved. Phase speeds leave out the first "
+            f"{SETTLE_LINES} metrics lines (0.5 s each) after a change; each phase is held "
+            f"against the fixed run of its size in the same round. Per round: "
+            + " | ".join(_round_text(k, r) for k, r in enumerate(rounds))
+            + f". Phase ratios per round (4, 2, 4 workers): {per_round}. Scenario wall time "
+              f"{wall_s / 60:.1f} min."),
+        "arms": arms, "ratios": ratios, "wall_s": wall_s, "elastic": sections,
+        "phase_ratios_per_round": per_round,
         "configs": {f"{n} (recsync config)": c.to_toml() for n, c in cfgs.items()},
     }
+
+
+def _arm(cfg: RunConfig, run_dir: Path, rows: int) -> dict:
+    """One run of an arm (the elastic one scaled as PHASES say); what the report needs."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[elastic] {run_dir.parent.name} {run_dir.name} ...", flush=True)
+    thread = ask_at(run_dir, rows, PHASES) if cfg.cluster.elastic else None
+    summary = run_training(cfg, run_dir, overwrite=True)
+    if thread is not None:
+        thread.join(timeout=5)
+    return {"samples_per_s": summary["samples_per_s"], "summary": summary,
+            "auc": summary["eval"]["auc"], "eval_rows": summary["eval"]["rows"],
+            "phases": phases(lines(run_dir)), "status": summary["status"]}
+
+
+def _phase_ratios(arms: dict) -> list[float] | None:
+    """One round's elastic phases' speeds over its fixed runs' of the same size (None unless
+    all three phases were measured)."""
+    fixed = {4: _steady(arms["fixed_4w"]["phases"]), 2: _steady(arms["fixed_2w"]["phases"])}
+    measured = [p for p in arms["elastic"]["phases"] if p["speed"] is not None]
+    if [p["workers"] for p in measured] != list(PHASE_WORKERS) or not all(fixed.values()):
+        return None
+    return [p["speed"] / fixed[p["workers"]] for p in measured]
+
+
+def _round_text(k: int, arms: dict) -> str:
+    fixed = {n: _steady(arms[f"fixed_{n}w"]["phases"]) for n in (4, 2)}
+    measured = [p for p in arms["elastic"]["phases"] if p["speed"] is not None]
+    return (f"round {k}: fixed 4 workers {fixed[4] or 0:.0f}, 2 workers {fixed[2] or 0:.0f} "
+            f"samples/s; elastic "
+            + ", ".join(f"{p['workers']} workers {p['from_s']:.0f}-{p['to_s']:.0f} s "
+                        f"{p['speed']:.0f}" for p in measured))
 
 
 def _steady(ph: list[dict]) -> float | None:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
-                                            NodeLabelSchedulingStrategy, NotIn,
                                             PlacementGroupSchedulingStrategy)
 
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
 NOMINAL_CPU = 0.001  # a bundle's CPU where its actor declares none (Ray refuses empty bundles)
 
 
@@ -82,11 +82,11 @@ class Placement:
         """``.options`` of worker ``rank``'s process (a restarted one takes the same bundle; an
         elastic run's go wherever Ray places them, spread where the run spreads)."""
         options = self._options(self.worker_group, rank, self.worker_cpus, self.worker_gpus)
-        if self.avoid:  # drained nodes (elastic runs): anywhere else
-            options["scheduling_strategy"] = NodeLabelSchedulingStrategy(
-                hard={"ray.io/node_id": NotIn(*sorted(self.avoid))})
-        elif self.worker_group is None and self.strategy == "spread":
+        if self.worker_group is None and self.strategy == "spread":
             options["scheduling_strategy"] = "SPREAD"
+        if self.avoid:  # drained nodes (elastic runs): anywhere else (Ray labels every node
+            # with its id, ray._raylet.RAY_NODE_ID_KEY)
+            options["label_selector"] = {NODE_ID_LABEL: f"!in({', '.join(sorted(self.avoid))})"}
         return options
 
     def remove(self) -> None:

@@ -112,3 +112,40 @@ def test_a_worker_that_gets_sigterm_drains_and_a_new_one_takes_its_place(ray_clu
     q = summary["queue"]
     assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0 and q["released"] == 0
     assert summary["samples"] == 20 * 4096  # every sample once: its chunk was finished
+
+
+def test_a_drained_node_loses_its_workers_and_gets_no_new_one(tmp_path, data):
+    from ray.cluster_utils import Cluster
+
+    import recsync
+    from recsync.cluster.ray_session import loopback_node
+    node = {"object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
+    with loopback_node():  # two workers on each node
+        cluster = Cluster(initialize_head=True, connect=False,
+                          head_node_args={**node, "num_cpus": 2, "include_dashboard": False})
+        second = cluster.add_node(**node, num_cpus=2)
+    out, proc = tmp_path / "run", None
+    try:
+        proc = _train(cluster, data, out, 'mode="async"', "cluster.workers=[2, 4]",
+                      "cluster.worker_cpus=0.9", "train.epochs=30", "network.latency_ms=3")
+        _wait(proc, out, lambda m: m.get("workers") == 4 and m["samples"] > 0, "4 workers")
+        recsync.scale(out, drain_nodes=[second.node_id[:12]])
+        _wait(proc, out, lambda m: m.get("workers") == 2, "2 workers after the drain")
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, log[-4000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        cluster.shutdown()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed", summary.get("error")
+    e = summary["elastic"]
+    (request,) = e["requests"]
+    (drained,) = request["drained"]
+    assert len(drained["workers"]) == 2 and e["drained_nodes"] == [second.node_id]
+    assert [d["stopped"] for d in e["drains"]] == [False, False]
+    # the workers asked for in their place found no room but the drained node's: none ran
+    assert [j for j in e["joins"] if j["started_s"] > request["time_s"]] == []
+    q = summary["queue"]
+    assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0 and q["released"] == 0

@@ -200,8 +200,8 @@ def scale(run_dir, workers, drain_nodes):
         fail(e)
     what = [f"{workers} workers"] if workers is not None else []
     what += [f"drain node {n}" for n in drain_nodes]
-    click.echo(f"asked the run in {run_dir} for {' and '.join(what)} (request "
-               f"{request['sequence']}); its console and metrics.jsonl say when it is done")
+    click.echo(f"asked the run in {run_dir} for {' and '.join(what)}; its console and "
+               f"metrics.jsonl say when it is done")
 
 
 BUILDER_HELP = ("Only for a model of your own code: its builder, package.module:NAME or "

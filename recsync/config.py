@@ -176,9 +176,10 @@ class RunConfigBase(Section):
                              f"during a run{group if MODES[self.mode].needs_group(self) else ''}"
                              f"; elastic modes: {_quoted(can)}, and shadow or foreground with "
                              f"shadow.algorithm = \"easgd\" or \"none\"")
-        if self.recovery.kind == "full":
-            raise ValueError(f"{span}: full recovery rolls every worker back to a job "
-                             f"checkpoint of a fixed set of workers; use recovery.kind = "
+        if self.recovery.kind in ("full", "auto"):
+            raise ValueError(f"{span}: full recovery (which recovery.kind = "
+                             f"\"{self.recovery.kind}\" may choose) rolls every worker back to "
+                             f"a job checkpoint of a fixed set of workers; use recovery.kind = "
                              f"\"partial\" or \"none\"")
 
     def _check_emulation(self) -> None:
@@ -217,6 +218,9 @@ class RunConfigBase(Section):
 
     def to_toml(self) -> str:
         tree = self.model_dump(exclude_none=True)
+        c = tree["cluster"]
+        if c.get("workers_min") is not None:  # written as given: an override of workers
+            c["workers"] = [c.pop("workers_min"), c["workers"]]  # then replaces the range
         for s in tree["faults"]["stragglers"]:  # TOML has inf, tomli-w writes it as such
             s["end_s"] = float(s["end_s"])
         return tomli_w.dumps(tree)

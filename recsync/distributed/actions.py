@@ -38,10 +38,12 @@ def carry_out(run, d: Decision, shards: list[ShardStatus], elapsed_s: float,
         for i in d.shards:
             full_recovery(run, i, elapsed_s)
         return
-    run.tallies.count_restarts(len(d.dead))
     dead = list(d.dead)
-    if run.elastic is not None and d.kind in (Kind.REPLACE_WORKERS,
-                                              Kind.RESTART_FROM_REPLICA):
+    elastic = run.elastic is not None and d.kind in (Kind.REPLACE_WORKERS,
+                                                     Kind.RESTART_FROM_REPLICA)
+    if not elastic:  # an elastic run counts its deaths in a window of time (elastic.py)
+        run.tallies.count_restarts(len(d.dead))
+    if elastic:
         what = run.elastic.lost(run, dead)  # goes on with fewer; new ones asked for
     elif d.kind is Kind.REPLACE_WORKERS:
         what = replace_workers(run, d, dead)

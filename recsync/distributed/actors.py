@@ -110,6 +110,11 @@ class RunActors:
             with contextlib.suppress(*ACTOR_GONE):
                 ray.get(self.workers[r].leave.remote(), timeout=30)
 
+    def chunks_left(self) -> int:
+        """Chunks of the queue pending or leased."""
+        q = ray.get(self.queue.summary.remote(), timeout=60)
+        return q["pending"] + q["leased"]
+
     def avoid_nodes(self, node_ids: set[str]) -> None:
         """Workers asked for from now on go to other nodes than ``node_ids`` (drained)."""
         self.placement.avoid = set(node_ids)
@@ -297,6 +302,16 @@ class RunActors:
         except ACTOR_GONE:
             return True
         return any(watch.moved(i, pid) for i, pid in enumerate(pids))
+
+    def take_over(self, which: list[int]) -> None:
+        """Shards ``which`` were stopped on purpose: wait until a standby holds each, and point
+        every live worker at the new processes before it calls them again (a call to the old
+        one, a push above all, would be lost)."""
+        for i in which:
+            self.shards[i] = ray.get(self.directory.current.remote(i),
+                                     timeout=SHARD_RESTART_WAIT_S + 60)
+        moved = {i: self.shards[i] for i in which}
+        ray.get([self.workers[r].use_shards.remote(moved) for r in self.live()], timeout=60)
 
     def shard_call(self, verb: str, *args) -> list:
         """A verb of the shards' mode rule (``end``, ``drop_incomplete``, ...) on every shard."""

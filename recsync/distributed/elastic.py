@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import time
 
+from recsync.distributed.actors import ACTOR_GONE
 from recsync.distributed.errors import RunFailed
-from recsync.distributed.shard_move import move_shards
+from recsync.distributed.shard_move import move_shards, run_time
 from recsync.distributed.status import LEFT, WorkerStatus
 from recsync.modes.base import JOIN_FROM_REPLICA
 from recsync.run.scale import Requests
 
 ALIVE_STATES = ("created", "running", "paused", "done")  # a rank whose worker trains (or did)
+TRAINING_STATES = ("created", "running", "paused")
+MAX_DEATHS, DEATHS_WINDOW_S = 20, 600.0  # more deaths than this within the window: a crash
+# loop, not a cluster whose nodes come and go (a fixed run stops after 20 in all)
 
 
 class ElasticWorkers:
@@ -40,14 +44,17 @@ class ElasticWorkers:
         c = cfg.cluster
         self.min, self.max, self.target = c.workers_min, c.workers, c.workers
         self.grace_s, self.timeout_s = c.drain_grace_s, c.below_min_timeout_s
-        self.requests = Requests(run_dir)
+        config = None if run_dir is None else run_dir / "config.toml"
+        # requests since the run began (it wrote config.toml then): not an earlier run's
+        self.requests = Requests(run_dir, config.stat().st_mtime
+                                 if config is not None and config.is_file() else None)
         self.asked: dict[int, float] = {}  # rank -> when its worker was asked for (unix)
         self.joined: dict[int, tuple] = {}  # rank -> (its join, its rank's steps before), until
         # its first step is seen
         self.leaving: dict[int, dict] = {}  # rank -> {"unix": told, "why": ...}
         self.drained_nodes: set[str] = set()
         self.moves: list[dict] = []  # planned shard moves (shard_move.py)
-        self.to_move: list[int] = []  # shards on a drained node, to move at the next poll
+        self.moving = False  # a drained node may hold shards: a move is due
         self.below_since: float | None = None
         self.count: int | None = None
         self.timeline: list[dict] = []  # {time_s, workers, target}
@@ -72,7 +79,7 @@ class ElasticWorkers:
             if time.time() > deadline:
                 raise RunFailed(self._missing(run, len(built), "to start"))
             time.sleep(0.1)
-        self._join(run, built, dense_state)
+        self._join(run, built, dense_state, initial=True)
 
     # -- every poll ------------------------------------------------------------------------
     def tend(self, run, statuses: list[WorkerStatus]) -> None:
@@ -80,9 +87,8 @@ class ElasticWorkers:
         the ones built since, ask for or send away workers to meet the target, and watch the
         minimum."""
         now = time.time()
-        request = self.requests.new()
-        if request is not None:
-            self._take_request(run, request, statuses)
+        for request in self.requests.new():
+            self._take_request(run, request)
         by_rank = {s.rank: s for s in statuses}
         for s in statuses:  # told by its process's SIGTERM (a preemption notice)
             if s.leaving_since is not None and s.rank not in self.leaving:
@@ -98,27 +104,40 @@ class ElasticWorkers:
             if r in by_rank and by_rank[r].steps > steps_before:
                 join["first_step_s"] = self._t(run, now)  # within a poll (0.5 s)
                 del self.joined[r]
-        if self.to_move:
-            move = move_shards(run, self.to_move, self.drained_nodes)
-            move["time_s"] = self._t(run, now)
-            self.moves.append(move)
-            if not move.get("retry"):
-                self.to_move = []
+        if self.moving:
+            busy = bool(self.leaving) or any(s.state in ("done", LEFT) for s in statuses)
+            move = move_shards(run, self.drained_nodes, busy)
+            if move is not None:  # else: again at the next poll
+                self.moving = False
+                if move["shards"]:
+                    self.moves.append({**move, "time_s": self._t(run, time.time())})
+        self._restart_if_work_left(run, statuses)
         self._join(run, run.actors.placed())
         self._meet_target(run)
         self._watch_minimum(run, now)
-        self._log_count(run, statuses)
+
+    def over(self, run, statuses: list[WorkerStatus]) -> bool:
+        """Whether training is over: no worker trains and the queue has no chunk left (one a
+        worker gave back after the others ran out of data is trained by a new one)."""
+        if any(s.state in TRAINING_STATES for s in statuses):
+            return False
+        return run.actors.chunks_left() == 0
 
     def lost(self, run, ranks: list[int]) -> str:
         """Workers ``ranks`` died (the policy's REPLACE or FROM_REPLICA): retired, their chunks
         requeued; new ones are asked for while the target wants them. Returns the event's
         text."""
         run.retire(ranks)
+        now = time.time()
         for r in ranks:
             run.actors.workers[r] = None
             self.leaving.pop(r, None)
             self.joined.pop(r, None)
-            self.deaths.append({"rank": r, "time_s": self._t(run, time.time())})
+            self.deaths.append({"rank": r, "time_s": self._t(run, now), "unix": now})
+        recent = [d for d in self.deaths if now - d["unix"] <= DEATHS_WINDOW_S]
+        if len(recent) > MAX_DEATHS:
+            raise RunFailed(f"{len(recent)} workers died within {DEATHS_WINDOW_S:g} s (the "
+                            f"last: {ranks}); giving up. Check the worker logs for the cause.")
         self._meet_target(run)
         return (f"worker(s) {ranks} died; their chunks requeued; {len(self._live(run))} "
                 f"worker(s) train on, new ones asked for up to the target ({self.target})")
@@ -131,10 +150,9 @@ class ElasticWorkers:
             self._retire(run, r, stopped=False, now=time.time())
 
     # -- the parts -------------------------------------------------------------------------
-    def _take_request(self, run, request: dict, statuses) -> None:
+    def _take_request(self, run, request: dict) -> None:
         t = self._t(run, time.time())
-        taken = {"sequence": request["sequence"], "time_s": t, "asked_s": self._t(
-            run, request["unix"])}
+        taken = {"time_s": t, "asked_s": self._t(run, request["unix"])}
         if request.get("workers") is not None:
             n = int(request["workers"])
             if not self.min <= n <= self.max:
@@ -152,17 +170,25 @@ class ElasticWorkers:
         self.requests_taken.append(taken)
 
     def _drain_node(self, run, prefix: str) -> list[int]:
-        """The workers on the node whose id starts with ``prefix`` leave, its shards move
-        (shard_move.py); no new worker goes there while the run lasts. Returns the ranks."""
-        nodes, shard_nodes = run.actors.nodes(), run.actors.shard_nodes()
+        """The workers on the node whose id starts with ``prefix`` leave, workers asked for
+        and not built yet are asked for elsewhere, its shards move (shard_move.py); no new
+        worker goes there while the run lasts. Returns the ranks told to leave."""
+        actors = run.actors
+        nodes = actors.nodes()
+        try:
+            shard_nodes = list(actors.shard_nodes().values())
+        except ACTOR_GONE:  # a shard is down: the move finds where they are when it comes
+            shard_nodes = []
         ranks = [r for r, node in nodes.items() if node.startswith(prefix)
                  and r not in self.leaving]
-        matched = {n for n in [*nodes.values(), *shard_nodes.values()] if n.startswith(prefix)}
+        matched = {n for n in [*nodes.values(), *shard_nodes] if n.startswith(prefix)}
         self.drained_nodes |= matched or {prefix}
-        run.actors.avoid_nodes(self.drained_nodes)
+        actors.avoid_nodes(self.drained_nodes)
+        again = sorted(actors.pending)  # they might be placed there
+        actors.cancel(again)
+        self._ask(run, again)
         self._tell_to_leave(run, ranks, f"node {prefix[:8]} drained")
-        self.to_move += [i for i, n in shard_nodes.items() if n.startswith(prefix)
-                         and i not in self.to_move]
+        self.moving = True
         return ranks
 
     def _tell_to_leave(self, run, ranks: list[int], why: str) -> None:
@@ -175,6 +201,8 @@ class ElasticWorkers:
         run.record.event(self._t(run, now), f"elastic: worker(s) {ranks} told to leave ({why})")
 
     def _retire(self, run, rank: int, stopped: bool, now: float) -> None:
+        """A leaving worker retired; ``stopped``: it overran its grace (its chunk goes back to
+        the queue and is trained again: ``queue.released``)."""
         leave = self.leaving.pop(rank)
         run.retire([rank])
         run.actors.workers[rank] = None
@@ -187,17 +215,34 @@ class ElasticWorkers:
             f"({self.grace_s:g} s); its chunk goes back to the queue" if stopped else
             f"elastic: worker {rank} left after {drain['drain_s']:.1f} s ({leave['why']})"))
 
-    def _join(self, run, built: dict[int, dict], state: dict | None = None) -> None:
+    def _join(self, run, built: dict[int, dict], state: dict | None = None,
+              initial: bool = False) -> None:
         """Built workers start training: from ``state``, or where the mode says, from a live
-        replica."""
+        replica (``initial``: the run's first workers, from the model they were built with).
+        One built on a drained node is asked for again; if a call meets a dead actor,
+        the built ones are asked for again (a death is the next poll's)."""
+        stray = [r for r, where in built.items() if where.get("node_id") in self.drained_nodes]
+        if stray:
+            run.actors.cancel(stray)
+            self._ask(run, stray)
+        built = {r: where for r, where in built.items() if r not in stray}
         if not built:
             return
         ranks = sorted(built)
-        live = [r for r in self._live(run) if r not in built]
-        if state is None and run.facts.elastic_join(run.cfg) == JOIN_FROM_REPLICA and live:
-            state = run.actors.dense_state(live[0], timeout=60)
-            state = {"params": state["params"], "optimizer": None}
-        run.start_placed(ranks, state)
+        live = [r for r in self._live(run) if r not in built and r not in self.leaving]
+        try:
+            if (state is None and not initial
+                    and run.facts.elastic_join(run.cfg) == JOIN_FROM_REPLICA):
+                if not live:
+                    raise RunFailed("elastic run: a new worker starts from a live worker's "
+                                    "dense replica, and none is left (every worker was lost)")
+                state = run.actors.dense_state(live[0], timeout=60)
+                state = {"params": state["params"], "optimizer": None}
+            run.start_placed(ranks, state)
+        except ACTOR_GONE:
+            run.actors.cancel(ranks)
+            self._ask(run, ranks)
+            return
         now = time.time()
         for r in ranks:
             join = {"rank": r, "node": built[r].get("node_id"),
@@ -208,6 +253,21 @@ class ElasticWorkers:
             self.joined[r] = (join, run.tallies.done_before[r]["steps"])
         if self.count is not None:
             run.record.event(self._t(run, now), f"elastic: worker(s) {ranks} joined")
+
+    def _restart_if_work_left(self, run, statuses) -> None:
+        """No worker trains but chunks are left (given back by a worker that died or was
+        stopped after the others ran out of data): the workers that are done (out of their
+        loop) are retired, so that new ones are asked for and train them."""
+        if any(s.state in TRAINING_STATES for s in statuses):
+            return
+        done = [s.rank for s in statuses if s.state == "done" and s.rank not in self.leaving]
+        if done and run.actors.chunks_left() > 0:
+            run.retire(done)
+            for r in done:
+                run.actors.workers[r] = None
+            run.record.event(self._t(run, time.time()), f"elastic: chunks given back after "
+                                                        f"workers {done} ran out of data: new "
+                                                        f"workers train them")
 
     def _meet_target(self, run) -> None:
         """Ask for workers on vacant ranks, or send workers away, so that the workers training
@@ -256,8 +316,10 @@ class ElasticWorkers:
     def _live(self, run) -> list[int]:
         return run.actors.live()
 
-    def _log_count(self, run, statuses) -> None:
-        n = sum(s.state in ALIVE_STATES and s.rank not in self.leaving for s in statuses)
+    def log_count(self, run, statuses) -> None:
+        """The timeline gets the number of workers training (leaving ones train until they
+        leave), where it changed; the console says so."""
+        n = sum(s.state in ALIVE_STATES for s in statuses)
         if n != self.count:
             self.timeline.append({"time_s": self._t(run, time.time()), "workers": n,
                                   "target": self.target})
@@ -267,7 +329,7 @@ class ElasticWorkers:
 
     @staticmethod
     def _t(run, unix: float) -> float:
-        return max(0.0, unix - run.tallies.start_unix)
+        return run_time(run, unix)
 
     def section(self) -> dict:
         """summary.json's ``elastic``."""

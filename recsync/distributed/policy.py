@@ -94,7 +94,8 @@ def decide(mode, cfg, workers: list[WorkerStatus], shards: list[ShardStatus], *,
     group = mode.needs_group(cfg)
     if mode.worker_death == REPLACE:
         return Decision(Kind.REPLACE_WORKERS, ranks=everyone if group else failed, dead=failed)
-    live = [r for r in everyone if r not in failed]
+    live = [w.rank for w in workers  # an elastic run's vacant, pending or left ranks are not
+            if w.rank not in failed and w.state in ("created", "running", "paused", "done")]
     if not live:
         return _abort("every worker died at once; the dense replicas are lost")
     if mode.worker_death == REBUILD_GROUP:

@@ -57,8 +57,11 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
                 continue
             if run.elastic is not None:  # joins, leaves, the target (elastic.py)
                 run.elastic.tend(run, statuses)
+                statuses = run.poll()  # as tend left them (started, retired)
+                run.elastic.log_count(run, statuses)
             now = time.perf_counter()
-            done = training_over(statuses)
+            done = (all(s.state == "done" for s in statuses) if run.elastic is None
+                    else run.elastic.over(run, statuses))
             if done:  # training ended: waiting for the evaluation going on is not training
                 record.stop()
                 if run.elastic is not None:
@@ -96,13 +99,6 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
     finally:
         evals.close()
         bar.close()
-
-
-def training_over(statuses: list[WorkerStatus]) -> bool:
-    """Whether every worker has finished: none trains, and one ran out of data (an elastic
-    run's ranks may be vacant, pending or left)."""
-    return (all(s.state in ("done", LEFT, VACANT, PENDING) for s in statuses)
-            and any(s.state == "done" for s in statuses))
 
 
 def settle(run, workers: list[WorkerStatus], shards: list[ShardStatus],

@@ -235,6 +235,12 @@ class Mode(metaclass=Contract, abstract=True):
         return False
 
     @classmethod
+    def quiet_when_paused(cls, cfg) -> bool:
+        """Whether a pause of every worker (after a step) stops every call to the shards, so
+        that a shard's checkpoint then holds everything (a planned shard move)."""
+        return True
+
+    @classmethod
     def elastic_join(cls, cfg) -> str | None:
         """What a worker joining an elastic run starts from (JOIN_AS_IS, JOIN_FROM_REPLICA), or
         None where the mode cannot change its number of workers during a run at ``cfg``'s

@@ -33,7 +33,7 @@ from recsync.run.summary import build_summary
 from recsync.run.warm_start import load_warm_start
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS, "tb",
-             "model", "scale.json")
+             "model", "scale.jsonl")
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:

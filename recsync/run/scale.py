@@ -3,8 +3,8 @@ a node, through a file in its output directory that the driver reads every poll.
 
 A file, not a call: the driver may run anywhere the output directory is reachable from, needs
 no port of its own, and a request survives the moment it is made (the driver takes it up at its
-next poll, within a second). ``scale.json`` holds the newest request; each carries a sequence
-number, so the driver takes each up once. The driver's answer goes into its console,
+next poll, within a second). ``scale.jsonl`` holds the requests, a line each, appended; the
+driver takes each up once, in order. The driver's answer goes into its console,
 metrics.jsonl's events and summary.json's ``elastic`` section.
 """
 
@@ -17,13 +17,13 @@ from pathlib import Path
 
 from recsync.config import load_config
 
-REQUEST_FILE = "scale.json"
+REQUEST_FILE = "scale.jsonl"
 
 
 def ask(run_dir: str | Path, workers: int | None = None,
         drain_nodes: list[str] | None = None) -> dict:
-    """Write a request into ``run_dir`` (the ``--out`` of a running elastic run): ``workers``,
-    a new target between the run's min and max; ``drain_nodes``, nodes (Ray node ids, or a
+    """Add a request to ``run_dir`` (the ``--out`` of a running elastic run): ``workers``, a
+    new target between the run's min and max; ``drain_nodes``, nodes (Ray node ids, or a
     prefix of one) whose workers and PS shards move off. Returns the request. ValueError
     (one line) for a directory that holds no running elastic run or a target out of range."""
     run_dir = Path(run_dir)
@@ -32,7 +32,9 @@ def ask(run_dir: str | Path, workers: int | None = None,
     config = run_dir / "config.toml"
     if not config.is_file():
         raise ValueError(f"{run_dir}: no config.toml; is it the --out directory of a run?")
-    if (run_dir / "summary.json").is_file():
+    summary = run_dir / "summary.json"
+    # a run (or a resumed one) writes config.toml as it starts, summary.json as it ends
+    if summary.is_file() and summary.stat().st_mtime >= config.stat().st_mtime:
         raise ValueError(f"{run_dir}: the run has ended (summary.json is written)")
     c = load_config(config).cluster
     if not c.elastic:
@@ -41,42 +43,48 @@ def ask(run_dir: str | Path, workers: int | None = None,
     if workers is not None and not c.workers_min <= workers <= c.workers:
         raise ValueError(f"--workers {workers}: the run's range is [{c.workers_min}, "
                          f"{c.workers}] (cluster.workers)")
-    before = read(run_dir)
-    request = {"sequence": (before or {}).get("sequence", 0) + 1, "unix": time.time(),
-               "workers": workers, "drain_nodes": list(drain_nodes or [])}
-    tmp = run_dir / f".{REQUEST_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(request))
-    os.replace(tmp, run_dir / REQUEST_FILE)  # the driver never reads half a request
+    request = {"unix": time.time(), "workers": workers, "drain_nodes": list(drain_nodes or [])}
+    line = (json.dumps(request) + "\n").encode()
+    # one write of an appended line: requests made at once are all kept, each whole
+    fd = os.open(run_dir / REQUEST_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
     return request
 
 
-def read(run_dir: str | Path) -> dict | None:
-    """The newest request in ``run_dir``, or None."""
+def read(run_dir: str | Path) -> list[dict]:
+    """Every request in ``run_dir``, in the order made (a line cut short is left out)."""
     try:
-        return json.loads((Path(run_dir) / REQUEST_FILE).read_text())
+        text = (Path(run_dir) / REQUEST_FILE).read_text()
     except FileNotFoundError:
-        return None
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 class Requests:
-    """The driver's side: each request of ``run_dir`` once, in order of asking."""
+    """The driver's side: each request made since ``since_unix`` (the run's start: an earlier
+    run's, in a directory resumed or overwritten, are not this run's), once, in order."""
 
-    def __init__(self, run_dir: Path | None):
+    def __init__(self, run_dir: Path | None, since_unix: float | None = None):
         self.run_dir = run_dir
-        self.seen = 0
-        if run_dir is not None and (old := read(run_dir)) is not None:
-            self.seen = old["sequence"]  # an earlier run's, in a directory overwritten
+        self.since = time.time() if since_unix is None else since_unix
+        self.taken = 0  # lines of the file read so far
 
-    def new(self) -> dict | None:
-        """The request made since the last call, if any (the newest: one made in between is
-        overtaken by it)."""
+    def new(self) -> list[dict]:
+        """The requests made since the last call, oldest first."""
         if self.run_dir is None:
-            return None
+            return []
         try:
-            request = read(self.run_dir)
-        except (json.JSONDecodeError, OSError):
-            return None
-        if request is None or request.get("sequence", 0) <= self.seen:
-            return None
-        self.seen = request["sequence"]
-        return request
+            requests = read(self.run_dir)
+        except OSError:
+            return []
+        fresh, self.taken = requests[self.taken:], len(requests)
+        return [r for r in fresh if r.get("unix", 0) >= self.since]

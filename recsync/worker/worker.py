@@ -202,6 +202,12 @@ class Worker:
         self._pause_requested.clear()
         self._resumed.set()
 
+    def use_shards(self, handles: dict) -> None:
+        """Shards that moved (a planned take-over): every call from now on, by every client and
+        the mode, goes to their new processes (the list is shared)."""
+        for i, handle in handles.items():
+            self.shards[i] = handle
+
     def leave(self) -> None:
         """Leave the run (elastic runs): take no chunk any more, finish the ones held, push what
         was computed; ``status`` then says "left"."""

@@ -120,20 +120,24 @@ def test_a_range_is_refused_where_the_mode_cannot_change_its_workers(data):
         config(data, 'mode="sync"', "cluster.workers=[2, 4]")
 
 
+@pytest.mark.parametrize("mode", ["async", "eager", "gba"])
 def test_a_shard_on_a_drained_node_moves_to_a_standby_and_loses_nothing(fake_ray, data,
-                                                                         tmp_path, monkeypatch):
+                                                                         tmp_path, monkeypatch,
+                                                                         mode):
     """Shard 1 is on a node of its own (told so: the harness has one node); that node drained,
     the shard's pushes pause, its checkpoint is written, a standby takes it over: the recovery
-    is marked planned and loses no update and no push."""
+    is marked planned and loses no update and no push (eager's early pull, answered by the old
+    process, is pushed to the new one; gba's partial global batch is applied first): both
+    shards applied every sample's gradient."""
     from recsync.distributed.actors import RunActors
     other = "0dd0" * 14
     real = RunActors.shard_nodes
     monkeypatch.setattr(RunActors, "shard_nodes", lambda self: {
         **real(self), 1: other})
-    cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=2",
+    cfg = config(data, f'mode="{mode}"', "cluster.workers=[1, 2]", "cluster.ps_shards=2",
                  f"data.chunk_rows={2 * B}", "train.epochs=8", "network.latency_ms=2",
                  'recovery.kind="partial"', "recovery.checkpoint_every_s=5",
-                 "recovery.standby_shards=1")
+                 'gba.decay="none"')
     out = tmp_path / "run"
     out.mkdir()
 
@@ -155,3 +159,23 @@ def test_a_shard_on_a_drained_node_moves_to_a_standby_and_loses_nothing(fake_ray
     q = summary["queue"]
     assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0
     assert summary["samples"] == 8 * Dataset(data).rows("train")
+    versions = [sh["version"] for sh in summary["per_shard"]]  # updates applied: the same
+    assert versions[0] == versions[1], versions  # on both shards (every push reaches both)
+    if mode != "gba":  # an update a push
+        assert versions[0] == summary["samples"] // B
+
+
+def test_chunks_given_back_after_the_others_are_done_are_trained_by_a_new_worker(
+        fake_ray, data, tmp_path):
+    """A slow worker dies holding a chunk after the other one ran out of data: the run does
+    not end with it untrained (a new worker takes it)."""
+    cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=1",
+                 "data.chunk_rows=2048", "train.epochs=1", "network.latency_ms=2",
+                 'faults.stragglers=[{worker=1, factor=30}]',
+                 'faults.kills=[{target="worker", index=1, at_step=32}]')  # worker 0 done
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "completed", summary["error"]
+    q = summary["queue"]
+    assert q["completed_never"] == 0 and q["completed"] == q["chunks"], q
+    assert summary["samples"] >= Dataset(data).rows("train")
+    assert [d["rank"] for d in summary["elastic"]["deaths"]] == [1]

@@ -61,21 +61,30 @@ def _running(tmp_path, workers="[2, 4]"):
     return tmp_path
 
 
-def test_scale_writes_numbered_requests_the_driver_takes_once_each(tmp_path):
+def test_scale_appends_requests_the_driver_takes_once_each_in_order(tmp_path):
     out = _running(tmp_path)
-    driver = scale.Requests(out)
-    assert driver.new() is None
-    assert scale.ask(out, workers=3)["sequence"] == 1
-    assert driver.new()["workers"] == 3 and driver.new() is None
-    scale.ask(out, drain_nodes=["ab12"])
-    assert driver.new()["drain_nodes"] == ["ab12"]
-    assert not list(out.glob(".scale.json.tmp-*"))  # written whole, then renamed
-
-
-def test_a_request_left_by_an_earlier_run_is_not_taken(tmp_path):
-    out = _running(tmp_path)
+    driver = scale.Requests(out, since_unix=0.0)
+    assert driver.new() == []
     scale.ask(out, workers=3)
-    assert scale.Requests(out).new() is None
+    scale.ask(out, drain_nodes=["ab12"])  # two within one poll: both taken, in order
+    assert [(r["workers"], r["drain_nodes"]) for r in driver.new()] == [(3, []), (None, ["ab12"])]
+    assert driver.new() == []
+    scale.ask(out, workers=2)
+    assert [r["workers"] for r in driver.new()] == [2]
+
+
+def test_a_request_made_before_the_run_began_is_not_taken(tmp_path):
+    out = _running(tmp_path)
+    scale.ask(out, workers=3)  # an earlier run's, in a directory resumed
+    assert scale.Requests(out).new() == []
+
+
+def test_a_resumed_run_takes_requests_though_its_earlier_summary_is_there(tmp_path):
+    import os
+    out = _running(tmp_path)
+    (out / "summary.json").write_text("{}")
+    os.utime(out / "summary.json", (1, 1))  # older than config.toml: the run was resumed
+    assert scale.ask(out, workers=3)["workers"] == 3
 
 
 @pytest.mark.parametrize("setup, args, message", [
@@ -103,13 +112,22 @@ def test_the_command_says_what_it_asked_and_fails_in_one_line(tmp_path):
 
 def test_a_shard_move_needs_a_standby_off_the_drained_node():
     partial = ['mode="async"', 'recovery.kind="partial"', "recovery.checkpoint_every_s=1"]
-    assert "standby" in refusal(cfg(*partial), ["n1"], {"n0"})
-    with_standby = cfg(*partial, "recovery.standby_shards=1")
-    assert refusal(with_standby, ["n1"], {"n0"}) is None
-    assert "drained node too" in refusal(with_standby, ["n0"], {"n0"})
-    assert "no standby is waiting" in refusal(with_standby, [], {"n0"})
-    mfu = cfg(*partial, "recovery.standby_shards=1", 'recovery.rows="mfu"')
+    assert refusal(cfg(*partial), ["n1"], {"n0"}) is None  # one standby by default
+    assert "standby" in refusal(cfg(*partial, "recovery.standby_shards=0"), ["n1"], {"n0"})
+    assert "drained node too" in refusal(cfg(*partial), ["n0"], {"n0"})
+    assert "no standby is waiting" in refusal(cfg(*partial), [], {"n0"})
+    mfu = cfg(*partial, 'recovery.rows="mfu"')
     assert "part of the rows" in refusal(mfu, ["n1"], {"n0"})
+
+
+@pytest.mark.parametrize("mode, shadow, refused", [
+    ("shadow", ['shadow.algorithm="easgd"'], True),  # its background rounds go on
+    ("foreground", ['shadow.algorithm="easgd"'], False),
+    ("foreground", ['shadow.algorithm="easgd"', "shadow.hogwild_threads=2"], True)])
+def test_a_shard_move_is_refused_where_a_pause_does_not_stop_the_calls(mode, shadow, refused):
+    c = cfg(f'mode="{mode}"', *shadow, 'recovery.kind="partial"',
+            "recovery.checkpoint_every_s=1")
+    assert (refusal(c, ["n1"], {"n0"}) is not None) == refused
 
 
 def test_phases_split_the_metrics_by_worker_count_and_leave_out_the_settling():
@@ -136,4 +154,4 @@ def test_summary_lines_parse_back(tmp_path):
     """The request file is plain JSON a user can read."""
     out = _running(tmp_path)
     scale.ask(out, workers=2)
-    assert json.loads((out / "scale.json").read_text())["workers"] == 2
+    assert json.loads((out / "scale.jsonl").read_text())["workers"] == 2

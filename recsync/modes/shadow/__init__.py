@@ -108,6 +108,13 @@ class Shadow(Mode):
         return cfg.shadow.algorithm in ("ma", "bmuf")
 
     @classmethod
+    def quiet_when_paused(cls, cfg) -> bool:
+        """Not with Hogwild threads (a worker pauses when one of them does) nor with background
+        EASGD rounds (their exchanges with shard 0 go on)."""
+        sh = cfg.shadow
+        return sh.hogwild_threads == 1 and not (cls.shadow_thread and sh.algorithm == "easgd")
+
+    @classmethod
     def make_rule(cls, cfg, shard, dense_init):
         if shard == 0 and cfg.shadow.algorithm == "easgd":
             return CenterCopy(dense_init)

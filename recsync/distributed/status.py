@@ -3,11 +3,15 @@ its tests use them)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 ALIVE, RESTARTING, DEAD = "alive", "restarting", "dead"  # ShardStatus.state
 PENDING, VACANT, LEFT = "pending", "vacant", "left"  # WorkerStatus.state of an elastic run's
 # ranks: its worker asked for and not built yet; no worker; its worker drained and gone
+
+
+INTERVAL_FIELDS = ("loss_sum", "loss_samples", "step_s", "interval_steps", "straggle_s",
+                   "compute_s", "compute_steps", "pull_wait_s", "push_wait_s")
 
 
 @dataclass
@@ -43,6 +47,14 @@ class WorkerStatus:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def after(self, earlier: WorkerStatus) -> WorkerStatus:
+        """This status (polled just after ``earlier``) with ``earlier``'s interval figures
+        added: a worker's ``status`` starts a new interval at every call."""
+        if earlier.rank != self.rank:
+            raise ValueError(f"rank {earlier.rank}'s status is not rank {self.rank}'s")
+        return replace(self, **{k: getattr(self, k) + getattr(earlier, k)
+                                for k in INTERVAL_FIELDS})
 
     def per_step(self, key: str) -> float | None:
         """``key``'s time (step_s, compute_s, ...) per step over the last interval (compute

@@ -57,7 +57,8 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
                 continue
             if run.elastic is not None:  # joins, leaves, the target (elastic.py)
                 run.elastic.tend(run, statuses)
-                statuses = run.poll()  # as tend left them (started, retired)
+                # as tend left them (started, retired), each interval since the first poll
+                statuses = [s.after(e) for s, e in zip(run.poll(), statuses)]
                 run.elastic.log_count(run, statuses)
             now = time.perf_counter()
             done = (all(s.state == "done" for s in statuses) if run.elastic is None

@@ -34,6 +34,7 @@ from recsync.cluster.net import is_loopback, listening_socket, loopback_interfac
 from recsync.cluster.placement import where
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
+from recsync.distributed.status import INTERVAL_FIELDS
 from recsync.model.compute import prepare, warm_up
 from recsync.model.optim import import_optimizers
 from recsync.model.setup import model_for
@@ -42,8 +43,7 @@ from recsync.modes.base import STOP, WorkerContext
 from recsync.ps.client import PSClient
 from recsync.run.signals import check_loss, ignore_interrupts, known_cause
 
-INTERVAL_KEYS = ("loss_sum", "loss_samples", "step_s", "interval_steps", "straggle_s",
-                 "compute_s", "compute_steps", "pull_wait_s", "push_wait_s")
+INTERVAL_KEYS = INTERVAL_FIELDS  # what status() reports since its previous call
 
 
 def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:

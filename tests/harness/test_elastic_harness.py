@@ -98,8 +98,9 @@ def test_a_dead_worker_is_not_waited_for_and_a_new_one_joins(fake_ray, data, tmp
     assert summary["samples"] >= 12 * Dataset(data).rows("train")
 
 
-def test_a_shadow_trainer_joins_from_a_live_replica(fake_ray, data, tmp_path):
-    cfg = config(data, 'mode="shadow"', 'shadow.algorithm="easgd"', "cluster.workers=[1, 2]",
+@pytest.mark.parametrize("mode", ["shadow", "foreground"])
+def test_a_shadow_trainer_joins_from_a_live_replica(fake_ray, data, tmp_path, mode):
+    cfg = config(data, f'mode="{mode}"', 'shadow.algorithm="easgd"', "cluster.workers=[1, 2]",
                  "cluster.ps_shards=2", f"data.chunk_rows={2 * B}", "train.epochs=12",
                  'network.latency_ms=2')
     out = tmp_path / "run"

@@ -155,3 +155,19 @@ def test_summary_lines_parse_back(tmp_path):
     out = _running(tmp_path)
     scale.ask(out, workers=2)
     assert json.loads((out / "scale.jsonl").read_text())["workers"] == 2
+
+
+def test_a_second_poll_keeps_the_first_polls_interval():
+    """The watch loop polls again after an elastic run's changes; each worker's status starts a
+    new interval at every call, so the line adds both (its loss and step times cover 0.5 s)."""
+    from recsync.distributed.status import WorkerStatus
+    first = WorkerStatus(0, "running", steps=10, samples=640, loss_sum=32.0, loss_samples=640,
+                         step_s=0.4, interval_steps=10)
+    second = WorkerStatus(0, "running", steps=11, samples=704, loss_sum=3.0, loss_samples=64,
+                          step_s=0.04, interval_steps=1)
+    both = second.after(first)
+    assert (both.steps, both.samples, both.loss_samples, both.interval_steps) == (11, 704, 704,
+                                                                                   11)
+    assert both.loss_sum == 35.0 and abs(both.step_s - 0.44) < 1e-12
+    with pytest.raises(ValueError):
+        second.after(WorkerStatus(1, "running"))

@@ -15,9 +15,9 @@ machines):
   are trained, the node holding a shard (and not the standby) is drained
   (`recsync scale --drain-node`): its shard moves (distributed/shard_move.py). Not emulated.
 
-``ROUNDS`` rounds of the three arms, interleaved. Figures: each phase's samples/s (the metrics lines of the phase, less the first
-``SETTLE_LINES`` after the change (0.5 s each) and the last, median) over the fixed run's of
-that size (median of its lines after the same warm-up); the time from the scale-up request to
+``ROUNDS`` rounds of the three arms, interleaved. Figures: each phase's samples/s (the metrics
+lines of the phase, less the first ``SETTLE_LINES`` after the change (0.5 s each) and the
+last, median) over the fixed run's of that size (median of its lines after the same warm-up); the time from the scale-up request to
 the first step of the last new worker (a worker process started, torch imported, model built:
 what a node's arrival costs); each drain's duration (told to leave -> left, its chunk
 finished); chunks completed other than exactly once; the moved shard's PLS, lost updates and

@@ -4,8 +4,9 @@ Two placement groups hold a bundle per PS shard and standby, and one per worker,
 resources each declares (``cluster.shard_cpus``, ``worker_cpus``, ``worker_gpus``). Strategy
 "spread" places each group's bundles on as many nodes as it can (a node's death then takes as
 few shards as it can), "pack" on as few. An elastic run's workers have no group: each is placed
-when a node can hold it (spread where the run spreads), never on a drained node. A bundle must hold some resource, so an actor that
-declares none gets a bundle of ``NOMINAL_CPU`` (and uses none of it beyond what it runs).
+when a node can hold it (spread where the run spreads), never on a drained node. A bundle must
+hold some resource, so an actor that declares none gets a bundle of ``NOMINAL_CPU`` (and uses
+none of it beyond what it runs).
 
 The control actors (the work queue, the standby directory) stay on the driver's node: they must
 outlive any other node. A request that no node of the cluster can meet, or that the cluster as

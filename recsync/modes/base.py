@@ -106,6 +106,8 @@ class WorkerContext:
     # (a shadow round), paced on the worker's emulated cores
     pause_requested: Callable[[], bool] = lambda: False
     add_waits: Callable[[float, float], None] = lambda pull_s, push_s: None
+    all_reduce: Callable[[torch.Tensor], None] | None = None  # sums a tensor over the
+    # workers' group in place; None: torch.distributed's (the simulator gives its own)
 
 
 class WorkerMode(metaclass=Contract, abstract=True):

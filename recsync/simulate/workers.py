@@ -1,0 +1,134 @@
+"""Simulated workers: each one a process on the simulated clock running the worker half of its
+mode (modes/) on a model replica of its own, with chunks from the real work queue
+(worker/queue.py ChunkQueue) and a SimClient.
+
+The loop is the worker's (worker/worker.py): take the next batch of a leased chunk (and the one
+after it, for a mode that reads ahead), let the mode step on it, record the loss and the step's
+simulated time, report the chunk done after its last step. What a step costs in simulated time
+is the mode's own calls: its pulls and pushes travel and wait on the clock, its all-reduce
+waits for the group, and its compute (between ``before_compute`` and ``after_compute``) takes
+the measured cost times the worker's speed factor, whatever real time the arithmetic took.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from recsync.modes.base import STOP, WorkerContext
+from recsync.run.signals import check_loss
+from recsync.simulate.client import SimClient, SimGroup
+from recsync.simulate.clock import Clock
+from recsync.simulate.timing import Timing, WorkerSpeeds
+from recsync.worker.queue import ChunkQueue
+from recsync.worker.worker import step_feed, straggle_factor
+
+INTERVAL_KEYS = ("loss_sum", "loss_samples", "step_s", "interval_steps", "compute_s",
+                 "compute_steps", "pull_wait_s", "push_wait_s")
+
+
+class SimWorker:
+    """One simulated worker (``model``: its replica; ``shards``: the SimShards)."""
+
+    def __init__(self, rank: int, cfg, mode, model: torch.nn.Module, plan, ds, shards: list,
+                 queue: ChunkQueue, clock: Clock, timing: Timing, speeds: WorkerSpeeds,
+                 group: SimGroup | None):
+        self.rank, self.cfg, self.ds, self.queue = rank, cfg, ds, queue
+        self.clock, self.timing, self.speeds = clock, timing, speeds
+        self.steps = self.samples = 0
+        self.interval = dict.fromkeys(INTERVAL_KEYS, 0)
+        self.taken: list = []
+        self.finished_at: float | None = None
+        self.on_step = lambda: None  # told after each step with a batch (periodic evaluations)
+        client = SimClient(clock, shards, plan, push_window=cfg.cluster.push_window,
+                           seed=hash((cfg.train.seed, rank)) % 2**32)
+        client.dense_shard = 0 if mode.dense_on_ps else None
+        self.ctx = WorkerContext(
+            rank=rank, cfg=cfg, model=model, client=client,
+            new_client=self._no_second_client, shards=shards,
+            after_compute=self._after_compute, add_waits=self._add_waits,
+            all_reduce=None if group is None else group.all_reduce)
+        self.mode = mode.worker(self.ctx)
+
+    @staticmethod
+    def _no_second_client():
+        raise ValueError("the simulator runs one training thread per worker (modes with "
+                         "Hogwild threads are not simulated)")
+
+    def factor(self) -> float:
+        """How many times slower than the measured step this worker computes now: its speed
+        (simulate/timing.py) times any emulated straggler of the config (faults.stragglers, on
+        the simulated clock)."""
+        now = self.clock.now
+        return self.speeds.factor(self.rank, now) * straggle_factor(self.cfg, self.rank, now)
+
+    def _after_compute(self, real_s: float) -> None:
+        """The mode computed a step (``real_s`` of real time, not used): the simulated compute
+        time passes."""
+        compute_s = self.timing.compute_s * self.factor()
+        self.interval["compute_s"] += compute_s
+        self.interval["compute_steps"] += 1
+        self.clock.sleep(compute_s)
+
+    def _add_waits(self, pull_s: float, push_s: float) -> None:
+        self.interval["pull_wait_s"] += pull_s
+        self.interval["push_wait_s"] += push_s
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Train until the mode stops (a process on the clock)."""
+        slots = (0, 1) if self.mode.lookahead else (0,)
+        feed = self._feed(slots)
+        while True:
+            batch, ahead, finished = next(feed)
+            begin = self.clock.now
+            loss = self.mode.step(batch, ahead, 0)
+            if loss == STOP:
+                self.mode.finish(0)
+                self.finished_at = self.clock.now
+                return
+            self._record(batch, loss, self.clock.now - begin)
+            check_loss(loss, step=self.steps, mode=self.cfg.mode, who=f"worker {self.rank}")
+            if finished is not None:
+                self.queue.done(self.rank, *finished)
+
+    def _feed(self, slots: tuple[int, ...]):
+        """The worker's batches, step by step (worker/worker.py step_feed)."""
+        return step_feed(self._batches(slots), len(slots) > 1, self.cfg.train.max_steps,
+                         lambda: self.steps)
+
+    def _batches(self, slots: tuple[int, ...]):
+        """(batch, finished) of the chunks this worker takes, in turn in ``slots``; taking a
+        chunk from the queue is a round trip on the clock."""
+        t = self.cfg.train
+        seed = t.seed if self.cfg.data.shuffle else None
+        for k in itertools.count():
+            slot = slots[k % len(slots)]
+            self.clock.sleep(2 * self.timing.latency_s)
+            item = self.queue.take(self.rank, slot)
+            if item is None:
+                return
+            self.taken.append(item)
+            epoch, chunk = item
+            batches = list(self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch))
+            if not batches:
+                self.queue.done(self.rank, item, slot)
+            for i, batch in enumerate(batches):
+                yield batch, (item, slot) if i == len(batches) - 1 else None
+
+    def _record(self, batch, loss, step_s: float) -> None:
+        self.interval["step_s"] += step_s
+        self.interval["interval_steps"] += 1
+        if loss is not None:
+            n = len(batch)
+            self.steps += 1
+            self.samples += n
+            self.interval["loss_sum"] += loss * n
+            self.interval["loss_samples"] += n
+            self.on_step()
+
+    def take_interval(self) -> dict:
+        """The interval counters since the last call (a metrics line's)."""
+        out, self.interval = self.interval, dict.fromkeys(INTERVAL_KEYS, 0)
+        return out

@@ -3,8 +3,8 @@ clock (docs/simulate.md).
 
 The arithmetic is the real run's: the model built as every worker builds it, the shards' real
 ``ShardCore`` with the mode's rule (ps/build.py), the real work queue, the worker halves of the
-modes and the PS client. Time is modelled (simulate/timing.py) and the order of events follows
-from it (simulate/clock.py): which pushes a pull sees, so every gradient's staleness, comes out
+modes and the PS client. Time is modelled (simulation/timing.py) and the order of events follows
+from it (simulation/clock.py): which pushes a pull sees, so every gradient's staleness, comes out
 of the event order, not from an assumption. No Ray runtime is started.
 """
 
@@ -31,12 +31,12 @@ from recsync.ps.build import make_core
 from recsync.run.driver import prepare_run_dir, resolved_for_data, write_outputs
 from recsync.run.local_run import build_local_model, eval_interval, periodic_split
 from recsync.run.preflight import preflight
-from recsync.simulate.client import SimClient, SimGroup
-from recsync.simulate.clock import Clock
-from recsync.simulate.output import SimRecord, console_lines, simulated_summary
-from recsync.simulate.shards import InstantShard, SimShard
-from recsync.simulate.timing import Timing
-from recsync.simulate.workers import SimWorker
+from recsync.simulation.client import SimClient, SimGroup
+from recsync.simulation.clock import Clock
+from recsync.simulation.output import SimRecord, console_lines, simulated_summary
+from recsync.simulation.shards import InstantShard, SimShard
+from recsync.simulation.timing import Timing
+from recsync.simulation.workers import SimWorker
 from recsync.worker.queue import ChunkQueue
 
 LINE_EVERY_S = 0.5  # simulated seconds between metrics lines (the watch loop's POLL_S)

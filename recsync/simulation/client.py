@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 
 from recsync.ps.client import PendingPull, PSClient
-from recsync.simulate.clock import Clock, Future
-from recsync.simulate.timing import Timing
+from recsync.simulation.clock import Clock, Future
+from recsync.simulation.timing import Timing
 
 
 class SimClient(PSClient):
-    """PSClient over simulated shards (simulate/shards.py): their calls return Futures, which
+    """PSClient over simulated shards (simulation/shards.py): their calls return Futures, which
     this client waits for on ``clock``."""
 
     def __init__(self, clock: Clock, shards: list, plan, **kwargs):

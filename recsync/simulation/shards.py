@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 from recsync.ps.core import ShardCore
 from recsync.ps.shard import nbytes
-from recsync.simulate.clock import Clock, Future
-from recsync.simulate.timing import Timing
+from recsync.simulation.clock import Clock, Future
+from recsync.simulation.timing import Timing
 
 
 class SimShard:

@@ -1,0 +1,160 @@
+"""Simulated runs (recsync/simulate) on a small data set: the order of events, the staleness it
+gives, sync's one update per step, every chunk once, the outputs and their SIMULATED label.
+No Ray."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import recsync
+from recsync.config import RunConfig
+from recsync.data.synthetic import SynthSpec, generate
+from recsync.simulation.output import console_lines
+from recsync.simulation.run import simulate
+from recsync.simulation.timing import Speeds, Timing
+
+BATCH = 32
+ROWS = 6_400  # 200 batches, one chunk each
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("simdata")
+    generate(root, rows=ROWS, eval_rows=512, spec=SynthSpec(seed=2, max_table_rows=50),
+             processes=1, progress=False)
+    return root
+
+
+def config(data, mode: str, workers: int, **keys) -> RunConfig:
+    cfg = RunConfig.model_validate({
+        "mode": mode, "data": {"path": str(data), "chunk_rows": BATCH},
+        "cluster": {"workers": workers, "ps_shards": 2},
+        "model": {"embedding_dim": 4, "bottom_mlp": [8], "top_mlp": [8, 4]},
+        "train": {"batch_size": BATCH, "eval_sample_rows": 256, "threads": 1},
+        "output": {"progress": False, "plot": False}})
+    return recsync.override(cfg, **keys) if keys else cfg
+
+
+def free_network(**kwargs) -> Timing:
+    """Only compute takes time: the order of events is the workers' speeds alone."""
+    return Timing(compute_s=0.01, latency_s=0.0, bytes_per_s=math.inf, pull_s_per_row=0.0,
+                  push_s_per_row=0.0, collective_latency_s=0.0, **kwargs)
+
+
+def trace(tmp_path, factors) -> Speeds:
+    path = tmp_path / "speeds.json"
+    path.write_text(json.dumps(factors))
+    return Speeds(kind="trace", trace=str(path))
+
+
+def test_a_worker_twice_as_slow_does_half_the_steps(data, tmp_path):
+    timing = free_network(speeds=trace(tmp_path, [1.0, 2.0]))
+    s = simulate(config(data, "async", 2), tmp_path / "out", timing=timing)
+    fast, slow = (w["steps"] for w in s["per_worker"])
+    assert fast + slow == ROWS // BATCH
+    assert abs(fast - 2 * slow) <= 2, (fast, slow)
+    assert s["simulated"]["per_worker"][1]["factor_at_start"] == 2.0
+
+
+@pytest.mark.parametrize("workers", [4, 8])
+def test_async_staleness_of_n_equal_workers_is_n_minus_1(data, tmp_path, workers):
+    """Between a worker's pull and its push every other worker pushes once: the staleness the
+    event order gives is N - 1. (The speeds differ by 1% so that the workers do not stay in
+    exact step: with every push at the same instant, ties decide the order, not time.)"""
+    timing = free_network(speeds=trace(tmp_path, [1 + 0.01 * r for r in range(workers)]))
+    s = simulate(config(data, "async", workers), tmp_path / "out", timing=timing)
+    assert s["staleness"]["mean"] == pytest.approx(workers - 1, abs=0.25)
+    assert s["staleness"]["p99"] <= workers
+
+
+def test_async_on_a_single_worker_is_never_stale(data, tmp_path):
+    s = simulate(config(data, "async", 1), tmp_path / "out", timing=free_network())
+    assert s["staleness"]["max"] == 0
+
+
+def test_sync_applies_exactly_one_update_per_global_step(data, tmp_path):
+    workers = 4
+    timing = free_network(speeds=trace(tmp_path, [1.0, 1.0, 3.0, 1.0]))
+    s = simulate(config(data, "sync", workers), tmp_path / "out", timing=timing)
+    steps = ROWS // BATCH // workers
+    assert [w["steps"] for w in s["per_worker"]] == [steps] * workers  # in lockstep
+    # one update per global step on every shard (in the last step no worker had a batch: the
+    # all-reduce says so and nothing is pushed)
+    assert [sh["version"] for sh in s["per_shard"]] == [steps] * 2
+    assert s["staleness"]["max"] == 0
+    assert s["simulated"]["all_reduce_rounds"] == steps + 1
+    # the straggler sets the pace: every step takes its 3 x compute (the last step, without
+    # a batch anywhere, computes nothing)
+    assert s["train_s"] == pytest.approx(3 * 0.01 * steps, rel=1e-6)
+
+
+def test_every_chunk_is_consumed_exactly_once(data, tmp_path):
+    timing = free_network(speeds=Speeds(kind="stragglers", share=0.3, seed=1))
+    s = simulate(config(data, "gba", 8), tmp_path / "out", timing=timing)
+    q = s["queue"]
+    assert q["chunks"] == q["completed"] == ROWS // BATCH
+    assert q["completed_more_than_once"] == q["completed_never"] == 0
+    assert q["pending"] == q["leased"] == 0
+    assert s["samples"] == ROWS
+
+
+def test_gba_applies_one_update_per_global_batch(data, tmp_path):
+    workers = 4
+    s = simulate(config(data, "gba", workers), tmp_path / "out", timing=free_network())
+    # every push reaches both shards; each applies the mean of `workers` of them at a time
+    assert [sh["version"] for sh in s["per_shard"]] == [ROWS // BATCH // workers] * 2
+    assert s["gba"]["applied"] == 2 * ROWS // BATCH
+
+
+def test_the_outputs_exist_and_are_labelled_simulated(data, tmp_path):
+    out = tmp_path / "out"
+    cfg = recsync.override(config(data, "async", 3), **{"output.plot": True})
+    s = simulate(cfg, out, timing=free_network())
+    for name in ("config.toml", "metrics.jsonl", "summary.json", "training.png"):
+        assert (out / name).exists(), name
+    written = json.loads((out / "summary.json").read_text())
+    assert written["label"] == "SIMULATED"
+    sim = written["simulated"]
+    assert "SIMULATED" in sim["label"] and sim["simulated_train_s"] == written["train_s"]
+    assert sim["real_wall_s"] > 0 and sim["real_wall_s"] != sim["simulated_train_s"]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "time_s" in x and x.get("loss") is not None]
+    assert steps and all(x["simulated"] for x in steps)
+    assert any(x.get("eval") for x in lines)
+    assert lines[-1]["time_s"] <= written["train_s"] + 1e-9  # on the simulated clock
+    printed = console_lines(written, out)
+    assert printed[0].startswith("SIMULATED") and any("real wall time" in x for x in printed)
+
+
+def test_the_same_run_twice_gives_the_same_updates(data, tmp_path):
+    timing = Timing(compute_s=0.004, speeds=Speeds(kind="lognormal", seed=4))
+    a = simulate(config(data, "gba", 5), tmp_path / "a", timing=timing)
+    b = simulate(config(data, "gba", 5), tmp_path / "b", timing=timing)
+    assert a["eval"]["auc"] == b["eval"]["auc"]
+    assert a["staleness"] == b["staleness"] and a["train_s"] == b["train_s"]
+
+
+@pytest.mark.parametrize("mode", ["shadow", "foreground", "eager"])
+def test_a_mode_the_simulator_cannot_run_is_refused_by_name(data, tmp_path, mode):
+    with pytest.raises(ValueError, match=f"mode '{mode}' is not simulated"):
+        simulate(config(data, mode, 2), tmp_path / "out", timing=free_network())
+    assert not (tmp_path / "out").exists()
+
+
+def test_python_call_sets_workers_and_shards(data, tmp_path):
+    result = recsync.simulate(config(data, "async", 1), tmp_path / "out", workers=3, shards=1,
+                              timing=free_network())
+    assert result.summary["workers"] == 3 and result.summary["ps_shards"] == 1
+    assert len(result.summary["per_worker"]) == 3

@@ -18,9 +18,9 @@ import torch
 
 from recsync.modes.base import STOP, WorkerContext
 from recsync.run.signals import check_loss
-from recsync.simulate.client import SimClient, SimGroup
-from recsync.simulate.clock import Clock
-from recsync.simulate.timing import Timing, WorkerSpeeds
+from recsync.simulation.client import SimClient, SimGroup
+from recsync.simulation.clock import Clock
+from recsync.simulation.timing import Timing, WorkerSpeeds
 from recsync.worker.queue import ChunkQueue
 from recsync.worker.worker import step_feed, straggle_factor
 
@@ -58,7 +58,7 @@ class SimWorker:
 
     def factor(self) -> float:
         """How many times slower than the measured step this worker computes now: its speed
-        (simulate/timing.py) times any emulated straggler of the config (faults.stragglers, on
+        (simulation/timing.py) times any emulated straggler of the config (faults.stragglers, on
         the simulated clock)."""
         now = self.clock.now
         return self.speeds.factor(self.rank, now) * straggle_factor(self.cfg, self.rank, now)

@@ -40,7 +40,7 @@ from recsync.simulation.workers import SimWorker
 from recsync.worker.queue import ChunkQueue
 
 LINE_EVERY_S = 0.5  # simulated seconds between metrics lines (the watch loop's POLL_S)
-SIMULATED_MODES = ("sync", "async", "gba", "hybrid")
+SIMULATED_MODES = ("sync", "async", "gba", "hybrid", "eager")
 CALIBRATION_STEPS = 7  # real steps timed for the compute cost (the first two are warm-up)
 
 

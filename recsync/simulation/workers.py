@@ -48,7 +48,7 @@ class SimWorker:
             rank=rank, cfg=cfg, model=model, client=client,
             new_client=self._no_second_client, shards=shards,
             after_compute=self._after_compute, add_waits=self._add_waits,
-            all_reduce=None if group is None else group.all_reduce)
+            all_reduce=None if group is None else group.all_reduce, now=lambda: clock.now)
         self.mode = mode.worker(self.ctx)
 
     @staticmethod

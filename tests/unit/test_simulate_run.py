@@ -146,7 +146,26 @@ def test_the_same_run_twice_gives_the_same_updates(data, tmp_path):
     assert a["staleness"] == b["staleness"] and a["train_s"] == b["train_s"]
 
 
-@pytest.mark.parametrize("mode", ["shadow", "foreground", "eager"])
+def test_eager_overlaps_its_pull_with_compute_on_the_simulated_clock(data, tmp_path):
+    """Eager sends the next batch's pull before computing: its waits (on the simulated clock)
+    are far below the compute time, and the pull misses the worker's own last push (each
+    update's τ is at least 1 where another worker pushed meanwhile)."""
+    timing = Timing(compute_s=0.01, latency_s=0.002, bytes_per_s=math.inf, pull_s_per_row=0.0,
+                    push_s_per_row=0.0)
+    cfg = recsync.override(config(data, "eager", 2), **{"eager.own_update": "none"})
+    s = simulate(cfg, tmp_path / "out", timing=timing)
+    split = s["eager"]["iteration_s"]  # per step, simulated seconds
+    assert split["compute"] == pytest.approx(0.01)
+    assert split["pull_wait"] < 0.5 * split["compute"]
+    assert s["samples"] == ROWS and s["staleness"]["mean"] >= 1.0
+    seq = simulate(recsync.override(cfg, **{"eager.overlap": False}), tmp_path / "seq",
+                   timing=timing)
+    # sequential: every step waits a pull's and a push's round trip (4 x 2 ms)
+    assert seq["eager"]["iteration_s"]["pull_wait"] == pytest.approx(0.004)
+    assert s["train_s"] < 0.9 * seq["train_s"]
+
+
+@pytest.mark.parametrize("mode", ["shadow", "foreground"])
 def test_a_mode_the_simulator_cannot_run_is_refused_by_name(data, tmp_path, mode):
     with pytest.raises(ValueError, match=f"mode '{mode}' is not simulated"):
         simulate(config(data, mode, 2), tmp_path / "out", timing=free_network())

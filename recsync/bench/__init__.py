@@ -34,11 +34,14 @@ SCENARIOS = {
     "dense": "the dense step: float32, bfloat16 autocast, torch.compile; threads or processes",
     "dynamic": "dynamic embedding tables against fixed ones: AUC at the same memory, a "
                "drifting stream, bytes per row, pull and push rows/s, collisions",
+    "simulated": "the SIMULATED cluster against the EMULATED runtime at 2 and 4 workers; sync, "
+                 "gba and async at 32-512 simulated workers with stragglers",
 }
 
 
 # Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
-SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense", "dynamic")
+SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense", "dynamic",
+          "simulated")
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:

@@ -6,7 +6,9 @@ runtime on the EMULATED cluster of scenario `stragglers` (workers of ``CORES_PER
 ``SHARDS`` shards of ``CORES_PER_SHARD``) and the simulator on the same data, model, batch and
 seeds. The simulator's compute per step is the real run's own (the median of its metrics'
 ``worker_compute_s``, seed 0: "the same timings"); its shards serve the `bench ps` rows/s scaled
-to the emulated shard's cores; everything else is the simulator's model of time. Compared: the
+to the emulated shard's cores, and a worker's CPU per step besides its compute is measured here
+(one core) and scaled to the emulated worker's cores; everything else is the simulator's model
+of time. Compared: the
 samples/s after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
 staleness, and the eval AUC against the real runs' spread over seeds.
 
@@ -38,7 +40,7 @@ from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
 from recsync.metrics.core import read_jsonl
-from recsync.simulation.run import measure_compute_s, simulate
+from recsync.simulation.run import measure_compute_s, measure_overhead_s, simulate
 from recsync.simulation.timing import PULL_S_PER_ROW, PUSH_S_PER_ROW, Speeds, Timing
 
 VALIDATION_MODES = ("sync", "async", "gba")
@@ -93,6 +95,11 @@ def real_compute_s(arm: dict) -> float:
     return statistics.median(values)
 
 
+def worker_overhead_s(cfg: RunConfig, ds) -> float:
+    """A worker's CPU per step besides its compute in ``cfg``'s mode, measured here (one core)."""
+    return measure_overhead_s(cfg, ds, Timing(compute_s=0.0, overhead_s=0.0))
+
+
 def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict]:
     """(arms, per (mode, workers) comparison) of the real EMULATED runs and the simulations."""
     data = em.make_data(out / "data_validation", max(40_000, round(VALIDATION_ROWS * scale)),
@@ -106,9 +113,10 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict]:
     shard_time = Timing(pull_s_per_row=PULL_S_PER_ROW / CORES_PER_SHARD,
                         push_s_per_row=PUSH_S_PER_ROW / CORES_PER_SHARD)
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
-    timings = {f"sim_{m}_{n}": replace(shard_time,
-                                       compute_s=real_compute_s(runs[f"real_{m}_{n}"][0]))
-               for m, n in cells}
+    ds = Dataset(data)
+    timings = {name: replace(shard_time, compute_s=real_compute_s(runs[f"real_{m}_{n}"][0]),
+                             overhead_s=worker_overhead_s(sims[name], ds) / CORES_PER_WORKER)
+               for name, (m, n) in zip(sims, cells)}
     sd.seeded_runs(list(sims), sims.__getitem__, out, seeds, results=runs,
                    run_arm=run_simulated(timings))
     arms = {name: sd.seeded_entry(r) for name, r in runs.items()}
@@ -134,16 +142,20 @@ def at_scale(out: Path, scale: float, seeds: int) -> dict:
     probe = base_config(data, "sync", 1, 1, SCALE_BATCH)
     ds = Dataset(data)
     compute_s = measure_compute_s(probe, ds)
-    print(f"compute per step, measured here: {compute_s * 1e3:.2f} ms", flush=True)
+    overheads = {m: worker_overhead_s(base_config(data, m, 1, SCALE_SHARDS, SCALE_BATCH), ds)
+                 for m in SCALE_MODES}
+    print(f"measured here: compute {compute_s * 1e3:.2f} ms per step, worker overhead "
+          + ", ".join(f"{m} {o * 1e3:.2f} ms" for m, o in overheads.items()), flush=True)
     configs: dict[str, RunConfig] = {}
     timings: dict[str, Timing] = {}
     for n in SCALE_WORKERS:
         for m in SCALE_MODES if n == 128 else ("sync", "gba"):
             configs[f"{m}_{n}"] = base_config(data, m, n, SCALE_SHARDS, SCALE_BATCH)
-            timings[f"{m}_{n}"] = Timing(compute_s=compute_s, speeds=STRAGGLERS)
+            costs = Timing(compute_s=compute_s, overhead_s=overheads[m])
+            timings[f"{m}_{n}"] = replace(costs, speeds=STRAGGLERS)
             if n == 128:
                 configs[f"{m}_{n}_nostragglers"] = configs[f"{m}_{n}"]
-                timings[f"{m}_{n}_nostragglers"] = Timing(compute_s=compute_s)
+                timings[f"{m}_{n}_nostragglers"] = costs
     once = tuple(name for name in configs if name.split("_")[1] != "128")
     runs = sd.seeded_runs(list(configs), configs.__getitem__, out, seeds, once=once,
                           run_arm=run_simulated(timings, steady=False))

@@ -49,8 +49,8 @@ class SimRecord(RunRecord):
         return end - (self.train_start or self.start)
 
 
-def simulated_summary(cfg, ds, record: SimRecord, cluster, final: dict, timing, measured: bool,
-                      ended: int) -> dict:
+def simulated_summary(cfg, ds, record: SimRecord, cluster, final: dict, timing,
+                      measured: list[str], ended: int) -> dict:
     """summary.json of a simulated run: build_summary's fields (simulated times) plus
     ``simulated``: the label, the real times, the model of time and what it gave."""
     workers = cluster.workers
@@ -70,7 +70,10 @@ def simulated_summary(cfg, ds, record: SimRecord, cluster, final: dict, timing, 
         "real_train_s": record.real_train_s(),
         "real_eval_s": record.eval_total_s,
         "timing": timing.as_dict(),
-        "compute_s_measured": measured,  # timing.compute_s: measured on this machine, or given
+        "measured_here": measured,  # the fields of timing measured on this machine (else given)
+        # this run's own: each worker thread's real CPU per step besides the compute (median)
+        "real_overhead_s_median": statistics.median(
+            [x for w in workers for x in w.real_overhead_s] or [0.0]),
         "speed_factors": {"min": min(factors), "median": statistics.median(factors),
                           "max": max(factors),
                           "slower_than_1": sum(1 for f in factors if f > 1.0)},
@@ -103,7 +106,9 @@ def console_lines(summary: dict, out) -> list[str]:
                      f"{st['mean']:.2f}, p99 {st['p99']}, max {st['max']}")
     t = s["timing"]
     lines.append(f"model of time: compute {t['compute_s'] * 1e3:.2f} ms per step ("
-                 f"{'measured here' if s['compute_s_measured'] else 'given'}) x speed factors "
+                 f"{'measured here' if 'compute_s' in s['measured_here'] else 'given'}) + "
+                 f"worker overhead {t['overhead_s'] * 1e3:.2f} ms ("
+                 f"{'measured here' if 'overhead_s' in s['measured_here'] else 'given'}), x speed factors "
                  f"{s['speed_factors']['min']:.2f}-{s['speed_factors']['max']:.2f}; latency "
                  f"{t['latency_s'] * 1e3:.3f} ms; shard {t['pull_s_per_row'] * 1e6:.3f} / "
                  f"{t['push_s_per_row'] * 1e6:.3f} us per pulled / pushed row")

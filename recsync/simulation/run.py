@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from recsync.simulation.client import SimClient, SimGroup
 from recsync.simulation.clock import Clock
 from recsync.simulation.output import SimRecord, console_lines, simulated_summary
 from recsync.simulation.shards import InstantShard, SimShard
-from recsync.simulation.timing import Timing
+from recsync.simulation.timing import Speeds, Timing
 from recsync.simulation.workers import SimWorker
 from recsync.worker.queue import ChunkQueue
 
@@ -78,6 +79,21 @@ def measure_compute_s(cfg: RunConfig, ds) -> float:
         model_loss.loss(m.dense, batch, pulled.embeddings()).backward()
         times.append(time.perf_counter() - begin)
     return statistics.median(times[2:] or times)
+
+
+def measure_overhead_s(cfg: RunConfig, ds, timing: Timing) -> float:
+    """A worker's own CPU per step besides its forward and backward, on this machine: one
+    simulated worker's CALIBRATION_STEPS steps of ``cfg``'s mode, each timed on its thread
+    (time.thread_time: the client's and the mode's work, not the shards'), the median after
+    two of warm-up."""
+    from recsync.api import override
+    probe = override(cfg, **{"cluster.workers": 1, "train.max_steps": CALIBRATION_STEPS})
+    cluster = Cluster(probe, ds, replace(timing, speeds=Speeds()))
+    worker = cluster.workers[0]
+    cluster.clock.spawn(worker.run, "calibration")
+    cluster.clock.run(until=cluster.done)
+    samples = worker.real_overhead_s
+    return max(0.0, statistics.median(samples[2:] or samples))
 
 
 class Cluster:
@@ -226,11 +242,13 @@ def simulate(cfg: RunConfig, out: str | Path, *, timing: Timing | None = None,
     prepare_run_dir(out, overwrite)
     (out / "config.toml").write_text(cfg.to_toml())
     torch.set_num_threads(cfg.train.threads)
-    measured = timing.compute_s is None
-    if measured:
-        from dataclasses import replace
-        timing = replace(timing, compute_s=measure_compute_s(cfg, ds))
     ds.hold_out(cfg.train.validation)
+    measured = [name for name in ("compute_s", "overhead_s") if getattr(timing, name) is None]
+    if timing.compute_s is None:
+        timing = replace(timing, compute_s=measure_compute_s(cfg, ds))
+    if timing.overhead_s is None:
+        timing = replace(timing, overhead_s=measure_overhead_s(cfg, ds, replace(
+            timing, overhead_s=0.0)))
     cluster = Cluster(cfg, ds, timing)
     record = SimRecord(cluster.clock, start=started)
     record.train_start = time.perf_counter()  # real: when the simulated training began

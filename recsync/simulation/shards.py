@@ -2,8 +2,9 @@
 behind an object shaped like a shard's Ray handle (``shard.pull.remote(...)``,
 ``shard.push.remote(...)``) whose calls travel and wait on the simulated clock.
 
-A call is a message (``Timing.message_s`` of its arrays' bytes) to the shard, which serves one
-call at a time in the order they arrive (a pull of r rows takes ``pull_s_per_row x r``, a push
+A call is a message (``Timing.message_s`` of its arrays' bytes) to the shard (one caller's
+calls arrive in the order they were sent), which serves one call at a time in the order they
+arrive (a pull of r rows takes ``pull_s_per_row x r``, a push
 ``push_s_per_row x r``); the core's own method runs when the service ends, so a pull reads the
 rows as every push served before it left them, and the answer travels back. A sync pull that
 asks for ``min_version`` waits at the shard until the core has applied that many updates, as
@@ -29,6 +30,7 @@ class SimShard:
         self.busy_s = 0.0  # simulated time spent serving calls
         self.calls = 0
         self._parked: list[tuple[int, object]] = []  # (min_version, start) of waiting pulls
+        self._channel_free: dict = {}  # caller -> when its last call arrives here
         self.pull = SimpleNamespace(remote=self._pull)
         self.push = SimpleNamespace(remote=self._push)
 
@@ -53,7 +55,12 @@ class SimShard:
 
     def _call(self, payload, service_s: float, serve, min_version: int = 0) -> Future:
         future = Future(self.clock)
-        arrive = self.clock.now + self.timing.message_s(nbytes(payload))
+        # one caller's calls to one shard arrive in the order they were sent (as Ray runs one
+        # caller's calls to an actor in order): a small pull never overtakes a push before it
+        caller = self.clock.current
+        arrive = max(self.clock.now + self.timing.message_s(nbytes(payload)),
+                     self._channel_free.get(caller, 0.0))
+        self._channel_free[caller] = arrive
 
         def start():
             begin = max(self.clock.now, self.free_at)

@@ -110,7 +110,9 @@ class WorkerSpeeds:
 @dataclass(frozen=True)
 class Timing:
     """The costs of a simulated cluster. ``compute_s``: one worker step's forward and backward
-    at factor 1 (None: measured on this machine before the run, run.py). A message of b bytes
+    at factor 1; ``overhead_s``: the worker's own CPU per step besides (the client's
+    deduplication, merging and gathering of gradients, the mode's bookkeeping), charged with
+    the compute (None: each measured on this machine before the run, run.py). A message of b bytes
     takes ``latency_s + b / bytes_per_s`` one way; a shard serves one call at a time, a pull
     of r rows in ``pull_s_per_row x r``, a push in ``push_s_per_row x r``; taking a chunk
     from the work queue is one round trip. An all-reduce of b bytes among n workers is a ring:
@@ -118,6 +120,7 @@ class Timing:
     its bytes at ``bytes_per_s``."""
 
     compute_s: float | None = None
+    overhead_s: float | None = None
     latency_s: float = RAY_CALL_ONE_WAY_S
     bytes_per_s: float = BYTES_PER_S
     pull_s_per_row: float = PULL_S_PER_ROW
@@ -131,8 +134,10 @@ class Timing:
                 raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
         if self.bytes_per_s <= 0:
             raise ValueError(f"timing.bytes_per_s = {self.bytes_per_s}: must be > 0")
-        if self.compute_s is not None and self.compute_s < 0:
-            raise ValueError(f"timing.compute_s = {self.compute_s}: must be >= 0 (or None)")
+        for name in ("compute_s", "overhead_s"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"timing.{name} = {value}: must be >= 0 (or None: measured)")
 
     def message_s(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bytes_per_s

@@ -13,6 +13,7 @@ the measured cost times the worker's speed factor, whatever real time the arithm
 from __future__ import annotations
 
 import itertools
+import time
 
 import torch
 
@@ -41,6 +42,9 @@ class SimWorker:
         self.taken: list = []
         self.finished_at: float | None = None
         self.on_step = lambda: None  # told after each step with a batch (periodic evaluations)
+        self.real_overhead_s: list[float] = []  # per step: this thread's real CPU besides the
+        # compute (what Timing.overhead_s models; measured by run.measure_overhead_s)
+        self._real_compute_s = 0.0
         client = SimClient(clock, shards, plan, push_window=cfg.cluster.push_window,
                            seed=hash((cfg.train.seed, rank)) % 2**32)
         client.dense_shard = 0 if mode.dense_on_ps else None
@@ -64,12 +68,14 @@ class SimWorker:
         return self.speeds.factor(self.rank, now) * straggle_factor(self.cfg, self.rank, now)
 
     def _after_compute(self, real_s: float) -> None:
-        """The mode computed a step (``real_s`` of real time, not used): the simulated compute
-        time passes."""
-        compute_s = self.timing.compute_s * self.factor()
+        """The mode computed a step (in ``real_s`` of real time): the simulated compute time
+        passes, and the worker's own CPU of the step besides (``Timing.overhead_s``)."""
+        self._real_compute_s += real_s
+        factor = self.factor()
+        compute_s = self.timing.compute_s * factor
         self.interval["compute_s"] += compute_s
         self.interval["compute_steps"] += 1
-        self.clock.sleep(compute_s)
+        self.clock.sleep(compute_s + (self.timing.overhead_s or 0.0) * factor)
 
     def _add_waits(self, pull_s: float, push_s: float) -> None:
         self.interval["pull_wait_s"] += pull_s
@@ -82,8 +88,11 @@ class SimWorker:
         feed = self._feed(slots)
         while True:
             batch, ahead, finished = next(feed)
-            begin = self.clock.now
+            begin, cpu = self.clock.now, time.thread_time()
+            self._real_compute_s = 0.0
             loss = self.mode.step(batch, ahead, 0)
+            if batch is not None:
+                self.real_overhead_s.append(time.thread_time() - cpu - self._real_compute_s)
             if loss == STOP:
                 self.mode.finish(0)
                 self.finished_at = self.clock.now

@@ -63,6 +63,7 @@ def fakes(monkeypatch):
     monkeypatch.setattr(scenario.em, "make_data", lambda path, rows, eval_rows: path)
     monkeypatch.setattr(scenario, "simulate", fake_simulate)
     monkeypatch.setattr(scenario, "measure_compute_s", lambda cfg, ds: 0.02)
+    monkeypatch.setattr(scenario, "measure_overhead_s", lambda cfg, ds, timing: 0.004)
     monkeypatch.setattr(scenario, "Dataset", lambda path: None)
 
 
@@ -88,8 +89,11 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     assert {(m, n) for m, n, _ in small} == {(m, n) for m in scenario.VALIDATION_MODES
                                             for n in scenario.VALIDATION_WORKERS}
     assert all(t.compute_s == COMPUTE_S for _, _, t in small)
+    # the overhead measured on one core, on the emulated worker's cores
+    assert all(t.overhead_s == pytest.approx(0.004 / scenario.CORES_PER_WORKER)
+               for _, _, t in small)
     scaled = [t for _, n, t in SIMULATED if n not in scenario.VALIDATION_WORKERS]
-    assert scaled and all(t.compute_s == 0.02 for t in scaled)
+    assert scaled and all(t.compute_s == 0.02 and t.overhead_s == 0.004 for t in scaled)
     # every seed at 128 workers; 32 and 512 once
     two = run_scenario("simulated", tmp_path / "two", scale=1.0, seeds=2)
     assert len(two["arms"]["gba_128"]["auc_seeds"]) == 2

@@ -49,7 +49,8 @@ def config(data, mode: str, workers: int, **keys) -> RunConfig:
 
 def free_network(**kwargs) -> Timing:
     """Only compute takes time: the order of events is the workers' speeds alone."""
-    return Timing(compute_s=0.01, latency_s=0.0, bytes_per_s=math.inf, pull_s_per_row=0.0,
+    return Timing(compute_s=0.01, overhead_s=0.0, latency_s=0.0, bytes_per_s=math.inf,
+                  pull_s_per_row=0.0,
                   push_s_per_row=0.0, collective_latency_s=0.0, **kwargs)
 
 
@@ -82,6 +83,28 @@ def test_async_staleness_of_n_equal_workers_is_n_minus_1(data, tmp_path, workers
 def test_async_on_a_single_worker_is_never_stale(data, tmp_path):
     s = simulate(config(data, "async", 1), tmp_path / "out", timing=free_network())
     assert s["staleness"]["max"] == 0
+
+
+def test_a_pull_never_overtakes_its_own_workers_push(data, tmp_path):
+    """A push carries more bytes than the next pull's request, so it would arrive later; one
+    caller's calls to a shard arrive in order (as Ray runs them): one worker is never stale."""
+    timing = Timing(compute_s=0.01, overhead_s=0.0, bytes_per_s=1e6)
+    s = simulate(config(data, "async", 1), tmp_path / "out", timing=timing)
+    assert s["staleness"]["max"] == 0
+
+
+def test_the_worker_overhead_is_charged_with_the_compute_and_measured_when_not_given(
+        data, tmp_path):
+    steps = ROWS // BATCH
+    s = simulate(config(data, "async", 1), tmp_path / "given",
+                 timing=Timing(compute_s=0.01, overhead_s=0.005, latency_s=0.0,
+                               bytes_per_s=math.inf, pull_s_per_row=0.0, push_s_per_row=0.0))
+    assert s["train_s"] == pytest.approx(steps * 0.015, rel=1e-6)
+    assert s["simulated"]["measured_here"] == []
+    measured = simulate(config(data, "async", 1), tmp_path / "measured",
+                        timing=Timing(compute_s=0.01))
+    assert measured["simulated"]["measured_here"] == ["overhead_s"]
+    assert measured["simulated"]["timing"]["overhead_s"] > 0
 
 
 def test_sync_applies_exactly_one_update_per_global_step(data, tmp_path):
@@ -139,7 +162,8 @@ def test_the_outputs_exist_and_are_labelled_simulated(data, tmp_path):
 
 
 def test_the_same_run_twice_gives_the_same_updates(data, tmp_path):
-    timing = Timing(compute_s=0.004, speeds=Speeds(kind="lognormal", seed=4))
+    # (both costs given: measured ones would differ from run to run)
+    timing = Timing(compute_s=0.004, overhead_s=0.001, speeds=Speeds(kind="lognormal", seed=4))
     a = simulate(config(data, "gba", 5), tmp_path / "a", timing=timing)
     b = simulate(config(data, "gba", 5), tmp_path / "b", timing=timing)
     assert a["eval"]["auc"] == b["eval"]["auc"]
@@ -150,8 +174,8 @@ def test_eager_overlaps_its_pull_with_compute_on_the_simulated_clock(data, tmp_p
     """Eager sends the next batch's pull before computing: its waits (on the simulated clock)
     are far below the compute time, and the pull misses the worker's own last push (each
     update's τ is at least 1 where another worker pushed meanwhile)."""
-    timing = Timing(compute_s=0.01, latency_s=0.002, bytes_per_s=math.inf, pull_s_per_row=0.0,
-                    push_s_per_row=0.0)
+    timing = Timing(compute_s=0.01, overhead_s=0.0, latency_s=0.002, bytes_per_s=math.inf,
+                    pull_s_per_row=0.0, push_s_per_row=0.0)
     cfg = recsync.override(config(data, "eager", 2), **{"eager.own_update": "none"})
     s = simulate(cfg, tmp_path / "out", timing=timing)
     split = s["eager"]["iteration_s"]  # per step, simulated seconds

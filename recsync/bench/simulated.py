@@ -6,9 +6,11 @@ runtime on the EMULATED cluster of scenario `stragglers` (workers of ``CORES_PER
 ``SHARDS`` shards of ``CORES_PER_SHARD``) and the simulator on the same data, model, batch and
 seeds. The simulator's compute per step is the real run's own (the median of its metrics'
 ``worker_compute_s``, seed 0: "the same timings"); its shards serve the `bench ps` rows/s scaled
-to the emulated shard's cores, and a worker's CPU per step besides its compute is measured here
-(one core) and scaled to the emulated worker's cores; everything else is the simulator's model
-of time. Compared: the
+to the emulated shard's cores; what else a worker's step costs on the emulated cluster (Ray's
+calls, the process's other threads, the client, paced on its cores) is fitted per mode on a
+real run of ONE worker (``calibrate``: the step time the simulator does not explain becomes
+``overhead_s``), so that 2 and 4 workers test the rest of the model: contention at the shards,
+the barrier, the event order. Compared: the
 samples/s after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
 staleness, and the eval AUC against the real runs' spread over seeds.
 
@@ -100,22 +102,24 @@ def worker_overhead_s(cfg: RunConfig, ds) -> float:
     return measure_overhead_s(cfg, ds, Timing(compute_s=0.0, overhead_s=0.0))
 
 
-def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict]:
-    """(arms, per (mode, workers) comparison) of the real EMULATED runs and the simulations."""
+def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
+    """(arms, per (mode, workers) comparison, per mode calibration) of the real EMULATED runs
+    and the simulations."""
     data = em.make_data(out / "data_validation", max(40_000, round(VALIDATION_ROWS * scale)),
                         EVAL_ROWS)
     cells = [(m, n) for n in VALIDATION_WORKERS for m in VALIDATION_MODES]
     real = {f"real_{m}_{n}": override(base_config(data, m, n, SHARDS, VALIDATION_BATCH),
                                       **{"emulation.cores_per_worker": CORES_PER_WORKER,
                                          "emulation.cores_per_shard": CORES_PER_SHARD})
-            for m, n in cells}
+            for n in (1, *VALIDATION_WORKERS) for m in VALIDATION_MODES}
     runs = sd.seeded_runs(list(real), real.__getitem__, out, seeds)
     shard_time = Timing(pull_s_per_row=PULL_S_PER_ROW / CORES_PER_SHARD,
                         push_s_per_row=PUSH_S_PER_ROW / CORES_PER_SHARD)
+    calibration = {m: calibrate(data, m, runs[f"real_{m}_1"], shard_time,
+                                out / "calibration" / m) for m in VALIDATION_MODES}
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
-    ds = Dataset(data)
     timings = {name: replace(shard_time, compute_s=real_compute_s(runs[f"real_{m}_{n}"][0]),
-                             overhead_s=worker_overhead_s(sims[name], ds) / CORES_PER_WORKER)
+                             overhead_s=calibration[m]["overhead_s"])
                for name, (m, n) in zip(sims, cells)}
     sd.seeded_runs(list(sims), sims.__getitem__, out, seeds, results=runs,
                    run_arm=run_simulated(timings))
@@ -132,8 +136,25 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict]:
             "staleness_difference": stale[1] - stale[0],
             "real_auc": r["auc_stats"], "sim_auc": s["auc_stats"],
             "auc_difference": s["auc_stats"]["mean"] - r["auc_stats"]["mean"],
-            "compute_s": real_compute_s(runs[f"real_{m}_{n}"][0])}
-    return arms, compared
+            "compute_s": timings[f"sim_{m}_{n}"].compute_s,
+            "overhead_s": timings[f"sim_{m}_{n}"].overhead_s}
+    return arms, compared, calibration
+
+
+def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
+              out: Path) -> dict:
+    """The model of time fitted on one worker: the real EMULATED run's step time (batch /
+    samples/s, median of seeds) against the simulation's of one worker with no overhead; the
+    difference is what the simulator does not see of a worker's step on the emulated cluster
+    (Ray's calls, the process's other threads, the client: paced on its cores), charged as
+    ``overhead_s`` at 2 and 4 workers, which then test the rest of the model."""
+    timing = replace(shard_time, compute_s=real_compute_s(real_runs[0]), overhead_s=0.0)
+    cfg = base_config(data, mode, 1, SHARDS, VALIDATION_BATCH)
+    sim = run_simulated({"calibration": timing})(cfg, out, "calibration")
+    real_step = VALIDATION_BATCH / statistics.median(r["samples_per_s"] for r in real_runs)
+    sim_step = VALIDATION_BATCH / sim["samples_per_s"]
+    return {"real_step_s": real_step, "sim_step_s_without_overhead": sim_step,
+            "compute_s": timing.compute_s, "overhead_s": max(0.0, real_step - sim_step)}
 
 
 def at_scale(out: Path, scale: float, seeds: int) -> dict:
@@ -164,7 +185,7 @@ def at_scale(out: Path, scale: float, seeds: int) -> dict:
 
 def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
     started = time.perf_counter()
-    valid_arms, compared = validation(out / "validation", scale, seeds)
+    valid_arms, compared, calibration = validation(out / "validation", scale, seeds)
     scale_arms = at_scale(out / "scale", scale, seeds)
     arms = {**valid_arms, **scale_arms}
     gba_sync = sd.auc_difference(scale_arms, "gba_128", "sync_128")
@@ -202,6 +223,7 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
         "arms": arms,
         "ratios": ratios,
         "validation": compared,
+        "calibration": calibration,
         "differences": {"gba_minus_sync_auc_128": gba_sync},
         "seeds": seeds,
         "wall_s": wall_s,
@@ -214,6 +236,10 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
                  f"AUC real {c['real_auc']['mean']:.4f} (sd "
                  f"{c['real_auc']['sd'] or 0:.4f}), simulated {c['sim_auc']['mean']:.4f}"]
                 for cell, c in compared.items()],
+            "Calibration on one worker (seconds per step)": [
+                [m, c["overhead_s"], f"real EMULATED step {c['real_step_s']:.4f} s, simulated "
+                 f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
+                 f"{c['compute_s']:.4f} s (the real run's)"] for m, c in calibration.items()],
             "AUC differences at scale, paired by seed (mean, 95% t-interval)": [
                 sd.difference_row("gba_minus_sync_auc_128", gba_sync)],
             "Quality per arm": sd.auc_rows(arms),

@@ -86,13 +86,18 @@ def test_the_scenario_writes_the_ratios_the_issue_names(fakes, tmp_path):
 def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     run_scenario("simulated", tmp_path, scale=1.0, seeds=1)
     small = [(m, n, t) for m, n, t in SIMULATED if n in scenario.VALIDATION_WORKERS]
+    calibrations = [(m, t) for m, n, t in SIMULATED if n == 1]
+    assert sorted(m for m, _ in calibrations) == sorted(scenario.VALIDATION_MODES)
+    assert all(t.overhead_s == 0.0 and t.compute_s == COMPUTE_S for _, t in calibrations)
     assert {(m, n) for m, n, _ in small} == {(m, n) for m in scenario.VALIDATION_MODES
                                             for n in scenario.VALIDATION_WORKERS}
     assert all(t.compute_s == COMPUTE_S for _, _, t in small)
-    # the overhead measured on one core, on the emulated worker's cores
-    assert all(t.overhead_s == pytest.approx(0.004 / scenario.CORES_PER_WORKER)
-               for _, _, t in small)
-    scaled = [t for _, n, t in SIMULATED if n not in scenario.VALIDATION_WORKERS]
+    # the overhead fitted on one worker: the real step (batch / 1000 samples/s) against the
+    # simulated one without overhead (batch / 1100)
+    real_step = scenario.VALIDATION_BATCH / REAL_SPEED
+    sim_step = scenario.VALIDATION_BATCH / 1100.0
+    assert all(t.overhead_s == pytest.approx(real_step - sim_step) for _, _, t in small)
+    scaled = [t for _, n, t in SIMULATED if n not in (1, *scenario.VALIDATION_WORKERS)]
     assert scaled and all(t.compute_s == 0.02 and t.overhead_s == 0.004 for t in scaled)
     # every seed at 128 workers; 32 and 512 once
     two = run_scenario("simulated", tmp_path / "two", scale=1.0, seeds=2)

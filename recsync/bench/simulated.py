@@ -9,8 +9,9 @@ seeds. The simulator's compute per step is the real run's own (the median of its
 to the emulated shard's cores; what else a worker's step costs on the emulated cluster (Ray's
 calls, the process's other threads, the client, paced on its cores) is fitted per mode on a
 real run of ONE worker (``calibrate``: the step time the simulator does not explain becomes
-``overhead_s``), so that 2 and 4 workers test the rest of the model: contention at the shards,
-the barrier, the event order. Compared: the
+its overhead), so that 2 and 4 workers test the rest of the model: contention at the shards,
+the barrier, the event order. The fitted time is split between before and after the compute
+(``pull_side_s``, ``push_side_s``) as the worker's CPU is split in this process (measured). Compared: the
 samples/s after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
 staleness, and the eval AUC against the real runs' spread over seeds.
 
@@ -42,7 +43,7 @@ from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
 from recsync.metrics.core import read_jsonl
-from recsync.simulation.run import measure_compute_s, measure_overhead_s, simulate
+from recsync.simulation.run import measure_compute_s, measure_sides, simulate
 from recsync.simulation.timing import PULL_S_PER_ROW, PUSH_S_PER_ROW, Speeds, Timing
 
 VALIDATION_MODES = ("sync", "async", "gba")
@@ -97,9 +98,11 @@ def real_compute_s(arm: dict) -> float:
     return statistics.median(values)
 
 
-def worker_overhead_s(cfg: RunConfig, ds) -> float:
-    """A worker's CPU per step besides its compute in ``cfg``'s mode, measured here (one core)."""
-    return measure_overhead_s(cfg, ds, Timing(compute_s=0.0, overhead_s=0.0))
+def worker_sides(cfg: RunConfig, ds) -> dict:
+    """A worker's CPU per step before and after its compute in ``cfg``'s mode, measured here
+    (one core): Timing's pull_side_s and push_side_s."""
+    pull, push = measure_sides(cfg, ds, Timing(compute_s=0.0, pull_side_s=0.0, push_side_s=0.0))
+    return {"pull_side_s": pull, "push_side_s": push}
 
 
 def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
@@ -119,7 +122,7 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
                                 out / "calibration" / m) for m in VALIDATION_MODES}
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
     timings = {name: replace(shard_time, compute_s=real_compute_s(runs[f"real_{m}_{n}"][0]),
-                             overhead_s=calibration[m]["overhead_s"])
+                             **calibration[m]["sides"])
                for name, (m, n) in zip(sims, cells)}
     sd.seeded_runs(list(sims), sims.__getitem__, out, seeds, results=runs,
                    run_arm=run_simulated(timings))
@@ -136,8 +139,7 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
             "staleness_difference": stale[1] - stale[0],
             "real_auc": r["auc_stats"], "sim_auc": s["auc_stats"],
             "auc_difference": s["auc_stats"]["mean"] - r["auc_stats"]["mean"],
-            "compute_s": timings[f"sim_{m}_{n}"].compute_s,
-            "overhead_s": timings[f"sim_{m}_{n}"].overhead_s}
+            "compute_s": timings[f"sim_{m}_{n}"].compute_s, **calibration[m]["sides"]}
     return arms, compared, calibration
 
 
@@ -148,13 +150,19 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     difference is what the simulator does not see of a worker's step on the emulated cluster
     (Ray's calls, the process's other threads, the client: paced on its cores), charged as
     ``overhead_s`` at 2 and 4 workers, which then test the rest of the model."""
-    timing = replace(shard_time, compute_s=real_compute_s(real_runs[0]), overhead_s=0.0)
+    timing = replace(shard_time, compute_s=real_compute_s(real_runs[0]), pull_side_s=0.0,
+                     push_side_s=0.0)
     cfg = base_config(data, mode, 1, SHARDS, VALIDATION_BATCH)
     sim = run_simulated({"calibration": timing})(cfg, out, "calibration")
     real_step = VALIDATION_BATCH / statistics.median(r["samples_per_s"] for r in real_runs)
     sim_step = VALIDATION_BATCH / sim["samples_per_s"]
+    overhead = max(0.0, real_step - sim_step)
+    here = worker_sides(cfg, Dataset(data))
+    share = here["pull_side_s"] / max(1e-12, here["pull_side_s"] + here["push_side_s"])
     return {"real_step_s": real_step, "sim_step_s_without_overhead": sim_step,
-            "compute_s": timing.compute_s, "overhead_s": max(0.0, real_step - sim_step)}
+            "compute_s": timing.compute_s, "overhead_s": overhead,
+            "pull_side_share_measured_here": share,
+            "sides": {"pull_side_s": overhead * share, "push_side_s": overhead * (1 - share)}}
 
 
 def at_scale(out: Path, scale: float, seeds: int) -> dict:
@@ -163,16 +171,18 @@ def at_scale(out: Path, scale: float, seeds: int) -> dict:
     probe = base_config(data, "sync", 1, 1, SCALE_BATCH)
     ds = Dataset(data)
     compute_s = measure_compute_s(probe, ds)
-    overheads = {m: worker_overhead_s(base_config(data, m, 1, SCALE_SHARDS, SCALE_BATCH), ds)
-                 for m in SCALE_MODES}
-    print(f"measured here: compute {compute_s * 1e3:.2f} ms per step, worker overhead "
-          + ", ".join(f"{m} {o * 1e3:.2f} ms" for m, o in overheads.items()), flush=True)
+    sides = {m: worker_sides(base_config(data, m, 1, SCALE_SHARDS, SCALE_BATCH), ds)
+             for m in SCALE_MODES}
+    print(f"measured here: compute {compute_s * 1e3:.2f} ms per step; the worker's own CPU "
+          f"before / after it: " + ", ".join(
+              f"{m} {x['pull_side_s'] * 1e3:.2f} / {x['push_side_s'] * 1e3:.2f} ms"
+              for m, x in sides.items()), flush=True)
     configs: dict[str, RunConfig] = {}
     timings: dict[str, Timing] = {}
     for n in SCALE_WORKERS:
         for m in SCALE_MODES if n == 128 else ("sync", "gba"):
             configs[f"{m}_{n}"] = base_config(data, m, n, SCALE_SHARDS, SCALE_BATCH)
-            costs = Timing(compute_s=compute_s, overhead_s=overheads[m])
+            costs = Timing(compute_s=compute_s, **sides[m])
             timings[f"{m}_{n}"] = replace(costs, speeds=STRAGGLERS)
             if n == 128:
                 configs[f"{m}_{n}_nostragglers"] = configs[f"{m}_{n}"]

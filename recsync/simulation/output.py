@@ -71,9 +71,12 @@ def simulated_summary(cfg, ds, record: SimRecord, cluster, final: dict, timing,
         "real_eval_s": record.eval_total_s,
         "timing": timing.as_dict(),
         "measured_here": measured,  # the fields of timing measured on this machine (else given)
-        # this run's own: each worker thread's real CPU per step besides the compute (median)
-        "real_overhead_s_median": statistics.median(
-            [x for w in workers for x in w.real_overhead_s] or [0.0]),
+        # this run's own: the worker threads' real CPU per step before and after the compute
+        # (medians; what pull_side_s and push_side_s model)
+        "real_pull_side_s_median": statistics.median(
+            [p for w in workers for p, _ in w.real_sides_s] or [0.0]),
+        "real_push_side_s_median": statistics.median(
+            [q for w in workers for _, q in w.real_sides_s] or [0.0]),
         "speed_factors": {"min": min(factors), "median": statistics.median(factors),
                           "max": max(factors),
                           "slower_than_1": sum(1 for f in factors if f > 1.0)},
@@ -106,9 +109,9 @@ def console_lines(summary: dict, out) -> list[str]:
                      f"{st['mean']:.2f}, p99 {st['p99']}, max {st['max']}")
     t = s["timing"]
     lines.append(f"model of time: compute {t['compute_s'] * 1e3:.2f} ms per step ("
-                 f"{'measured here' if 'compute_s' in s['measured_here'] else 'given'}) + "
-                 f"worker overhead {t['overhead_s'] * 1e3:.2f} ms ("
-                 f"{'measured here' if 'overhead_s' in s['measured_here'] else 'given'}), x speed factors "
+                 f"{_source(s, 'compute_s')}) + the worker's own {t['pull_side_s'] * 1e3:.2f} "
+                 f"ms before and {t['push_side_s'] * 1e3:.2f} ms after it ("
+                 f"{_source(s, 'pull_side_s')}), x speed factors "
                  f"{s['speed_factors']['min']:.2f}-{s['speed_factors']['max']:.2f}; latency "
                  f"{t['latency_s'] * 1e3:.3f} ms; shard {t['pull_s_per_row'] * 1e6:.3f} / "
                  f"{t['push_s_per_row'] * 1e6:.3f} us per pulled / pushed row")
@@ -117,6 +120,10 @@ def console_lines(summary: dict, out) -> list[str]:
     lines.append(f"outputs: {out}/summary.json, metrics.jsonl, config.toml, training.png "
                  f"(all labelled SIMULATED)")
     return lines
+
+
+def _source(s: dict, name: str) -> str:
+    return "measured here" if name in s["measured_here"] else "given"
 
 
 def _num(value, spec: str) -> str:

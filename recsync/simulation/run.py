@@ -36,7 +36,7 @@ from recsync.simulation.client import SimClient, SimGroup
 from recsync.simulation.clock import Clock
 from recsync.simulation.output import SimRecord, console_lines, simulated_summary
 from recsync.simulation.shards import InstantShard, SimShard
-from recsync.simulation.timing import Speeds, Timing
+from recsync.simulation.timing import MEASURED, Speeds, Timing
 from recsync.simulation.workers import SimWorker
 from recsync.worker.queue import ChunkQueue
 
@@ -81,19 +81,20 @@ def measure_compute_s(cfg: RunConfig, ds) -> float:
     return statistics.median(times[2:] or times)
 
 
-def measure_overhead_s(cfg: RunConfig, ds, timing: Timing) -> float:
-    """A worker's own CPU per step besides its forward and backward, on this machine: one
-    simulated worker's CALIBRATION_STEPS steps of ``cfg``'s mode, each timed on its thread
-    (time.thread_time: the client's and the mode's work, not the shards'), the median after
-    two of warm-up."""
+def measure_sides(cfg: RunConfig, ds, timing: Timing) -> tuple[float, float]:
+    """A worker's own CPU per step before and after its forward and backward (Timing's
+    ``pull_side_s``, ``push_side_s``), on this machine: one simulated worker's
+    CALIBRATION_STEPS steps of ``cfg``'s mode, each timed on its thread (time.thread_time: the
+    client's and the mode's work, not the shards'), the medians after two of warm-up."""
     from recsync.api import override
     probe = override(cfg, **{"cluster.workers": 1, "train.max_steps": CALIBRATION_STEPS})
     cluster = Cluster(probe, ds, replace(timing, speeds=Speeds()))
     worker = cluster.workers[0]
     cluster.clock.spawn(worker.run, "calibration")
     cluster.clock.run(until=cluster.done)
-    samples = worker.real_overhead_s
-    return max(0.0, statistics.median(samples[2:] or samples))
+    sides = worker.real_sides_s[2:] or worker.real_sides_s
+    return (max(0.0, statistics.median(p for p, _ in sides)),
+            max(0.0, statistics.median(q for _, q in sides)))
 
 
 class Cluster:
@@ -243,12 +244,16 @@ def simulate(cfg: RunConfig, out: str | Path, *, timing: Timing | None = None,
     (out / "config.toml").write_text(cfg.to_toml())
     torch.set_num_threads(cfg.train.threads)
     ds.hold_out(cfg.train.validation)
-    measured = [name for name in ("compute_s", "overhead_s") if getattr(timing, name) is None]
+    measured = [name for name in MEASURED if getattr(timing, name) is None]
     if timing.compute_s is None:
         timing = replace(timing, compute_s=measure_compute_s(cfg, ds))
-    if timing.overhead_s is None:
-        timing = replace(timing, overhead_s=measure_overhead_s(cfg, ds, replace(
-            timing, overhead_s=0.0)))
+    if timing.pull_side_s is None or timing.push_side_s is None:
+        pull_side, push_side = measure_sides(cfg, ds, replace(timing, pull_side_s=0.0,
+                                                              push_side_s=0.0))
+        timing = replace(timing, pull_side_s=pull_side if timing.pull_side_s is None
+                         else timing.pull_side_s,
+                         push_side_s=push_side if timing.push_side_s is None
+                         else timing.push_side_s)
     cluster = Cluster(cfg, ds, timing)
     record = SimRecord(cluster.clock, start=started)
     record.train_start = time.perf_counter()  # real: when the simulated training began

@@ -26,6 +26,7 @@ BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 # half of it: each message's fixed cost is what is left.
 COLLECTIVE_LATENCY_S = 2.3e-3 / 2 - 0.95e6 / BYTES_PER_S
 SPEED_KINDS = ("constant", "stragglers", "lognormal", "trace")
+MEASURED = ("compute_s", "pull_side_s", "push_side_s")  # Timing's fields None = measured here
 
 
 @dataclass(frozen=True)
@@ -110,9 +111,12 @@ class WorkerSpeeds:
 @dataclass(frozen=True)
 class Timing:
     """The costs of a simulated cluster. ``compute_s``: one worker step's forward and backward
-    at factor 1; ``overhead_s``: the worker's own CPU per step besides (the client's
-    deduplication, merging and gathering of gradients, the mode's bookkeeping), charged with
-    the compute (None: each measured on this machine before the run, run.py). A message of b bytes
+    at factor 1; the worker's own CPU per step besides, at factor 1: ``pull_side_s`` before
+    its compute (deduplication, routing, merging the answers), charged with the compute (after
+    the pull read, before the push leaves), and ``push_side_s`` after it (gathering and sending
+    the gradients, the mode's bookkeeping), charged after the push left, before the next pull,
+    as the EMULATED runtime paces them (None: each measured on this machine before the run,
+    run.py). A message of b bytes
     takes ``latency_s + b / bytes_per_s`` one way; a shard serves one call at a time, a pull
     of r rows in ``pull_s_per_row x r``, a push in ``push_s_per_row x r``; taking a chunk
     from the work queue is one round trip. An all-reduce of b bytes among n workers is a ring:
@@ -120,7 +124,8 @@ class Timing:
     its bytes at ``bytes_per_s``."""
 
     compute_s: float | None = None
-    overhead_s: float | None = None
+    pull_side_s: float | None = None
+    push_side_s: float | None = None
     latency_s: float = RAY_CALL_ONE_WAY_S
     bytes_per_s: float = BYTES_PER_S
     pull_s_per_row: float = PULL_S_PER_ROW
@@ -134,7 +139,7 @@ class Timing:
                 raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
         if self.bytes_per_s <= 0:
             raise ValueError(f"timing.bytes_per_s = {self.bytes_per_s}: must be > 0")
-        for name in ("compute_s", "overhead_s"):
+        for name in MEASURED:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"timing.{name} = {value}: must be >= 0 (or None: measured)")

@@ -42,16 +42,19 @@ class SimWorker:
         self.taken: list = []
         self.finished_at: float | None = None
         self.on_step = lambda: None  # told after each step with a batch (periodic evaluations)
-        self.real_overhead_s: list[float] = []  # per step: this thread's real CPU besides the
-        # compute (what Timing.overhead_s models; measured by run.measure_overhead_s)
+        # per step: this thread's real CPU before and after its compute (what Timing's
+        # pull_side_s and push_side_s model; run.measure_sides takes their medians)
+        self.real_sides_s: list[tuple[float, float]] = []
         self._real_compute_s = 0.0
+        self._cpu_at_compute: float | None = None
         client = SimClient(clock, shards, plan, push_window=cfg.cluster.push_window,
                            seed=hash((cfg.train.seed, rank)) % 2**32)
         client.dense_shard = 0 if mode.dense_on_ps else None
         self.ctx = WorkerContext(
             rank=rank, cfg=cfg, model=model, client=client,
             new_client=self._no_second_client, shards=shards,
-            after_compute=self._after_compute, add_waits=self._add_waits,
+            before_compute=self._before_compute, after_compute=self._after_compute,
+            add_waits=self._add_waits,
             all_reduce=None if group is None else group.all_reduce, now=lambda: clock.now)
         self.mode = mode.worker(self.ctx)
 
@@ -67,15 +70,18 @@ class SimWorker:
         now = self.clock.now
         return self.speeds.factor(self.rank, now) * straggle_factor(self.cfg, self.rank, now)
 
+    def _before_compute(self) -> None:
+        self._cpu_at_compute = time.thread_time()
+
     def _after_compute(self, real_s: float) -> None:
         """The mode computed a step (in ``real_s`` of real time): the simulated compute time
-        passes, and the worker's own CPU of the step besides (``Timing.overhead_s``)."""
+        passes, with the worker's CPU of the step before it (``Timing.pull_side_s``)."""
         self._real_compute_s += real_s
         factor = self.factor()
         compute_s = self.timing.compute_s * factor
         self.interval["compute_s"] += compute_s
         self.interval["compute_steps"] += 1
-        self.clock.sleep(compute_s + (self.timing.overhead_s or 0.0) * factor)
+        self.clock.sleep(compute_s + (self.timing.pull_side_s or 0.0) * factor)
 
     def _add_waits(self, pull_s: float, push_s: float) -> None:
         self.interval["pull_wait_s"] += pull_s
@@ -89,10 +95,12 @@ class SimWorker:
         while True:
             batch, ahead, finished = next(feed)
             begin, cpu = self.clock.now, time.thread_time()
-            self._real_compute_s = 0.0
+            self._real_compute_s, self._cpu_at_compute = 0.0, None
             loss = self.mode.step(batch, ahead, 0)
-            if batch is not None:
-                self.real_overhead_s.append(time.thread_time() - cpu - self._real_compute_s)
+            if self._cpu_at_compute is not None:  # the step computed
+                self.real_sides_s.append((self._cpu_at_compute - cpu, time.thread_time()
+                                          - self._cpu_at_compute - self._real_compute_s))
+                self.clock.sleep((self.timing.push_side_s or 0.0) * self.factor())
             if loss == STOP:
                 self.mode.finish(0)
                 self.finished_at = self.clock.now

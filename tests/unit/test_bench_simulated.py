@@ -63,7 +63,7 @@ def fakes(monkeypatch):
     monkeypatch.setattr(scenario.em, "make_data", lambda path, rows, eval_rows: path)
     monkeypatch.setattr(scenario, "simulate", fake_simulate)
     monkeypatch.setattr(scenario, "measure_compute_s", lambda cfg, ds: 0.02)
-    monkeypatch.setattr(scenario, "measure_overhead_s", lambda cfg, ds, timing: 0.004)
+    monkeypatch.setattr(scenario, "measure_sides", lambda cfg, ds, timing: (0.001, 0.003))
     monkeypatch.setattr(scenario, "Dataset", lambda path: None)
 
 
@@ -88,7 +88,8 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     small = [(m, n, t) for m, n, t in SIMULATED if n in scenario.VALIDATION_WORKERS]
     calibrations = [(m, t) for m, n, t in SIMULATED if n == 1]
     assert sorted(m for m, _ in calibrations) == sorted(scenario.VALIDATION_MODES)
-    assert all(t.overhead_s == 0.0 and t.compute_s == COMPUTE_S for _, t in calibrations)
+    assert all(t.pull_side_s == t.push_side_s == 0.0 and t.compute_s == COMPUTE_S
+               for _, t in calibrations)
     assert {(m, n) for m, n, _ in small} == {(m, n) for m in scenario.VALIDATION_MODES
                                             for n in scenario.VALIDATION_WORKERS}
     assert all(t.compute_s == COMPUTE_S for _, _, t in small)
@@ -96,9 +97,13 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     # simulated one without overhead (batch / 1100)
     real_step = scenario.VALIDATION_BATCH / REAL_SPEED
     sim_step = scenario.VALIDATION_BATCH / 1100.0
-    assert all(t.overhead_s == pytest.approx(real_step - sim_step) for _, _, t in small)
+    # split as measured here: a quarter before the compute, the rest after
+    assert all(t.pull_side_s == pytest.approx(0.25 * (real_step - sim_step))
+               and t.push_side_s == pytest.approx(0.75 * (real_step - sim_step))
+               for _, _, t in small)
     scaled = [t for _, n, t in SIMULATED if n not in (1, *scenario.VALIDATION_WORKERS)]
-    assert scaled and all(t.compute_s == 0.02 and t.overhead_s == 0.004 for t in scaled)
+    assert scaled and all(t.compute_s == 0.02 and (t.pull_side_s, t.push_side_s)
+                          == (0.001, 0.003) for t in scaled)
     # every seed at 128 workers; 32 and 512 once
     two = run_scenario("simulated", tmp_path / "two", scale=1.0, seeds=2)
     assert len(two["arms"]["gba_128"]["auc_seeds"]) == 2

@@ -49,9 +49,9 @@ def config(data, mode: str, workers: int, **keys) -> RunConfig:
 
 def free_network(**kwargs) -> Timing:
     """Only compute takes time: the order of events is the workers' speeds alone."""
-    return Timing(compute_s=0.01, overhead_s=0.0, latency_s=0.0, bytes_per_s=math.inf,
-                  pull_s_per_row=0.0,
-                  push_s_per_row=0.0, collective_latency_s=0.0, **kwargs)
+    return Timing(**{"compute_s": 0.01, "pull_side_s": 0.0, "push_side_s": 0.0,
+                     "latency_s": 0.0, "bytes_per_s": math.inf, "pull_s_per_row": 0.0,
+                     "push_s_per_row": 0.0, "collective_latency_s": 0.0, **kwargs})
 
 
 def trace(tmp_path, factors) -> Speeds:
@@ -88,23 +88,39 @@ def test_async_on_a_single_worker_is_never_stale(data, tmp_path):
 def test_a_pull_never_overtakes_its_own_workers_push(data, tmp_path):
     """A push carries more bytes than the next pull's request, so it would arrive later; one
     caller's calls to a shard arrive in order (as Ray runs them): one worker is never stale."""
-    timing = Timing(compute_s=0.01, overhead_s=0.0, bytes_per_s=1e6)
+    timing = Timing(compute_s=0.01, pull_side_s=0.0, push_side_s=0.0, bytes_per_s=1e6)
     s = simulate(config(data, "async", 1), tmp_path / "out", timing=timing)
     assert s["staleness"]["max"] == 0
 
 
-def test_the_worker_overhead_is_charged_with_the_compute_and_measured_when_not_given(
+def test_the_workers_own_cpu_is_charged_around_the_compute_and_measured_when_not_given(
         data, tmp_path):
     steps = ROWS // BATCH
-    s = simulate(config(data, "async", 1), tmp_path / "given",
-                 timing=Timing(compute_s=0.01, overhead_s=0.005, latency_s=0.0,
-                               bytes_per_s=math.inf, pull_s_per_row=0.0, push_s_per_row=0.0))
+    costs = Timing(compute_s=0.01, pull_side_s=0.002, push_side_s=0.003, latency_s=0.0,
+                   bytes_per_s=math.inf, pull_s_per_row=0.0, push_s_per_row=0.0)
+    s = simulate(config(data, "async", 1), tmp_path / "given", timing=costs)
     assert s["train_s"] == pytest.approx(steps * 0.015, rel=1e-6)
     assert s["simulated"]["measured_here"] == []
     measured = simulate(config(data, "async", 1), tmp_path / "measured",
                         timing=Timing(compute_s=0.01))
-    assert measured["simulated"]["measured_here"] == ["overhead_s"]
-    assert measured["simulated"]["timing"]["overhead_s"] > 0
+    assert measured["simulated"]["measured_here"] == ["pull_side_s", "push_side_s"]
+    t = measured["simulated"]["timing"]
+    assert t["pull_side_s"] > 0 and t["push_side_s"] > 0
+
+
+def test_cpu_after_the_compute_is_outside_the_staleness_window(data, tmp_path):
+    """Time after the push left (push_side_s) is not between a pull and its push: with it as
+    long as the compute, two equal workers' staleness halves (each sees the other's push in
+    half its window's share of time)."""
+    def staleness(pull_side, push_side):
+        timing = free_network(pull_side_s=pull_side, push_side_s=push_side,
+                              speeds=trace(tmp_path, [1.0, 1.01]))
+        return simulate(config(data, "async", 2), tmp_path / f"{pull_side}-{push_side}",
+                        timing=timing)["staleness"]["mean"]
+
+    inside, outside = staleness(0.01, 0.0), staleness(0.0, 0.01)
+    assert inside == pytest.approx(1.0, abs=0.1)
+    assert outside == pytest.approx(0.5, abs=0.1)
 
 
 def test_sync_applies_exactly_one_update_per_global_step(data, tmp_path):
@@ -163,7 +179,8 @@ def test_the_outputs_exist_and_are_labelled_simulated(data, tmp_path):
 
 def test_the_same_run_twice_gives_the_same_updates(data, tmp_path):
     # (both costs given: measured ones would differ from run to run)
-    timing = Timing(compute_s=0.004, overhead_s=0.001, speeds=Speeds(kind="lognormal", seed=4))
+    timing = Timing(compute_s=0.004, pull_side_s=0.001, push_side_s=0.001,
+                    speeds=Speeds(kind="lognormal", seed=4))
     a = simulate(config(data, "gba", 5), tmp_path / "a", timing=timing)
     b = simulate(config(data, "gba", 5), tmp_path / "b", timing=timing)
     assert a["eval"]["auc"] == b["eval"]["auc"]
@@ -174,7 +191,8 @@ def test_eager_overlaps_its_pull_with_compute_on_the_simulated_clock(data, tmp_p
     """Eager sends the next batch's pull before computing: its waits (on the simulated clock)
     are far below the compute time, and the pull misses the worker's own last push (each
     update's τ is at least 1 where another worker pushed meanwhile)."""
-    timing = Timing(compute_s=0.01, overhead_s=0.0, latency_s=0.002, bytes_per_s=math.inf,
+    timing = Timing(compute_s=0.01, pull_side_s=0.0, push_side_s=0.0, latency_s=0.002,
+                    bytes_per_s=math.inf,
                     pull_s_per_row=0.0, push_s_per_row=0.0)
     cfg = recsync.override(config(data, "eager", 2), **{"eager.own_update": "none"})
     s = simulate(cfg, tmp_path / "out", timing=timing)

@@ -11,8 +11,8 @@ calls, the process's other threads, the client, paced on its cores) is fitted pe
 real run of ONE worker (``calibrate``: the step time the simulator does not explain becomes
 its overhead), so that 2 and 4 workers test the rest of the model: contention at the shards,
 the barrier, the event order. The fitted time is split between before and after the compute
-(``pull_side_s``, ``push_side_s``) as the worker's CPU is split in this process (measured). Compared: the
-samples/s after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
+(``pull_side_s``, ``push_side_s``) as the worker's CPU is split in this process (measured).
+Compared: the samples/s after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
 staleness, and the eval AUC against the real runs' spread over seeds.
 
 Scale (simulated only): sync, gba and async at ``SCALE_WORKERS`` workers, with 10% stragglers

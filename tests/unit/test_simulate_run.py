@@ -160,11 +160,11 @@ def test_gba_applies_one_update_per_global_batch(data, tmp_path):
 def test_the_outputs_exist_and_are_labelled_simulated(data, tmp_path):
     out = tmp_path / "out"
     cfg = recsync.override(config(data, "async", 3), **{"output.plot": True})
-    s = simulate(cfg, out, timing=free_network())
+    returned = simulate(cfg, out, timing=free_network())
     for name in ("config.toml", "metrics.jsonl", "summary.json", "training.png"):
         assert (out / name).exists(), name
     written = json.loads((out / "summary.json").read_text())
-    assert written["label"] == "SIMULATED"
+    assert written["label"] == "SIMULATED" and returned["label"] == "SIMULATED"
     sim = written["simulated"]
     assert "SIMULATED" in sim["label"] and sim["simulated_train_s"] == written["train_s"]
     assert sim["real_wall_s"] > 0 and sim["real_wall_s"] != sim["simulated_train_s"]

@@ -95,8 +95,9 @@ def console_lines(summary: dict, out) -> list[str]:
     """What `recsync simulate` prints at the end: every figure labelled simulated or real."""
     s, ev = summary["simulated"], summary["eval"]
     lines = [f"SIMULATED {summary['mode']}: {summary['workers']} workers, "
-             f"{summary['ps_shards']} PS shards; {summary['samples']:,} samples in "
-             f"{summary['steps']:,} steps over {s['simulated_train_s']:.2f} simulated s = "
+             f"{summary['ps_shards']} PS shards; {summary['samples']:,} samples, "
+             f"{summary['steps']:,} steps (the most of any worker), in "
+             f"{s['simulated_train_s']:.2f} simulated s = "
              f"{_num(summary['samples_per_s'], ',.0f')} simulated samples/s"]
     if ev.get("auc") is not None:
         line = f"eval AUC {ev['auc']:.4f}, logloss {ev['logloss']:.4f} on {ev['rows']:,} rows"

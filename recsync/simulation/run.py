@@ -189,7 +189,7 @@ class Watch:
                 "worker_compute_s": [_per_step(i, "compute_s") for i in intervals],
                 "staleness": self.staleness_since_last(), "events": [], "eval": None,
                 "simulated": True}
-        record.samples, record.steps = samples, sum(w.steps for w in c.workers)
+        record.samples, record.steps = samples, line["step"]  # as the watch loop counts
         for key in ("step_s", "compute_s", "pull_wait_s", "push_wait_s", "interval_steps"):
             record.waits[key] = record.waits.get(key, 0) + sum(i[key] for i in intervals)
         if evaluate:

@@ -129,6 +129,7 @@ def test_sync_applies_exactly_one_update_per_global_step(data, tmp_path):
     s = simulate(config(data, "sync", workers), tmp_path / "out", timing=timing)
     steps = ROWS // BATCH // workers
     assert [w["steps"] for w in s["per_worker"]] == [steps] * workers  # in lockstep
+    assert s["steps"] == steps  # the most of any worker, as a real run's summary counts
     # one update per global step on every shard (in the last step no worker had a batch: the
     # all-reduce says so and nothing is pushed)
     assert [sh["version"] for sh in s["per_shard"]] == [steps] * 2

@@ -220,3 +220,29 @@ def test_python_call_sets_workers_and_shards(data, tmp_path):
                               timing=free_network())
     assert result.summary["workers"] == 3 and result.summary["ps_shards"] == 1
     assert len(result.summary["per_worker"]) == 3
+
+
+def test_the_command_prints_simulated_and_real_times(data, tmp_path):
+    from click.testing import CliRunner
+
+    from recsync.cli import main
+    args = ["simulate", "--set", f"data.path={json.dumps(str(data))}",
+            "--set", f"data.chunk_rows={BATCH}", "--set", f"train.batch_size={BATCH}",
+            "--set", "model.embedding_dim=4", "--set", "model.bottom_mlp=[8]",
+            "--set", "model.top_mlp=[8, 4]", "--set", "output.progress=false",
+            "--set", "output.plot=false", "--set", "train.threads=1",
+            "--workers", "3", "--shards", "2", "--compute-ms", "2",
+            "--speeds", "stragglers", "--straggler-share", "0.34"]
+    result = CliRunner().invoke(main, [*args, "--set", 'mode="gba"', "--out",
+                                       str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert any(line.startswith("SIMULATED gba: 3 workers, 2 PS shards")
+               for line in result.output.splitlines())
+    assert "real wall time of this process" in result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["simulated"]["speed_factors"]["slower_than_1"] == 1
+    refused = CliRunner().invoke(main, [*args, "--set", 'mode="shadow"', "--out",
+                                        str(tmp_path / "no")])
+    assert refused.exit_code != 0
+    assert "mode 'shadow' is not simulated yet" in refused.output
+    assert not (tmp_path / "no").exists()

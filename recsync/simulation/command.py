@@ -41,11 +41,14 @@ def _factors(text: str) -> tuple[float, float]:
               help="--speeds trace: a JSON list, per worker a factor or [[from_s, factor], ...].")
 @click.option("--speed-seed", type=int, default=0, show_default=True,
               help="Seed of the speed draws.")
+@click.option("--jitter", type=float, default=0.0, show_default=True,
+              help="Each step's compute x exp(N(0, jitter)): equal workers drift apart.")
 @click.option("--latency-ms", type=float, default=None,
               help="One-way message latency (default: half the Ray call measured by bench ps).")
 @click.option("--gbit", type=float, default=None, help="Network bandwidth (default 10 Gbit/s).")
 def simulate(config_path, overrides, workers, shards, out, overwrite, compute_ms, speeds,
-             straggler_share, straggler_factors, sigma, trace, speed_seed, latency_ms, gbit):
+             straggler_share, straggler_factors, sigma, trace, speed_seed, jitter, latency_ms,
+             gbit):
     """Run N workers and S PS shards in one process on a simulated clock, with the real
     model, shards, modes and gradients; writes a run's outputs, labelled SIMULATED."""
     from dataclasses import replace
@@ -57,6 +60,7 @@ def simulate(config_path, overrides, workers, shards, out, overwrite, compute_ms
     try:
         low, high = _factors(straggler_factors)
         timing = Timing(compute_s=None if compute_ms is None else compute_ms / 1e3,
+                        jitter=jitter,
                         speeds=Speeds(kind=speeds, share=straggler_share, low=low, high=high,
                                       sigma=sigma, trace=trace, seed=speed_seed))
         if latency_ms is not None:

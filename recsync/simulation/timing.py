@@ -131,10 +131,13 @@ class Timing:
     pull_s_per_row: float = PULL_S_PER_ROW
     push_s_per_row: float = PUSH_S_PER_ROW
     collective_latency_s: float = COLLECTIVE_LATENCY_S
+    jitter: float = 0.0  # each step's compute and own CPU x exp(N(0, jitter)), per worker
+    # seeded (0: every step alike, and equal workers stay exactly in step)
     speeds: Speeds = field(default_factory=Speeds)
 
     def __post_init__(self):
-        for name in ("latency_s", "pull_s_per_row", "push_s_per_row", "collective_latency_s"):
+        for name in ("latency_s", "pull_s_per_row", "push_s_per_row", "collective_latency_s",
+                     "jitter"):
             if getattr(self, name) < 0:
                 raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
         if self.bytes_per_s <= 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 
+import numpy as np
 import torch
 
 from recsync.modes.base import STOP, WorkerContext
@@ -36,6 +37,7 @@ class SimWorker:
                  queue: ChunkQueue, clock: Clock, timing: Timing, speeds: WorkerSpeeds,
                  group: SimGroup | None):
         self.rank, self.cfg, self.ds, self.queue = rank, cfg, ds, queue
+        self._jitter = np.random.default_rng((timing.speeds.seed, rank, 7))  # Timing.jitter
         self.clock, self.timing, self.speeds = clock, timing, speeds
         self.steps = self.samples = 0
         self.interval = dict.fromkeys(INTERVAL_KEYS, 0)
@@ -66,9 +68,12 @@ class SimWorker:
     def factor(self) -> float:
         """How many times slower than the measured step this worker computes now: its speed
         (simulation/timing.py) times any emulated straggler of the config (faults.stragglers, on
-        the simulated clock)."""
+        the simulated clock), times this step's jitter (Timing.jitter)."""
         now = self.clock.now
-        return self.speeds.factor(self.rank, now) * straggle_factor(self.cfg, self.rank, now)
+        f = self.speeds.factor(self.rank, now) * straggle_factor(self.cfg, self.rank, now)
+        if self.timing.jitter:
+            f *= float(np.exp(self._jitter.normal(0.0, self.timing.jitter)))
+        return f
 
     def _before_compute(self) -> None:
         self._cpu_at_compute = time.thread_time()

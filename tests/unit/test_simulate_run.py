@@ -80,6 +80,18 @@ def test_async_staleness_of_n_equal_workers_is_n_minus_1(data, tmp_path, workers
     assert s["staleness"]["p99"] <= workers
 
 
+def test_jitter_breaks_the_ties_of_workers_in_exact_step(data, tmp_path):
+    """Equal workers without jitter push at the same instants, and the ties decide the order
+    (all pushes, then all pulls: staleness 0 .. N-1, mean (N-1) / 2); with a little jitter each
+    worker sees every other's push once: N - 1."""
+    workers = 4
+    tied = simulate(config(data, "async", workers), tmp_path / "tied", timing=free_network())
+    jittered = simulate(config(data, "async", workers), tmp_path / "jitter",
+                        timing=free_network(jitter=0.05))
+    assert tied["staleness"]["mean"] == pytest.approx((workers - 1) / 2, abs=0.1)
+    assert jittered["staleness"]["mean"] == pytest.approx(workers - 1, abs=0.3)
+
+
 def test_async_on_a_single_worker_is_never_stale(data, tmp_path):
     s = simulate(config(data, "async", 1), tmp_path / "out", timing=free_network())
     assert s["staleness"]["max"] == 0

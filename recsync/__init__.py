@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["ConfigError", "RunConfig", "RunResult", "convert", "load_config", "load_model",
-           "override", "save_config", "scale", "train", "tune"]
+           "override", "save_config", "scale", "simulate", "train", "tune"]
 
 
 def __getattr__(name: str):

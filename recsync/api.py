@@ -83,6 +83,23 @@ def train(config: RunConfig | str | Path | None = None, out: str | Path = "runs/
     return RunResult(summary, Path(out))
 
 
+def simulate(config: RunConfig | str | Path | None, out: str | Path, *, workers: int,
+             shards: int | None = None, timing=None, overwrite: bool = False) -> RunResult:
+    """Simulate ``config`` on ``workers`` workers and ``shards`` PS shards (default: the
+    config's cluster.ps_shards) in this process, on a simulated clock (`recsync simulate`,
+    docs/simulate.md): the real model, shards, modes and gradients, time modelled by
+    ``timing`` (recsync.simulation.timing.Timing; None: the defaults, the compute cost measured
+    here). Writes a run's outputs into ``out``, labelled SIMULATED. ValueError (nothing
+    written) for what the simulator cannot model yet."""
+    from recsync.simulation.run import simulate as run_simulation
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    keys = {"cluster.workers": workers}
+    if shards is not None:
+        keys["cluster.ps_shards"] = shards
+    summary = run_simulation(override(cfg, **keys), out, timing=timing, overwrite=overwrite)
+    return RunResult(summary, Path(out))
+
+
 def convert(inputs, out: str | Path, *, schema: str | Path | None = None,
             preset: str | None = None, strict: bool = False, overwrite: bool = False,
             progress: bool = True, allow_empty_train: bool = False, dynamic: bool = False):

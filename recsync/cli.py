@@ -19,6 +19,7 @@ from recsync.cli_errors import USER_ERRORS, fail, writing  # noqa: E402
 from recsync.config import load_config  # noqa: E402
 from recsync.data.commands import data  # noqa: E402
 from recsync.run.signals import EXIT_FAILED, Interrupted, catch_signals  # noqa: E402
+from recsync.simulation.command import simulate  # noqa: E402
 from recsync.tuning.command import tune  # noqa: E402
 
 
@@ -162,6 +163,7 @@ def _print_summary(summary: dict | None, out: Path) -> None:
 
 main.add_command(data)
 main.add_command(tune)
+main.add_command(simulate)
 
 
 @main.command()

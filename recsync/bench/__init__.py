@@ -36,11 +36,14 @@ SCENARIOS = {
                "drifting stream, bytes per row, pull and push rows/s, collisions",
     "elastic": "an elastic run going 4 -> 2 -> 4 workers against fixed runs (EMULATED); a "
                "shard moved off a drained node of a 2-node loopback cluster",
+    "simulated": "the SIMULATED cluster against the EMULATED runtime at 2 and 4 workers; sync, "
+                 "gba and async at 32-512 simulated workers with stragglers",
 }
 
 
 # Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
-SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense", "dynamic")
+SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense", "dynamic",
+          "simulated")
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:

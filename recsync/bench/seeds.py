@@ -24,12 +24,15 @@ DEFAULT_SEEDS = 3
 
 def seeded_runs(names: list[str], config: Callable[[str], RunConfig], out: Path, seeds: int,
                 once: tuple[str, ...] = (),
-                results: dict[str, list[dict]] | None = None) -> dict[str, list[dict]]:
+                results: dict[str, list[dict]] | None = None,
+                run_arm: Callable[[RunConfig, Path, str], dict] | None = None
+                ) -> dict[str, list[dict]]:
     """Every arm once per seed 0 .. seeds-1 (``train.seed``), the arms interleaved within each
     seed, so that a drift of the machine over the scenario hits every arm alike; the arms in
     ``once`` (reference or speed-only arms) with seed 0 only. ``config(name)`` is called just
     before each run, so it may depend on the runs before (filled into ``results`` as they end,
-    when given). Outputs in ``out/arms/<arm>/seed<s>``."""
+    when given). Outputs in ``out/arms/<arm>/seed<s>``. ``run_arm``: what runs one (default
+    ``overhead.run_arm``, a run on Ray; scenario `simulated`'s simulations)."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     runs = {} if results is None else results
@@ -40,7 +43,8 @@ def seeded_runs(names: list[str], config: Callable[[str], RunConfig], out: Path,
                 continue
             print(f"seed {s + 1}/{seeds}: {name} ...", flush=True)
             cfg = override(config(name), **{"train.seed": s})
-            runs[name].append(ov.run_arm(cfg, out / "arms" / name / f"seed{s}", name))
+            runs[name].append((run_arm or ov.run_arm)(cfg, out / "arms" / name / f"seed{s}",
+                                                      name))
             print(f"  eval AUC {runs[name][-1]['eval']['auc']:.4f}", flush=True)
     return runs
 

@@ -48,10 +48,13 @@ def _worker_count(ax, records: list[dict], color, label: str) -> None:
 def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) -> Path:
     """Draw every run into one 2x2 figure (loss and AUC, against samples and seconds)."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    bayes_drawn = False
+    bayes_drawn = simulated = False
     for i, run in enumerate(runs):
         records, summary = _load(Path(run))
         label = labels[i] if labels else Path(run).name
+        if (summary or {}).get("label") == "SIMULATED":  # recsync simulate: its clock's
+            label += " (SIMULATED)"
+            simulated = True
         train = [r for r in records if r.get("loss") is not None]
         evals = [r["eval"] for r in records if r.get("eval")]
         final = (summary or {}).get("eval", {})
@@ -74,13 +77,16 @@ def plot_runs(runs: list[Path], out_png: Path, labels: list[str] | None = None) 
         bayes_drawn = bayes_drawn or bool((summary or {}).get("eval", {}).get("bayes_auc"))
         _shade_switched_modes(axes[0, 1], summary, line.get_color(), label)
         _worker_count(axes[0, 1], records, line.get_color(), label)
-    for col, xlabel in enumerate(("training samples",
-                                  "seconds of training (from the first step)")):
+    seconds = ("SIMULATED seconds of training" if simulated
+               else "seconds of training (from the first step)")
+    for col, xlabel in enumerate(("training samples", seconds)):
         axes[0, col].set(xlabel=xlabel, ylabel="training log loss (interval mean)")
         axes[1, col].set(xlabel=xlabel, ylabel="eval AUC")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if simulated:
+        fig.suptitle("SIMULATED runs: their seconds are simulated seconds (recsync simulate)")
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)

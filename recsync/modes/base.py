@@ -23,6 +23,7 @@ tests a mode's name.
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -112,6 +113,10 @@ class WorkerContext:
     # (a shadow round), paced on the worker's emulated cores
     pause_requested: Callable[[], bool] = lambda: False
     add_waits: Callable[[float, float], None] = lambda pull_s, push_s: None
+    all_reduce: Callable[[torch.Tensor], None] | None = None  # sums a tensor over the
+    # workers' group in place; None: torch.distributed's (the simulator gives its own)
+    now: Callable[[], float] = time.perf_counter  # the clock a mode's own waits are timed
+    # on (add_waits); the simulator's: simulated seconds
 
 
 class WorkerMode(metaclass=Contract, abstract=True):

@@ -34,7 +34,6 @@ move the global parameters less. τ and the multipliers are counted for the summ
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 
 import numpy as np
@@ -96,26 +95,26 @@ class EagerWorker(AsyncWorker):
         if batch is None:
             return STOP
         client = self.ctx.client
-        begin = time.perf_counter()
+        begin = self.ctx.now()
         pending, self._next = self._next, None
         pulled = client.complete(pending or client.pull_async(batch))
         own, self._own = self._own, None
         dense_read = pulled.versions[client.dense_shard]  # the version its dense vector holds
         if own is not None and pending is not None:  # read before this worker's last push
             pulled.dense, dense_read = self._with_own_update(pulled, *own)
-        pull_s = time.perf_counter() - begin
+        pull_s = self.ctx.now() - begin
         if self.overlap and ahead is not None:
             self._next = client.pull_async(ahead, dense=EARLY_DENSE[self.own_update])
         loss, dense_grad = self.compute(batch, pulled)
         scales, dense_scale = self._scales(pulled.versions, dense_read)
-        begin = time.perf_counter()
+        begin = self.ctx.now()
         if self.overlap and self.own_update != "none":
             self._own = (dense_grad, dense_scale)
         client.push(pulled, dense_grad, lr_scales=scales, dense_lr_scale=dense_scale,
                     read_dense=self.overlap and self.own_update == "wait")
         if not self.overlap:
             client.flush()
-        self.ctx.add_waits(pull_s, time.perf_counter() - begin)
+        self.ctx.add_waits(pull_s, self.ctx.now() - begin)
         return loss
 
     def _with_own_update(self, pulled, grad: np.ndarray, lr_scale: float

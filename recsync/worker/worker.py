@@ -23,6 +23,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 import ray
 import torch
@@ -53,6 +54,24 @@ def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:
         if s.worker == rank and s.start_s <= elapsed_s < s.end_s:
             factor = max(factor, s.factor)
     return factor
+
+
+def step_feed(source, lookahead: bool, max_steps: int, steps: Callable[[], int]):
+    """(batch, the batch after it or None, finished) for each step, then (None, None, None)
+    for ever: the end of ``source`` (its (batch, finished) pairs), or ``max_steps`` (0: none)
+    once ``steps()`` reaches it. ``ahead`` is given where the mode reads ahead (the source then
+    takes two slots in turn: the next batch may be the next chunk's)."""
+
+    def take(later: int):  # the batch ``later`` steps on, unless max_steps stops before
+        return None if max_steps and steps() + later >= max_steps else next(source, None)
+
+    current = take(0)
+    while current is not None:
+        ahead = take(1) if lookahead else None
+        yield current[0], ahead and ahead[0], current[1]
+        current = ahead if lookahead else take(0)
+    while True:
+        yield None, None, None
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
@@ -345,22 +364,10 @@ class Worker:
         return True
 
     def _feed(self, slots: tuple[int, ...]):
-        """(batch, the batch after it or None, finished) for each step, then (None, None,
-        None) for ever: the end of this thread's data, or ``train.max_steps``. ``ahead`` is
-        given where the mode reads ahead (two slots: the next batch may be the next chunk's)."""
-        max_steps = self.cfg.train.max_steps
-        source = self._leased_batches(slots)
-
-        def take(later: int):  # the batch ``later`` steps on, unless max_steps stops before
-            return None if max_steps and self.steps + later >= max_steps else next(source, None)
-
-        current = take(0)
-        while current is not None:
-            ahead = take(1) if len(slots) > 1 else None
-            yield current[0], ahead and ahead[0], current[1]
-            current = ahead if len(slots) > 1 else take(0)
-        while True:
-            yield None, None, None
+        """(batch, the batch after it or None, finished) for each step (``step_feed``) of the
+        chunks leased to ``slots``."""
+        return step_feed(self._leased_batches(slots), len(slots) > 1, self.cfg.train.max_steps,
+                         lambda: self.steps)
 
     def _leased_batches(self, slots: tuple[int, ...]):
         """(batch, finished): ``finished`` is (chunk, slot) on the last batch of a chunk, for

@@ -1,0 +1,169 @@
+"""The model of time of a simulated cluster: what a worker's step costs, how fast each worker
+is, and what a message and a shard's work take. Plain data and arithmetic, no clock.
+
+Defaults are measurements of this project (docs/benchmarks/2026-11-26-ps.md, `recsync bench
+ps`, one PS shard through Ray on a 2-core VM): a Ray call that carries no arrays took 1.07 ms
+there and back (so 0.535 ms one way), a pull 12.92 ms for 53,248 rows (0.243 us per row) and a
+push 19.09 ms (0.359 us per row, row-wise Adagrad), both including Ray's object store. The
+bandwidth between machines is not measured here: 10 Gbit/s is a common NIC, and a setting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+RAY_CALL_ONE_WAY_S = 1.072e-3 / 2  # bench ps: PSShard.where round trip, median, halved
+PULL_S_PER_ROW = 12.92e-3 / 53_248  # bench ps: PSShard via Ray, pull of 2,048 ids x 26 tables
+PUSH_S_PER_ROW = 19.09e-3 / 53_248  # the same, push (row-wise Adagrad)
+BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
+# A gloo all-reduce of the 1.9 MB dense vector between two processes took 2.3 ms
+# (docs/benchmarks/2026-11-22-shadow.md); under the ring model at BYTES_PER_S, 2 messages of
+# half of it: each message's fixed cost is what is left.
+COLLECTIVE_LATENCY_S = 2.3e-3 / 2 - 0.95e6 / BYTES_PER_S
+SPEED_KINDS = ("constant", "stragglers", "lognormal", "trace")
+MEASURED = ("compute_s", "pull_side_s", "push_side_s")  # Timing's fields None = measured here
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """How many times slower than the measured step each worker computes (its factor; 1 =
+    the measured cost). ``constant``: all 1. ``stragglers``: a ``share`` of the workers
+    (drawn with ``seed``) each ``low``-``high`` times slower (uniform), the rest 1.
+    ``lognormal``: every worker exp(N(0, ``sigma``)) (heterogeneous machines). ``trace``: a
+    JSON file, a list with one entry per worker: a factor, or [[from_s, factor], ...] (the
+    factor from that simulated second on; 1 before the first)."""
+
+    kind: str = "constant"
+    share: float = 0.1
+    low: float = 2.0
+    high: float = 5.0
+    sigma: float = 0.25
+    trace: str | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in SPEED_KINDS:
+            raise ValueError(f"speeds.kind = {self.kind!r}; valid: {', '.join(SPEED_KINDS)}")
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"speeds.share = {self.share}: a share of the workers, 0 to 1")
+        if not 1.0 <= self.low <= self.high:
+            raise ValueError(f"speeds.low, high = {self.low}, {self.high}: factors with "
+                             f"1 <= low <= high")
+        if self.kind == "trace" and not self.trace:
+            raise ValueError("speeds.kind = 'trace' needs speeds.trace, a JSON file")
+
+    def schedule(self, workers: int) -> WorkerSpeeds:
+        """Each worker's factor over simulated time."""
+        rng = np.random.default_rng(self.seed)
+        if self.kind == "constant":
+            return WorkerSpeeds([[(0.0, 1.0)] for _ in range(workers)])
+        if self.kind == "stragglers":
+            slow = rng.permutation(workers)[:round(self.share * workers)]
+            factors = np.ones(workers)
+            factors[slow] = rng.uniform(self.low, self.high, len(slow))
+            return WorkerSpeeds([[(0.0, float(f))] for f in factors])
+        if self.kind == "lognormal":
+            return WorkerSpeeds([[(0.0, float(f))]
+                                 for f in np.exp(rng.normal(0.0, self.sigma, workers))])
+        return WorkerSpeeds.read(Path(self.trace), workers)
+
+
+@dataclass
+class WorkerSpeeds:
+    """Per worker, [(from_s, factor), ...] in time order."""
+
+    steps: list[list[tuple[float, float]]]
+
+    @classmethod
+    def read(cls, path: Path, workers: int) -> WorkerSpeeds:
+        entries = json.loads(path.read_text())
+        if not isinstance(entries, list) or len(entries) != workers:
+            raise ValueError(f"{path}: a speed trace is a JSON list with one entry per worker "
+                             f"({workers}), got {type(entries).__name__} of "
+                             f"{len(entries) if isinstance(entries, list) else '?'}")
+        out = []
+        for rank, e in enumerate(entries):
+            pairs = [(0.0, float(e))] if isinstance(e, (int, float)) else [
+                (float(t), float(f)) for t, f in e]
+            if any(f <= 0 or not math.isfinite(f) for _, f in pairs):
+                raise ValueError(f"{path}: worker {rank}: factors must be finite and > 0")
+            out.append(sorted(pairs) if pairs and pairs[0][0] == 0.0
+                       else [(0.0, 1.0), *sorted(pairs)])
+        return cls(out)
+
+    def factor(self, rank: int, now_s: float) -> float:
+        f = 1.0
+        for start, factor in self.steps[rank]:
+            if start > now_s:
+                break
+            f = factor
+        return f
+
+    def initial(self) -> list[float]:
+        return [s[0][1] for s in self.steps]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The costs of a simulated cluster. ``compute_s``: one worker step's forward and backward
+    at factor 1; the worker's own CPU per step besides, at factor 1: ``pull_side_s`` before
+    its compute (deduplication, routing, merging the answers), charged with the compute (after
+    the pull read, before the push leaves), and ``push_side_s`` after it (gathering and sending
+    the gradients, the mode's bookkeeping), charged after the push left, before the next pull,
+    as the EMULATED runtime paces them (None: each measured on this machine before the run,
+    run.py). A message of b bytes
+    takes ``latency_s + b / bytes_per_s`` one way; a shard serves one call at a time, a pull
+    of r rows in ``pull_s_per_row x r``, a push in ``push_s_per_row x r``; taking a chunk
+    from the work queue is one round trip. An all-reduce of b bytes among n workers is a ring:
+    2 (n - 1) messages of b / n bytes one after another, each ``collective_latency_s`` plus
+    its bytes at ``bytes_per_s``."""
+
+    compute_s: float | None = None
+    pull_side_s: float | None = None
+    push_side_s: float | None = None
+    latency_s: float = RAY_CALL_ONE_WAY_S
+    bytes_per_s: float = BYTES_PER_S
+    pull_s_per_row: float = PULL_S_PER_ROW
+    push_s_per_row: float = PUSH_S_PER_ROW
+    collective_latency_s: float = COLLECTIVE_LATENCY_S
+    jitter: float = 0.0  # each step's compute and own CPU x exp(N(0, jitter)), per worker
+    # seeded (0: every step alike, and equal workers stay exactly in step)
+    speeds: Speeds = field(default_factory=Speeds)
+
+    def __post_init__(self):
+        for name in ("latency_s", "pull_s_per_row", "push_s_per_row", "collective_latency_s",
+                     "jitter"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
+        if self.bytes_per_s <= 0:
+            raise ValueError(f"timing.bytes_per_s = {self.bytes_per_s}: must be > 0")
+        for name in MEASURED:
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"timing.{name} = {value}: must be >= 0 (or None: measured)")
+
+    def message_s(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s
+
+    def all_reduce_s(self, nbytes: int, workers: int) -> float:
+        if workers <= 1:
+            return 0.0
+        return 2 * (workers - 1) * (self.collective_latency_s
+                                    + nbytes / workers / self.bytes_per_s)
+
+    def with_network(self, latency_ms: float, ms_per_mb: float) -> Timing:
+        """These costs plus the config's EMULATED network delay (``network.latency_ms``, half
+        each way, and ``network.ms_per_mb``), as the shards add it to every call."""
+        from dataclasses import replace
+        per_byte = ms_per_mb / 1e3 / 2**20
+        return replace(self, latency_s=self.latency_s + latency_ms / 2e3,
+                       bytes_per_s=1.0 / (1.0 / self.bytes_per_s + per_byte))
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+        return asdict(self)

@@ -1,0 +1,156 @@
+"""Simulated workers: each one a process on the simulated clock running the worker half of its
+mode (modes/) on a model replica of its own, with chunks from the real work queue
+(worker/queue.py ChunkQueue) and a SimClient.
+
+The loop is the worker's (worker/worker.py): take the next batch of a leased chunk (and the one
+after it, for a mode that reads ahead), let the mode step on it, record the loss and the step's
+simulated time, report the chunk done after its last step. What a step costs in simulated time
+is the mode's own calls: its pulls and pushes travel and wait on the clock, its all-reduce
+waits for the group, and its compute (between ``before_compute`` and ``after_compute``) takes
+the measured cost times the worker's speed factor, whatever real time the arithmetic took.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import torch
+
+from recsync.modes.base import STOP, WorkerContext
+from recsync.run.signals import check_loss
+from recsync.simulation.client import SimClient, SimGroup
+from recsync.simulation.clock import Clock
+from recsync.simulation.timing import Timing, WorkerSpeeds
+from recsync.worker.queue import ChunkQueue
+from recsync.worker.worker import step_feed, straggle_factor
+
+INTERVAL_KEYS = ("loss_sum", "loss_samples", "step_s", "interval_steps", "compute_s",
+                 "compute_steps", "pull_wait_s", "push_wait_s")
+
+
+class SimWorker:
+    """One simulated worker (``model``: its replica; ``shards``: the SimShards)."""
+
+    def __init__(self, rank: int, cfg, mode, model: torch.nn.Module, plan, ds, shards: list,
+                 queue: ChunkQueue, clock: Clock, timing: Timing, speeds: WorkerSpeeds,
+                 group: SimGroup | None):
+        self.rank, self.cfg, self.ds, self.queue = rank, cfg, ds, queue
+        self._jitter = np.random.default_rng((timing.speeds.seed, rank, 7))  # Timing.jitter
+        self.clock, self.timing, self.speeds = clock, timing, speeds
+        self.steps = self.samples = 0
+        self.interval = dict.fromkeys(INTERVAL_KEYS, 0)
+        self.taken: list = []
+        self.finished_at: float | None = None
+        self.on_step = lambda: None  # told after each step with a batch (periodic evaluations)
+        # per step: this thread's real CPU before and after its compute (what Timing's
+        # pull_side_s and push_side_s model; run.measure_sides takes their medians)
+        self.real_sides_s: list[tuple[float, float]] = []
+        self._real_compute_s = 0.0
+        self._cpu_at_compute: float | None = None
+        client = SimClient(clock, shards, plan, push_window=cfg.cluster.push_window,
+                           seed=hash((cfg.train.seed, rank)) % 2**32)
+        client.dense_shard = 0 if mode.dense_on_ps else None
+        self.ctx = WorkerContext(
+            rank=rank, cfg=cfg, model=model, client=client,
+            new_client=self._no_second_client, shards=shards,
+            before_compute=self._before_compute, after_compute=self._after_compute,
+            add_waits=self._add_waits,
+            all_reduce=None if group is None else group.all_reduce, now=lambda: clock.now)
+        self.mode = mode.worker(self.ctx)
+
+    @staticmethod
+    def _no_second_client():
+        raise ValueError("the simulator runs one training thread per worker (modes with "
+                         "Hogwild threads are not simulated)")
+
+    def factor(self) -> float:
+        """How many times slower than the measured step this worker computes now: its speed
+        (simulation/timing.py) times any emulated straggler of the config (faults.stragglers, on
+        the simulated clock), times this step's jitter (Timing.jitter)."""
+        now = self.clock.now
+        f = self.speeds.factor(self.rank, now) * straggle_factor(self.cfg, self.rank, now)
+        if self.timing.jitter:
+            f *= float(np.exp(self._jitter.normal(0.0, self.timing.jitter)))
+        return f
+
+    def _before_compute(self) -> None:
+        self._cpu_at_compute = time.thread_time()
+
+    def _after_compute(self, real_s: float) -> None:
+        """The mode computed a step (in ``real_s`` of real time): the simulated compute time
+        passes, with the worker's CPU of the step before it (``Timing.pull_side_s``)."""
+        self._real_compute_s += real_s
+        factor = self.factor()
+        compute_s = self.timing.compute_s * factor
+        self.interval["compute_s"] += compute_s
+        self.interval["compute_steps"] += 1
+        self.clock.sleep(compute_s + (self.timing.pull_side_s or 0.0) * factor)
+
+    def _add_waits(self, pull_s: float, push_s: float) -> None:
+        self.interval["pull_wait_s"] += pull_s
+        self.interval["push_wait_s"] += push_s
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Train until the mode stops (a process on the clock)."""
+        slots = (0, 1) if self.mode.lookahead else (0,)
+        feed = self._feed(slots)
+        while True:
+            batch, ahead, finished = next(feed)
+            begin, cpu = self.clock.now, time.thread_time()
+            self._real_compute_s, self._cpu_at_compute = 0.0, None
+            loss = self.mode.step(batch, ahead, 0)
+            if self._cpu_at_compute is not None:  # the step computed
+                self.real_sides_s.append((self._cpu_at_compute - cpu, time.thread_time()
+                                          - self._cpu_at_compute - self._real_compute_s))
+                self.clock.sleep((self.timing.push_side_s or 0.0) * self.factor())
+            if loss == STOP:
+                self.mode.finish(0)
+                self.finished_at = self.clock.now
+                return
+            self._record(batch, loss, self.clock.now - begin)
+            check_loss(loss, step=self.steps, mode=self.cfg.mode, who=f"worker {self.rank}")
+            if finished is not None:
+                self.queue.done(self.rank, *finished)
+
+    def _feed(self, slots: tuple[int, ...]):
+        """The worker's batches, step by step (worker/worker.py step_feed)."""
+        return step_feed(self._batches(slots), len(slots) > 1, self.cfg.train.max_steps,
+                         lambda: self.steps)
+
+    def _batches(self, slots: tuple[int, ...]):
+        """(batch, finished) of the chunks this worker takes, in turn in ``slots``; taking a
+        chunk from the queue is a round trip on the clock."""
+        t = self.cfg.train
+        seed = t.seed if self.cfg.data.shuffle else None
+        for k in itertools.count():
+            slot = slots[k % len(slots)]
+            self.clock.sleep(2 * self.timing.latency_s)
+            item = self.queue.take(self.rank, slot)
+            if item is None:
+                return
+            self.taken.append(item)
+            epoch, chunk = item
+            batches = list(self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch))
+            if not batches:
+                self.queue.done(self.rank, item, slot)
+            for i, batch in enumerate(batches):
+                yield batch, (item, slot) if i == len(batches) - 1 else None
+
+    def _record(self, batch, loss, step_s: float) -> None:
+        self.interval["step_s"] += step_s
+        self.interval["interval_steps"] += 1
+        if loss is not None:
+            n = len(batch)
+            self.steps += 1
+            self.samples += n
+            self.interval["loss_sum"] += loss * n
+            self.interval["loss_samples"] += n
+            self.on_step()
+
+    def take_interval(self) -> dict:
+        """The interval counters since the last call (a metrics line's)."""
+        out, self.interval = self.interval, dict.fromkeys(INTERVAL_KEYS, 0)
+        return out

@@ -1,0 +1,110 @@
+"""Scenario `simulated`'s assembly with fake runs and fake simulations (no Ray, no training):
+the names the issue's checks read in results.json, computed from the arms' figures, and the
+simulations given the real runs' compute per step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import recsync.bench.simulated as scenario
+from recsync.bench import run_scenario
+from recsync.bench import seeds as sd
+
+REAL_SPEED = 1000.0
+COMPUTE_S = 0.05
+
+
+def _metrics(out_dir, speed: float) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"time_s": i, "samples": int(speed * i), "loss": 0.5,
+                    "worker_compute_s": [COMPUTE_S, COMPUTE_S]}) + "\n" for i in range(1, 40)))
+
+
+def _summary(cfg, name: str, speed: float) -> dict:
+    seed = cfg.train.seed
+    return {"mode": cfg.mode, "samples": 100_000, "wall_s": 60.0, "train_s": 50.0,
+            "samples_per_s": speed, "summary_samples_per_s": speed,
+            "eval": {"auc": 0.80 + 0.001 * seed + (0.0005 if cfg.mode == "gba" else 0.0),
+                     "logloss": 0.45, "rows": 1000, "bayes_auc": 0.81},
+            "staleness": {"mean": 1.0 if cfg.mode != "sync" else 0.0, "p99": 2, "max": 3},
+            "per_worker": [{"rank": r, "steps": 10} for r in range(cfg.cluster.workers)]}
+
+
+def fake_real(cfg, out_dir, name):
+    assert cfg.emulation.cores_per_worker == scenario.CORES_PER_WORKER
+    _metrics(out_dir, REAL_SPEED)
+    return {**_summary(cfg, name, REAL_SPEED), "first_step_done_s": 1.0, "window_s": 30.0,
+            "worker_step_s_median": 0.1, "memory": None, "cpu": None,
+            "out_dir": str(out_dir)}
+
+
+SIMULATED = []
+
+
+def fake_simulate(cfg, out_dir, timing, overwrite):
+    """Sync runs at the slowest worker's pace, gba and async at the mean's."""
+    SIMULATED.append((cfg.mode, cfg.cluster.workers, timing))
+    factors = timing.speeds.schedule(cfg.cluster.workers).initial()
+    speed = 1100.0 * (1 / max(factors) if cfg.mode == "sync"
+                      else sum(1 / f for f in factors) / len(factors))
+    _metrics(out_dir, speed)
+    return {**_summary(cfg, "", speed),
+            "simulated": {"real_wall_s": 7.0 * cfg.cluster.workers,
+                          "simulated_train_s": 50.0}}
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    SIMULATED.clear()
+    monkeypatch.setattr(sd.ov, "run_arm", fake_real)
+    monkeypatch.setattr(scenario.em, "make_data", lambda path, rows, eval_rows: path)
+    monkeypatch.setattr(scenario, "simulate", fake_simulate)
+    monkeypatch.setattr(scenario, "measure_compute_s", lambda cfg, ds: 0.02)
+    monkeypatch.setattr(scenario, "measure_sides", lambda cfg, ds, timing: (0.001, 0.003))
+    monkeypatch.setattr(scenario, "Dataset", lambda path: None)
+
+
+def test_the_scenario_writes_the_ratios_the_issue_names(fakes, tmp_path):
+    results = run_scenario("simulated", tmp_path, scale=1.0, seeds=2)
+    r = results["ratios"]
+    assert r["validation_speed_error_max"] == pytest.approx(0.1)  # 1100 against 1000
+    assert r["gba_vs_sync_speed_128"] == pytest.approx(r["ideal_speed_ratio_128"])
+    assert r["gba_vs_sync_speed_128"] > 2.4
+    assert r["gba_minus_sync_auc_128"] == pytest.approx(0.0005)
+    assert r["shadow_64_vs_1_efficiency"] is None
+    assert r["wall_s_512"] == pytest.approx(7.0 * 512)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert set(written["ratios"]) >= {"validation_speed_error_max", "gba_vs_sync_speed_128",
+                                      "gba_minus_sync_auc_128", "shadow_64_vs_1_efficiency",
+                                      "wall_s_512"}
+    assert (tmp_path / "report.md").exists()
+
+
+def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
+    run_scenario("simulated", tmp_path, scale=1.0, seeds=1)
+    small = [(m, n, t) for m, n, t in SIMULATED if n in scenario.VALIDATION_WORKERS]
+    calibrations = [(m, t) for m, n, t in SIMULATED if n == 1]
+    assert sorted(m for m, _ in calibrations) == sorted(scenario.VALIDATION_MODES)
+    assert all(t.pull_side_s == t.push_side_s == 0.0 and t.compute_s == COMPUTE_S
+               for _, t in calibrations)
+    assert {(m, n) for m, n, _ in small} == {(m, n) for m in scenario.VALIDATION_MODES
+                                            for n in scenario.VALIDATION_WORKERS}
+    assert all(t.compute_s == COMPUTE_S for _, _, t in small)
+    # the overhead fitted on one worker: the real step (batch / 1000 samples/s) against the
+    # simulated one without overhead (batch / 1100)
+    real_step = scenario.VALIDATION_BATCH / REAL_SPEED
+    sim_step = scenario.VALIDATION_BATCH / 1100.0
+    # split as measured here: a quarter before the compute, the rest after
+    assert all(t.pull_side_s == pytest.approx(0.25 * (real_step - sim_step))
+               and t.push_side_s == pytest.approx(0.75 * (real_step - sim_step))
+               for _, _, t in small)
+    scaled = [t for _, n, t in SIMULATED if n not in (1, *scenario.VALIDATION_WORKERS)]
+    assert scaled and all(t.compute_s == 0.02 and (t.pull_side_s, t.push_side_s)
+                          == (0.001, 0.003) for t in scaled)
+    # every seed at 128 workers; 32 and 512 once
+    two = run_scenario("simulated", tmp_path / "two", scale=1.0, seeds=2)
+    assert len(two["arms"]["gba_128"]["auc_seeds"]) == 2
+    assert len(two["arms"]["gba_512"]["auc_seeds"]) == 1

@@ -1,0 +1,115 @@
+"""The simulated clock and the model of time (recsync/simulation/clock.py, timing.py), without a
+model or data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from recsync.simulation.client import SimGroup
+from recsync.simulation.clock import Clock, Deadlock, Future
+from recsync.simulation.timing import Speeds, Timing
+
+
+def test_processes_run_in_the_order_of_simulated_time():
+    clock, seen = Clock(), []
+
+    def worker(name, step_s, steps):
+        def run():
+            for i in range(steps):
+                clock.sleep(step_s)
+                seen.append((clock.now, name, i))
+        return run
+
+    clock.spawn(worker("slow", 2.0, 3), "slow")
+    clock.spawn(worker("fast", 1.0, 5), "fast")
+    clock.run()
+    assert [t for t, _, _ in seen] == sorted(t for t, _, _ in seen)
+    assert [(t, n) for t, n, _ in seen if n == "slow"] == [(2.0, "slow"), (4.0, "slow"),
+                                                           (6.0, "slow")]
+    assert clock.now == 6.0
+
+
+def test_a_future_wakes_its_waiter_when_an_event_resolves_it():
+    clock, got = Clock(), []
+    future = Future(clock)
+
+    def waiter():
+        got.append((clock.wait(future), clock.now))
+
+    clock.spawn(waiter, "waiter")
+    clock.at(3.5, lambda: future.resolve("answer"))
+    clock.run()
+    assert got == [("answer", 3.5)]
+
+
+def test_an_error_in_a_process_reaches_the_caller():
+    clock = Clock()
+
+    def broken():
+        clock.sleep(1.0)
+        raise ValueError("bad step")
+
+    clock.spawn(broken, "w")
+    with pytest.raises(ValueError, match="bad step"):
+        clock.run()
+
+
+def test_a_process_that_waits_for_nothing_is_a_deadlock():
+    clock = Clock()
+    clock.spawn(lambda: clock.wait(Future(clock)), "stuck worker")
+    with pytest.raises(Deadlock, match="stuck worker"):
+        clock.run()
+
+
+def test_the_all_reduce_sums_and_returns_when_the_last_member_arrived():
+    timing = Timing(compute_s=0.0, collective_latency_s=0.001, bytes_per_s=1e12)
+    clock = Clock()
+    group = SimGroup(clock, 3, timing)
+    out = {}
+
+    def member(rank):
+        def run():
+            clock.sleep(float(rank))  # rank 2 arrives last, at 2 s
+            t = torch.full((4,), float(rank + 1))
+            group.all_reduce(t)
+            out[rank] = (t.tolist(), clock.now)
+        return run
+
+    for r in range(3):
+        clock.spawn(member(r), f"w{r}")
+    clock.run()
+    expected_end = 2.0 + timing.all_reduce_s(16, 3)
+    for r in range(3):
+        assert out[r][0] == [6.0] * 4
+        assert out[r][1] == pytest.approx(expected_end)
+    assert group.rounds == 1 and group.waited_s == pytest.approx(2.0 + 1.0)
+
+
+def test_speeds_stragglers_slow_the_share_asked_within_the_factors():
+    factors = Speeds(kind="stragglers", share=0.1, low=2.0, high=5.0, seed=3).schedule(
+        200).initial()
+    slow = [f for f in factors if f > 1.0]
+    assert len(slow) == 20 and all(2.0 <= f <= 5.0 for f in slow)
+    assert Speeds(kind="constant").schedule(5).initial() == [1.0] * 5
+
+
+def test_a_trace_gives_each_worker_its_factor_over_time(tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps([1.5, [[10.0, 3.0], [20.0, 1.0]]]))
+    speeds = Speeds(kind="trace", trace=str(path)).schedule(2)
+    assert speeds.factor(0, 100.0) == 1.5
+    assert [speeds.factor(1, t) for t in (0.0, 10.0, 15.0, 25.0)] == [1.0, 3.0, 3.0, 1.0]
+    with pytest.raises(ValueError, match="one entry per worker"):
+        Speeds(kind="trace", trace=str(path)).schedule(3)
+
+
+def test_bad_timing_values_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="latency_s"):
+        Timing(latency_s=-1.0)
+    with pytest.raises(ValueError, match="speeds.kind"):
+        Speeds(kind="gamma")
+    with pytest.raises(ValueError, match="speeds.low"):
+        Speeds(kind="stragglers", low=0.5)

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from recsync.distributed.status import ALIVE, DEAD, ShardStatus, WorkerStatus
+from recsync.distributed.status import (ALIVE, DEAD, LEFT, PENDING, VACANT, ShardStatus,
+                                       WorkerStatus)
 from recsync.modes.base import FROM_REPLICA, REBUILD_GROUP, REPLACE
 
 MAX_WORKER_RESTARTS = 20  # per run: a crash loop must end in an error, not go on forever
@@ -95,7 +96,8 @@ def decide(mode, cfg, workers: list[WorkerStatus], shards: list[ShardStatus], *,
     if mode.worker_death == REPLACE:
         return Decision(Kind.REPLACE_WORKERS, ranks=everyone if group else failed, dead=failed)
     live = [w.rank for w in workers  # an elastic run's vacant, pending or left ranks are not
-            if w.rank not in failed and w.state in ("created", "running", "paused", "done")]
+            # (one whose group broke, in "error", still holds its replica)
+            if w.rank not in failed and w.state not in (VACANT, PENDING, LEFT)]
     if not live:
         return _abort("every worker died at once; the dense replicas are lost")
     if mode.worker_death == REBUILD_GROUP:

@@ -20,7 +20,8 @@ import tomli_w
 from pydantic import Field, ValidationError, create_model, model_validator
 
 from recsync.config_model import ModelConfig
-from recsync.config_sections import (AtPoint, ClusterConfig, ConfigError, DataConfig,
+from recsync.config_cluster import ClusterConfig
+from recsync.config_sections import (AtPoint, ConfigError, DataConfig,
                                      EmulationConfig, FaultsConfig,
                                      KillConfig, NetworkConfig, OutputConfig,
                                      RecoveryConfig, Section, StragglerConfig, TrainConfig)

@@ -50,3 +50,21 @@ def listening_socket(host: str) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def join_gloo_group(host: str, port: int, world: int, rank: int, backend: str, sock) -> None:
+    """Join the gloo (or NCCL) group whose TCP store listens on ``host``:``port``; ``sock``: that
+    store's listening socket where this process serves it (rank 0), else None. With the store on
+    loopback, every rank is on this machine: gloo's own connections then use the loopback
+    interface too (unless GLOO_SOCKET_IFNAME says otherwise)."""
+    import datetime as dt
+    import os
+
+    import torch.distributed as dist
+    if is_loopback(host) and (interface := loopback_interface()):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    fd = sock.detach() if sock is not None else None  # the store owns it from here
+    timeout = dt.timedelta(seconds=60)
+    store = dist.TCPStore(host, port, world, is_master=fd is not None, timeout=timeout,
+                          master_listen_fd=fd)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)

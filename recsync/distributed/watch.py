@@ -56,9 +56,11 @@ def watch(run, log: MetricsLog, end) -> tuple[list[WorkerStatus], dict]:
                 settle(run, statuses, shards, elapsed)
                 continue
             if run.elastic is not None:  # joins, leaves, the target (elastic.py)
+                before = (run.actors.live(), set(run.actors.pending))
                 run.elastic.tend(run, statuses)
-                # as tend left them (started, retired), each interval since the first poll
-                statuses = [s.after(e) for s, e in zip(run.poll(), statuses)]
+                if (run.actors.live(), set(run.actors.pending)) != before:
+                    # as tend left them (started, retired), each interval since the first poll
+                    statuses = [s.after(e) for s, e in zip(run.poll(), statuses)]
                 run.elastic.log_count(run, statuses)
             now = time.perf_counter()
             done = (all(s.state == "done" for s in statuses) if run.elastic is None

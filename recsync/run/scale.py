@@ -40,6 +40,10 @@ def ask(run_dir: str | Path, workers: int | None = None,
     if not c.elastic:
         raise ValueError(f"{config}: cluster.workers = {c.workers} is one number; only a run "
                          f"started with a range [min, max] changes its number of workers")
+    bad = [n for n in drain_nodes or [] if not is_node_id(n)]
+    if bad:
+        raise ValueError(f"--drain-node {bad[0]!r}: a Ray node id (or a prefix of one) is hex "
+                         f"digits")
     if workers is not None and not c.workers_min <= workers <= c.workers:
         raise ValueError(f"--workers {workers}: the run's range is [{c.workers_min}, "
                          f"{c.workers}] (cluster.workers)")
@@ -54,8 +58,25 @@ def ask(run_dir: str | Path, workers: int | None = None,
     return request
 
 
+def is_node_id(text) -> bool:
+    """Whether ``text`` can be a Ray node id or a prefix of one (hex digits)."""
+    return (isinstance(text, str) and 0 < len(text) <= 64
+            and all(c in "0123456789abcdef" for c in text))
+
+
+def well_formed(request) -> bool:
+    """Whether a line of the request file is a request as ``ask`` writes it (the file is in an
+    output directory anyone with access may append to: the driver takes no other)."""
+    if not isinstance(request, dict) or not isinstance(request.get("unix"), (int, float)):
+        return False
+    workers, nodes = request.get("workers"), request.get("drain_nodes", [])
+    return ((workers is None or (isinstance(workers, int) and not isinstance(workers, bool)))
+            and isinstance(nodes, list) and all(map(is_node_id, nodes)))
+
+
 def read(run_dir: str | Path) -> list[dict]:
-    """Every request in ``run_dir``, in the order made (a line cut short is left out)."""
+    """Every request in ``run_dir``, in the order made (a line cut short, or one that is not a
+    request as ``ask`` writes it, is left out)."""
     try:
         text = (Path(run_dir) / REQUEST_FILE).read_text()
     except FileNotFoundError:
@@ -63,9 +84,11 @@ def read(run_dir: str | Path) -> list[dict]:
     out = []
     for line in text.splitlines():
         try:
-            out.append(json.loads(line))
+            request = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if well_formed(request):
+            out.append(request)
     return out
 
 

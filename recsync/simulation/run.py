@@ -41,15 +41,15 @@ from recsync.simulation.workers import SimWorker
 from recsync.worker.queue import ChunkQueue
 
 LINE_EVERY_S = 0.5  # simulated seconds between metrics lines (the watch loop's POLL_S)
-SIMULATED_MODES = ("sync", "async", "gba", "hybrid", "eager")
 CALIBRATION_STEPS = 7  # real steps timed for the compute cost (the first two are warm-up)
 
 
 def refusal(cfg: RunConfig) -> str | None:
     """Why the simulator cannot run ``cfg`` faithfully (one line), or None."""
-    if cfg.mode not in SIMULATED_MODES:
+    simulated = [name for name, m in MODES.items() if m.simulated]
+    if cfg.mode not in simulated:
         return (f"mode {cfg.mode!r} is not simulated yet (the simulator runs "
-                f"{', '.join(SIMULATED_MODES)})")
+                f"{', '.join(simulated)})")
     unsupported = [
         (cfg.switching.enabled, "switching.enabled (mode switches)"),
         (cfg.recovery.kind != "none" or cfg.recovery.checkpoint_every_s > 0

@@ -24,7 +24,7 @@ from recsync.simulation.client import SimClient, SimGroup
 from recsync.simulation.clock import Clock
 from recsync.simulation.timing import Timing, WorkerSpeeds
 from recsync.worker.queue import ChunkQueue
-from recsync.worker.worker import step_feed, straggle_factor
+from recsync.worker.feed import step_feed, straggle_factor
 
 INTERVAL_KEYS = ("loss_sum", "loss_samples", "step_s", "interval_steps", "compute_s",
                  "compute_steps", "pull_wait_s", "push_wait_s")

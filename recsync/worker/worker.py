@@ -16,14 +16,12 @@ pause after the same step. ``resume`` goes on, in another mode if the driver swi
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import itertools
 import os
 import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
 
 import ray
 import torch
@@ -31,7 +29,7 @@ import torch
 from recsync.cluster import storage
 from recsync.cluster.device import group_backend, worker_device
 from recsync.cluster.emulation import EmulatedMachine, StepPacer, idle_cores, shadow_cores
-from recsync.cluster.net import is_loopback, listening_socket, loopback_interface
+from recsync.cluster.net import join_gloo_group, listening_socket
 from recsync.cluster.placement import where
 from recsync.config import RunConfig
 from recsync.data.reader import Dataset
@@ -43,35 +41,9 @@ from recsync.modes import MODES
 from recsync.modes.base import STOP, WorkerContext
 from recsync.ps.client import PSClient
 from recsync.run.signals import check_loss, ignore_interrupts, known_cause
+from recsync.worker.feed import step_feed, straggle_factor  # noqa: F401 (tests import it here)
 
 INTERVAL_KEYS = INTERVAL_FIELDS  # what status() reports since its previous call
-
-
-def straggle_factor(cfg: RunConfig, rank: int, elapsed_s: float) -> float:
-    """How many times slower this worker must run now (emulated stragglers; 1.0 = normal)."""
-    factor = 1.0
-    for s in cfg.faults.stragglers:
-        if s.worker == rank and s.start_s <= elapsed_s < s.end_s:
-            factor = max(factor, s.factor)
-    return factor
-
-
-def step_feed(source, lookahead: bool, max_steps: int, steps: Callable[[], int]):
-    """(batch, the batch after it or None, finished) for each step, then (None, None, None)
-    for ever: the end of ``source`` (its (batch, finished) pairs), or ``max_steps`` (0: none)
-    once ``steps()`` reaches it. ``ahead`` is given where the mode reads ahead (the source then
-    takes two slots in turn: the next batch may be the next chunk's)."""
-
-    def take(later: int):  # the batch ``later`` steps on, unless max_steps stops before
-        return None if max_steps and steps() + later >= max_steps else next(source, None)
-
-    current = take(0)
-    while current is not None:
-        ahead = take(1) if lookahead else None
-        yield current[0], ahead and ahead[0], current[1]
-        current = ahead if lookahead else take(0)
-    while True:
-        yield None, None, None
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
@@ -144,16 +116,8 @@ class Worker:
         """Join the gloo group whose store ``address`` gave (the worker that gave it serves it).
         With the store on loopback, every rank is on this machine: gloo's own connections then
         use the loopback interface too (unless GLOO_SOCKET_IFNAME says otherwise)."""
-        import torch.distributed as dist
-        if is_loopback(host) and (interface := loopback_interface()):
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
         sock, self._store_socket = self._store_socket, None
-        fd = sock.detach() if sock is not None else None  # the store owns it from here
-        timeout = dt.timedelta(seconds=60)
-        store = dist.TCPStore(host, port, world, is_master=fd is not None, timeout=timeout,
-                              master_listen_fd=fd)
-        dist.init_process_group(group_backend(self.device), store=store, rank=self.rank,
-                                world_size=world, timeout=timeout)
+        join_gloo_group(host, port, world, self.rank, group_backend(self.device), sock)
 
     def start(self, start_time: float, dense_state: dict | None = None) -> None:
         """Start training on a thread; ``start_time`` (epoch seconds) anchors fault schedules.

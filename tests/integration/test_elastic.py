@@ -23,6 +23,20 @@ def _last(out) -> dict:
     return json.loads(lines[-1]) if lines else {}
 
 
+def _stop(proc, cluster) -> None:
+    """The test's run (if the test failed midway, it goes too) and cluster, gone."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+    cluster.shutdown()
+
+
+def _completed(out) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed", summary.get("error")
+    return summary
+
+
 def _wait(proc, out, test, what: str, timeout_s: float = 180) -> None:
     deadline = time.time() + timeout_s
     while not ((out / "metrics.jsonl").exists() and test(_last(out))):
@@ -53,12 +67,8 @@ def test_workers_grow_when_a_node_joins_and_shrink_when_it_is_lost(tmp_path, dat
         log, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, log[-4000:]
     finally:
-        if proc is not None and proc.poll() is None:  # the test failed midway: the run goes too
-            proc.kill()
-            proc.wait(timeout=30)
-        cluster.shutdown()
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed", summary.get("error")
+        _stop(proc, cluster)
+    summary = _completed(out)
     e = summary["elastic"]
     counts = iter(p["workers"] for p in e["timeline"])
     assert all(n in counts for n in (2, 4, 2)), e["timeline"]
@@ -134,12 +144,8 @@ def test_a_drained_node_loses_its_workers_and_gets_no_new_one(tmp_path, data):
         log, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, log[-4000:]
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        cluster.shutdown()
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed", summary.get("error")
+        _stop(proc, cluster)
+    summary = _completed(out)
     e = summary["elastic"]
     (request,) = e["requests"]
     (drained,) = request["drained"]

@@ -171,3 +171,15 @@ def test_a_second_poll_keeps_the_first_polls_interval():
     assert both.loss_sum == 35.0 and abs(both.step_s - 0.44) < 1e-12
     with pytest.raises(ValueError):
         second.after(WorkerStatus(1, "running"))
+
+
+def test_lines_that_are_not_requests_are_not_taken(tmp_path):
+    """The request file is in an output directory: a line that is not what `ask` writes (a
+    number that is not a whole one, a node id that is not hex) is skipped, not obeyed."""
+    out = _running(tmp_path)
+    with open(out / "scale.jsonl", "a") as f:
+        f.write('{"unix": 1e12, "workers": "3"}\n{"unix": 1e12, "drain_nodes": ["a)b"]}\n[1]\n')
+    scale.ask(out, workers=3)
+    assert [r["workers"] for r in scale.Requests(out, since_unix=0.0).new()] == [3]
+    with pytest.raises(ValueError, match="hex digits"):
+        scale.ask(out, drain_nodes=["node-1"])

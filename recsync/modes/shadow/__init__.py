@@ -98,6 +98,7 @@ class ForegroundWorker(ShadowWorker):
 class Shadow(Mode):
     name = "shadow"
     joins = JOIN_FROM_REPLICA
+    simulated = False  # Hogwild threads and a shadow thread: not on the simulated clock yet
     worker = ShadowWorker
     worker_death = FROM_REPLICA
     summary_key = "shadow"

@@ -40,11 +40,12 @@ def carry_out(run, d: Decision, shards: list[ShardStatus], elapsed_s: float,
         return
     dead = list(d.dead)
     elastic = run.elastic is not None and d.kind in (Kind.REPLACE_WORKERS,
-                                                     Kind.RESTART_FROM_REPLICA)
+                                                     Kind.RESTART_FROM_REPLICA,
+                                                     Kind.REBUILD_GROUP)
     if not elastic:  # an elastic run counts its deaths in a window of time (elastic.py)
         run.tallies.count_restarts(len(d.dead))
     if elastic:
-        what = run.elastic.lost(run, dead)  # goes on with fewer; new ones asked for
+        what = run.elastic.lost(run, dead, d)  # goes on with fewer; new ones asked for
     elif d.kind is Kind.REPLACE_WORKERS:
         what = replace_workers(run, d, dead)
     elif d.kind is Kind.REBUILD_GROUP:

@@ -114,6 +114,8 @@ class Regroup:
 
     def _answering(self, run, ranks: list[int]) -> list[int]:
         """The built workers of ``ranks`` that answer; the others are asked for again."""
+        if not ranks:
+            return []
         actors = run.actors
         refs = {r: actors.workers[r].where.remote() for r in ranks}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=JOINER_CHECK_S)

@@ -196,3 +196,10 @@ def test_lines_that_are_not_requests_are_not_taken(tmp_path):
     assert [r["workers"] for r in scale.Requests(out, since_unix=0.0).new()] == [3]
     with pytest.raises(ValueError, match="hex digits"):
         scale.ask(out, drain_nodes=["node-1"])
+
+
+def test_the_sync_part_checks_the_group_went_4_2_4_in_order():
+    from recsync.bench.elastic_sync import went_through
+    assert went_through([2, 4, 2, 3, 4], [4, 2, 4])
+    assert not went_through([2, 4, 3, 4], [4, 2, 4])
+    assert not went_through([4, 2], [4, 2, 4])

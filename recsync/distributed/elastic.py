@@ -137,7 +137,7 @@ class ElasticWorkers:
         group: regroup.py): retired, their chunks requeued; new ones are asked for while the
         target wants them. Returns the event's text."""
         if self.group is not None:
-            return self.group.rebuild(run, decision, ranks)
+            return self.group.rebuild(run, decision.source, ranks)
         run.retire(ranks)
         for r in ranks:
             run.actors.workers[r] = None
@@ -201,7 +201,9 @@ class ElasticWorkers:
         matched = {n for n in [*nodes.values(), *shard_nodes] if n.startswith(prefix)}
         self.drained_nodes |= matched or {prefix}
         actors.avoid_nodes(self.drained_nodes)
-        again = sorted(actors.pending)  # they might be placed there
+        again = sorted(actors.pending) + sorted(  # they might be placed there; a group's
+            r for r, where in actors.waiting.items()  # built ones wait there
+            if where.get("node_id", "").startswith(prefix))
         actors.cancel(again)
         self._ask(run, again)
         self._tell_to_leave(run, ranks, f"node {prefix[:8]} drained")

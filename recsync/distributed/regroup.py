@@ -25,12 +25,13 @@ import time
 
 import ray
 
+from recsync.distributed.actions import restart_group
 from recsync.distributed.actors import ACTOR_GONE
 from recsync.distributed.errors import RunFailed
-from recsync.distributed.recovery_math import rebuild_point
 from recsync.distributed.spawn import form_group
 
-JOINER_CHECK_S = 10  # a built worker that does not answer this fast is not taken into a group
+JOINER_CHECK_S = 2  # a built worker that does not answer this fast is not taken into a group
+# now (the driver's poll waits for it)
 
 
 class Regroup:
@@ -53,7 +54,8 @@ class Regroup:
     def form(self, run) -> None:
         """If workers wait to join or were told to leave: pause every member after the same
         step and form the group again (the next poll tries again if a worker finished or
-        failed meanwhile, or a shard changed)."""
+        failed meanwhile, or a shard changed). A formation that fails part way (a worker died
+        or did not answer) rebuilds the group from a replica that answers."""
         el, actors = self.elastic, run.actors
         live = actors.live()
         leavers = [r for r in live if r in el.leaving]
@@ -62,9 +64,9 @@ class Regroup:
         if not (leavers or joiners) or not (staying or joiners):
             return  # nothing to do, or nobody to go on with: the leavers train on for now
         begin = time.time()
-        if not run.pause_all("elastic: the group changes size"):
-            return
         try:
+            if not run.pause_all("elastic: the group changes size"):
+                return
             step = common_step(actors)
             source = (staying or leavers)[0]
             state = actors.dense_state(source, timeout=60) if joiners else None
@@ -80,37 +82,51 @@ class Regroup:
             if joiners:
                 run.start_placed(joiners, state, step)
                 el.joined_now(run, built, joiners, source)
-        except ACTOR_GONE:  # a worker died meanwhile: the next poll rebuilds the group
-            self._resume_what_answers(actors, staying)
+        except Exception as e:  # noqa: BLE001 - whatever broke, the group is rebuilt
+            self._failed(run, e, staying + leavers)
             return
         self._log(run, step, members, joiners, leavers, time.time() - begin)
 
-    def rebuild(self, run, d, dead: list[int]) -> str:
-        """Workers ``dead`` died (the policy's REBUILD_GROUP): the group is rebuilt without
-        them at the step the PS completed; new workers are asked for. Returns the event's
-        text."""
+    def rebuild(self, run, source: int, dead: list[int]) -> str:
+        """Workers ``dead`` died (the policy's REBUILD_GROUP, or a formation that failed): the
+        group is rebuilt without them at the step the PS completed, from ``source``'s replica
+        (actions.restart_group); new workers are asked for. Returns the event's text."""
         el, actors = self.elastic, run.actors
-        states = actors.recovery_states(d.source)
         live = actors.live()
-        run.retire(live)
+        survivors = [r for r in live if r not in dead]
         for r in live:
-            actors.workers[r] = None
             el.joined.pop(r, None)
         el.count_deaths(run, dead)
-        actors.shard_call("drop_incomplete")
-        step, lagging, known = rebuild_point(actors.shard_versions(), states)
-        if not known:
-            raise RunFailed(f"cannot rebuild the {actors.mode} group: the PS completed step "
-                            f"{step}, worker {d.source}'s replica knows steps {sorted(states)}")
-        actors.advance_shards(step, lagging)
-        survivors = [r for r in live if r not in dead]
-        actors.shard_call("resize", len(survivors))
-        run.start_workers(survivors, states[step], step)
+        step, _ = restart_group(run, source, live, survivors)
+        for r in dead:
+            actors.workers[r] = None
         self._log(run, step, survivors, [], [], 0.0, rebuilt=True)
         el.meet_target(run)
         return (f"worker(s) {dead} died; {actors.mode} group rebuilt with {len(survivors)} "
-                f"worker(s) {survivors} at step {step} from worker {d.source}'s replica, their "
+                f"worker(s) {survivors} at step {step} from worker {source}'s replica, their "
                 f"chunks requeued; new workers asked for up to the target ({el.target})")
+
+    def _failed(self, run, error: Exception, members: list[int]) -> None:
+        """A formation broke part way: the workers that do not answer count as dead, and the
+        group is rebuilt from one of its ``members`` before (a joiner's replica is not the
+        group's) that answers; every live worker's leases go back to the queue."""
+        actors = run.actors
+        live = actors.live()
+        answering = []
+        for r in live:
+            with contextlib.suppress(Exception):
+                ray.get(actors.workers[r].recovery_states.remote(), timeout=10)
+                answering.append(r)
+        sources = [r for r in answering if r in members]
+        if not sources:
+            raise RunFailed(f"elastic: forming the {actors.mode} group again failed "
+                            f"({type(error).__name__}: {error}) and no worker's replica "
+                            f"answers") from error
+        dead = [r for r in live if r not in answering]
+        text = self.rebuild(run, sources[0], dead)
+        run.record.event(self.elastic.run_time(run, time.time()),
+                         f"elastic: forming the group again failed ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}); {text}")
 
     def _answering(self, run, ranks: list[int]) -> list[int]:
         """The built workers of ``ranks`` that answer; the others are asked for again."""
@@ -131,12 +147,6 @@ class Regroup:
             actors.cancel(gone)
             self.elastic.ask(run, gone)
         return [r for r in ranks if r not in gone]
-
-    @staticmethod
-    def _resume_what_answers(actors, ranks: list[int]) -> None:
-        for r in ranks:
-            with contextlib.suppress(*ACTOR_GONE):
-                ray.get(actors.workers[r].resume.remote(actors.mode, None, 0), timeout=10)
 
     def _log(self, run, step: int, members: list[int], joined: list[int], left: list[int],
              pause_s: float, rebuilt: bool = False) -> None:

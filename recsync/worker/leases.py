@@ -13,12 +13,15 @@ import ray
 class Leases:
     """Worker ``rank``'s leases. ``batch_size()`` is asked as each batch is read (an elastic
     sync run changes a worker's share of the global batch between steps); ``leaving()``: no
-    chunk is taken any more (what is held is finished)."""
+    chunk is taken any more (what is held is finished). ``keep_asking``: with the queue empty,
+    a step without a batch, and the queue asked again at the next (an elastic group's: a
+    leaver may hand a chunk back after the others found the queue empty; the group stops when
+    no member has a batch)."""
 
     def __init__(self, rank: int, queue, ds, cfg, batch_size: Callable[[], int],
-                 leaving: Callable[[], bool]):
+                 leaving: Callable[[], bool], keep_asking: bool = False):
         self.rank, self.queue, self.ds, self.cfg = rank, queue, ds, cfg
-        self.batch_size, self.leaving = batch_size, leaving
+        self.batch_size, self.leaving, self.keep_asking = batch_size, leaving, keep_asking
         self.taken: list = []  # (epoch, chunk) in the order they were trained on
         self.position: dict[int, int] = {}  # slot -> rows of its leased chunk handed out
         self.left_early = False  # it stopped taking chunks with some still to train
@@ -36,6 +39,9 @@ class Leases:
                 self.left_early = True
                 return
             taken = ray.get(self.queue.take_with_skip.remote(self.rank, slot))
+            if taken is None and self.keep_asking:
+                yield None, None
+                continue
             if taken is None:
                 return
             item, skip = taken  # skip: rows trained before (a restore, a hand over)

@@ -110,21 +110,25 @@ class ChunkQueue:
     def state(self, positions: dict[tuple[int, int], int] | None = None) -> dict:
         """The data position as plain JSON. ``positions``: rows trained of each leased item,
         by (worker, slot) (known when the workers are paused; else 0: a leased chunk is trained
-        again from its start). Leases are [item, rows trained, [worker, slot]]."""
+        again from its start). Leases are [item, rows trained, [worker, slot]];
+        ``pending_skip`` is [item, rows trained] of each pending item taken up part way before
+        (handed over, or restored and not taken since)."""
         positions = positions or {}
         leased = [[encode_item(item), positions.get(key, 0), list(key)]
                   for key, item in sorted(self.leased.items())]
         return {"pending": [encode_item(i) for i in self.pending], "leased": leased,
                 "completed": [[encode_item(i), n] for i, n in self.completed.items()],
                 "by_worker": {str(w): dict(s) for w, s in self.by_worker.items()},
-                "position_unit": "rows"}
+                "position_unit": "rows",
+                "pending_skip": [[encode_item(i), n] for i, n in self.skip.items()]}
 
     def restore(self, state: dict) -> None:
         """Go back to ``state`` (``in_rows``): its leases become the front of the queue, with
         their skips."""
         leased = [(decode_item(row), int(skip)) for row, skip, *_ in state["leased"]]
         self.pending = deque([i for i, _ in leased] + [decode_item(r) for r in state["pending"]])
-        self.skip = {i: s for i, s in leased if s}
+        self.skip = {decode_item(row): int(n) for row, n in state.get("pending_skip", [])}
+        self.skip.update({i: s for i, s in leased if s})
         self.leased = {}
         self.completed = Counter({decode_item(r): int(n) for r, n in state["completed"]})
         self.by_worker = {int(w): dict(s) for w, s in state["by_worker"].items()}

@@ -37,7 +37,7 @@ from recsync.model.compute import prepare, warm_up
 from recsync.model.optim import import_optimizers
 from recsync.model.setup import model_for
 from recsync.modes import MODES
-from recsync.modes.base import STOP, WorkerContext
+from recsync.modes.base import JOIN_REGROUP, STOP, WorkerContext
 from recsync.ps.client import PSClient
 from recsync.run.signals import check_loss, ignore_interrupts, known_cause
 from recsync.worker.feed import step_feed, straggle_factor  # noqa: F401 (tests import it here)
@@ -83,8 +83,12 @@ class Worker:
         self._thread = None
         self._store_socket = None  # rank 0's, from address() until join_group
         self.batch_size = cfg.train.batch_size  # an elastic sync run's group sets its share
+        # an elastic group's member leaves when the group is formed again without it: until
+        # then it trains on (a SIGTERM only tells the driver) and asks the queue every step
+        self.in_group = (cfg.cluster.elastic
+                         and MODES[mode or cfg.mode].elastic_join(cfg) == JOIN_REGROUP)
         self.leases = Leases(rank, queue, self.ds, cfg, lambda: self.batch_size,
-                             self._leaving.is_set)
+                             self._leaving.is_set, keep_asking=self.in_group)
         e = cfg.emulation  # the EMULATED cluster: this worker's machine and its threads' pacers
         self.machine = self.shadow_machine = None
         if shadow_cores(cfg) > 0:  # its rounds' CPU (its own thread's) is paid there, not here
@@ -203,10 +207,12 @@ class Worker:
 
     def leave(self) -> None:
         """Leave the run (elastic runs): take no chunk any more, finish the ones held, push what
-        was computed; ``status`` then says "left"."""
+        was computed; ``status`` then says "left". A group's member only says so (its
+        ``leaving_since``): it leaves when the driver forms the group again without it."""
         if self.leaving_since is None:
             self.leaving_since = time.time()
-        self._leaving.set()
+        if not self.in_group:
+            self._leaving.set()
 
     def where(self) -> dict:
         """This process's node and pid (cluster/placement.py)."""
@@ -340,8 +346,10 @@ class Worker:
     def _feed(self, slots: tuple[int, ...]):
         """(batch, the batch after it or None, finished) for each step (``step_feed``) of the
         chunks leased to ``slots``."""
+        steps = ((lambda: self.mode.step_index) if self.in_group  # the group's global step
+                 else (lambda: self.steps))
         return step_feed(self.leases.batches(slots), len(slots) > 1, self.cfg.train.max_steps,
-                         lambda: self.steps)
+                         steps)
 
     def _record(self, batch, loss: float | None, step_s: float) -> None:
         local = self._local

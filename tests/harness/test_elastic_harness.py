@@ -190,3 +190,39 @@ def test_chunks_given_back_after_the_others_are_done_are_trained_by_a_new_worker
     assert q["completed_never"] == 0 and q["completed"] == q["chunks"], q
     assert summary["samples"] >= Dataset(data).rows("train")
     assert [d["rank"] for d in summary["elastic"]["deaths"]] == [1]
+
+
+def test_a_sync_formation_that_fails_part_way_rebuilds_the_group(fake_ray, data, tmp_path,
+                                                                monkeypatch):
+    """The gloo group cannot be formed again (here: the second formation raises, as a member
+    dying or a store timing out would): the group is rebuilt from a member's replica at the
+    step the PS completed, without the leavers (their chunks handed over), and completes."""
+    from recsync.distributed import regroup
+    calls = []
+    real = regroup.form_group
+
+    def fails_once(actors, ranks):
+        calls.append(list(ranks))
+        if len(calls) == 2:
+            raise RuntimeError("[test] the store timed out")
+        return real(actors, ranks)
+
+    monkeypatch.setattr(regroup, "form_group", fails_once)
+    cfg = config(data, 'mode="sync"', "cluster.workers=[2, 4]", "cluster.ps_shards=2",
+                 f"data.chunk_rows={2 * B}", "train.epochs=8", "network.latency_ms=2")
+    out = tmp_path / "run"
+    out.mkdir()
+    thread, errors = _scaled(out, 4, [2])
+    summary = run(cfg, out)
+    thread.join(timeout=5)
+    assert not errors, errors
+    assert summary["status"] == "completed", summary["error"]
+    assert len(calls) == 2  # then the rebuild formed the group of the two (actors.spawn)
+    e = summary["elastic"]
+    last = e["formations"][-1]
+    assert last["rebuilt"] and len(last["members"]) == 2
+    assert len(e["drains"]) == 2 and e["deaths"] == []  # they had handed their chunks over
+    q = summary["queue"]
+    assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0
+    assert summary["samples"] >= 8 * Dataset(data).rows("train")
+    assert "forming the group again failed" in (out / "metrics.jsonl").read_text()

@@ -96,20 +96,7 @@ def test_a_worker_that_gets_sigterm_drains_and_a_new_one_takes_its_place(ray_clu
     cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=1",
                  f"data.chunk_rows={2 * B}", "train.epochs=20", "network.latency_ms=2")
     told = []
-
-    def preempt():  # SIGTERM to one worker process, as a cloud's preemption notice is
-        deadline = time.time() + 120
-        while not ((tmp_path / "metrics.jsonl").exists() and trained(tmp_path)):
-            if time.time() > deadline:
-                return
-            time.sleep(0.2)
-        workers = [p for p in psutil.process_iter(["cmdline"])
-                   if (p.info["cmdline"] or [""])[0].startswith("ray::Worker")]
-        if workers:
-            os.kill(workers[0].pid, signal.SIGTERM)
-            told.append(workers[0].pid)
-
-    thread = threading.Thread(target=preempt, daemon=True)
+    thread = threading.Thread(target=_preempt_a_worker, args=(tmp_path, told), daemon=True)
     thread.start()
     summary = run(cfg, tmp_path)
     thread.join(timeout=5)
@@ -153,14 +140,17 @@ def test_a_sync_group_forms_again_without_a_preempted_worker_and_with_a_new_one(
 
 
 def _preempt_a_worker(out, told: list) -> None:
-    """SIGTERM to one worker process once the run trains, as a cloud's preemption notice."""
-    deadline = time.time() + 120
+    """SIGTERM to one worker process of this run (made since it began: an earlier test's may
+    still be exiting) once the run trains, as a cloud's preemption notice."""
+    since = time.time()
+    deadline = since + 120
     while not ((out / "metrics.jsonl").exists() and trained(out)):
         if time.time() > deadline:
             return
         time.sleep(0.2)
-    workers = [p for p in psutil.process_iter(["cmdline"])
-               if (p.info["cmdline"] or [""])[0].startswith("ray::Worker")]
+    workers = [p for p in psutil.process_iter(["cmdline", "create_time"])
+               if (p.info["cmdline"] or [""])[0].startswith("ray::Worker")
+               and p.info["create_time"] >= since - 1]
     if workers:
         os.kill(workers[0].pid, signal.SIGTERM)
         told.append(workers[0].pid)

@@ -249,3 +249,15 @@ def test_the_data_position_counts_rows_and_an_older_one_in_batches_is_converted(
     assert fresh.take_with_skip(0) == (its[0], 256)
     with pytest.raises(ValueError, match="'bytes', not rows"):
         in_rows({**state, "position_unit": "bytes"}, 64)
+
+
+def test_a_handed_over_item_still_pending_keeps_its_rows_in_the_data_position():
+    """A job checkpoint taken while a handed-over chunk waits in the queue: a resumed run goes
+    on from the row the leaver reached, not from the chunk's start."""
+    its = items(epochs=1, chunks=3)
+    q = ChunkQueue(its)
+    first = q.take(0)
+    q.hand_over(0, {0: 5})
+    fresh = ChunkQueue(its)
+    fresh.restore(q.state())
+    assert fresh.take_with_skip(1) == (first, 5)

@@ -82,7 +82,8 @@ def restart_group(run, source: int, retired: list[int], members: list[int]) -> t
     then workers ``retired`` are retired, so no worker is left to push, the PS forgets the
     incomplete step, and the step it completed decides which state fresh workers for
     ``members`` start from on a new group (recovery_math.rebuild_point), the shards' step
-    barriers waiting for them all. Returns (that step, the shards that skipped its rows)."""
+    barriers waiting for them all (an elastic run's). Returns (that step, the shards that
+    skipped its rows)."""
     actors = run.actors
     states = actors.recovery_states(source)
     run.retire(retired)
@@ -92,7 +93,8 @@ def restart_group(run, source: int, retired: list[int], members: list[int]) -> t
         raise RunFailed(f"cannot rebuild the {actors.mode} group: the PS completed step {step}, "
                         f"worker {source}'s replica knows steps {sorted(states)}")
     actors.advance_shards(step, lagging)
-    actors.shard_call("resize", len(members))
+    if run.elastic is not None:  # a group of another size (regroup.py)
+        actors.shard_call("resize", len(members))
     run.start_workers(members, states[step], step)
     return step, lagging
 

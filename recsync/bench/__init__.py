@@ -35,7 +35,8 @@ SCENARIOS = {
     "dynamic": "dynamic embedding tables against fixed ones: AUC at the same memory, a "
                "drifting stream, bytes per row, pull and push rows/s, collisions",
     "elastic": "an elastic run going 4 -> 2 -> 4 workers against fixed runs (EMULATED); a "
-               "shard moved off a drained node of a 2-node loopback cluster",
+               "shard moved off a drained node of a 2-node loopback cluster; sync 4 -> 2 "
+               "-> 4 against a fixed 4 (eval AUC, 3 seeds)",
     "simulated": "the SIMULATED cluster against the EMULATED runtime at 2 and 4 workers; sync, "
                  "gba and async at 32-512 simulated workers with stragglers",
 }

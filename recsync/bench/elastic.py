@@ -14,6 +14,8 @@ machines):
   ``workers = [1, 2]``, 2 shards, partial recovery with a standby; once a third of the samples
   are trained, the node holding a shard (and not the standby) is drained
   (`recsync scale --drain-node`): its shard moves (distributed/shard_move.py). Not emulated.
+- the sync part (bench/elastic_sync.py): sync 4 -> 2 -> 4 workers against a fixed 4, 3 seeds,
+  the eval AUC compared. Not emulated.
 
 ``ROUNDS`` rounds of the three arms, interleaved. Figures: each phase's samples/s (the metrics
 lines of the phase, less the first ``SETTLE_LINES`` after the change (0.5 s each) and the
@@ -25,6 +27,8 @@ pushes, and the downtime of its pushes.
 
 Ratios: ``phase_speed_vs_fixed_min``, ``chunks_not_exactly_once``, ``join_to_first_step_s``,
 ``drain_s`` (the longest), ``shard_move_pls``; a phase's ratio is the median of the rounds'.
+The sync part's: ``scaled_sync_minus_fixed_auc`` (mean of the seeds),
+``scaled_sync_scaled_as_asked``, ``sync_formation_pause_s`` (the longest).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 
 from recsync.bench import emulated as em
 from recsync.bench.elastic_move import run_shard_move
+from recsync.bench.elastic_sync import run_sync_quality
 from recsync.config import RunConfig, load_config
 from recsync.metrics.plot import plot_runs
 from recsync.run import scale as scale_requests
@@ -138,6 +143,7 @@ def run(out: Path, scale: float) -> dict:
     rounds = [{name: _arm(cfg, out / f"round{k}" / name, rows) for name, cfg in cfgs.items()}
               for k in range(ROUNDS)]
     move = run_shard_move(out / "shard_move", data, rows)
+    sync = run_sync_quality(out / "sync", data, rows, ask_at, PHASES)
     per_round = [_phase_ratios(r) for r in rounds]
     # each phase's ratio, median of the rounds that measured all three phases
     measured = [r for r in per_round if r is not None]
@@ -155,6 +161,7 @@ def run(out: Path, scale: float) -> dict:
         "join_to_first_step_s": max(joins) if joins else None,
         "drain_s": max(drains) if drains else None,
         "shard_move_pls": move.get("pls"),
+        **sync["ratios"],
     }
     plot_runs([out / "round0" / n for n in ARMS], out / "elastic.png", list(ARMS))
     wall_s = time.perf_counter() - started
@@ -176,10 +183,10 @@ def run(out: Path, scale: float) -> dict:
             f"{SETTLE_LINES} metrics lines (0.5 s each) after a change; each phase is held "
             f"against the fixed run of its size in the same round. Per round: "
             + " | ".join(_round_text(k, r) for k, r in enumerate(rounds))
-            + f". Phase ratios per round (4, 2, 4 workers): {per_round}. Scenario wall time "
-              f"{wall_s / 60:.1f} min."),
+            + f". Phase ratios per round (4, 2, 4 workers): {per_round}. The sync part: "
+              f"{sync['text']}. Scenario wall time {wall_s / 60:.1f} min."),
         "arms": arms, "ratios": ratios, "wall_s": wall_s, "elastic": sections,
-        "phase_ratios_per_round": per_round,
+        "phase_ratios_per_round": per_round, "sync": sync,
         "configs": {f"{n} (recsync config)": c.to_toml() for n, c in cfgs.items()},
     }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -235,21 +235,30 @@ class Dataset:
         raise DataFormatError(f"{path}: {place} ({which}): id {value} is outside [0, {rows}), "
                               f"the table's rows in meta.json")
 
-    def batches(self, chunk: Chunk, batch_size: int, *, shuffle_seed: int | None = None,
-                epoch: int = 0) -> Iterator[Batch]:
-        """Batches of one chunk in order, or in a permutation seeded by (shuffle_seed, epoch).
+    def batches(self, chunk: Chunk, batch_size: int | Callable[[], int], *,
+                shuffle_seed: int | None = None, epoch: int = 0,
+                start: int = 0) -> Iterator[Batch]:
+        """Batches of one chunk in order, or in a permutation seeded by (shuffle_seed, epoch),
+        from its row ``start`` in that order (rows trained before a restore are skipped).
 
-        The last batch of a chunk may be smaller than ``batch_size``.
+        The last batch of a chunk may be smaller than ``batch_size``. A callable
+        ``batch_size`` is asked as each batch is read (an elastic sync run changes a worker's
+        share of the global batch between steps).
         """
+        size = batch_size if callable(batch_size) else (lambda: batch_size)
         if shuffle_seed is None:
-            for start in range(0, chunk.rows, batch_size):
-                yield self.read(chunk, slice(start, min(start + batch_size, chunk.rows)))
+            while start < chunk.rows:
+                stop = min(start + size(), chunk.rows)
+                yield self.read(chunk, slice(start, stop))
+                start = stop
             return
         whole = self.read(chunk)  # one sequential read, then shuffle in memory
         order = torch.from_numpy(np.random.default_rng(
             [shuffle_seed, epoch, chunk.part, chunk.start]).permutation(chunk.rows))
-        for start in range(0, chunk.rows, batch_size):
-            yield whole.take(order[start:start + batch_size])
+        while start < chunk.rows:
+            stop = min(start + size(), chunk.rows)
+            yield whole.take(order[start:stop])
+            start = stop
 
 
 def chunk_order(chunks: list[Chunk], *, epoch: int, shuffle_seed: int | None) -> list[Chunk]:

@@ -40,11 +40,12 @@ def carry_out(run, d: Decision, shards: list[ShardStatus], elapsed_s: float,
         return
     dead = list(d.dead)
     elastic = run.elastic is not None and d.kind in (Kind.REPLACE_WORKERS,
-                                                     Kind.RESTART_FROM_REPLICA)
+                                                     Kind.RESTART_FROM_REPLICA,
+                                                     Kind.REBUILD_GROUP)
     if not elastic:  # an elastic run counts its deaths in a window of time (elastic.py)
         run.tallies.count_restarts(len(d.dead))
     if elastic:
-        what = run.elastic.lost(run, dead)  # goes on with fewer; new ones asked for
+        what = run.elastic.lost(run, dead, d)  # goes on with fewer; new ones asked for
     elif d.kind is Kind.REPLACE_WORKERS:
         what = replace_workers(run, d, dead)
     elif d.kind is Kind.REBUILD_GROUP:
@@ -68,23 +69,34 @@ def replace_workers(run, d: Decision, dead: list[int]) -> str:
 
 
 def rebuild_group(run, d: Decision, dead: list[int]) -> str:
-    """A live replica's dense state as of its current step and the one before; then no worker
-    is left to push, the PS forgets the incomplete step, and the step it completed decides
-    which state the new group starts from (recovery_math.rebuild_point)."""
+    """Every worker restarts on a new group (restart_group)."""
+    step, lagging = restart_group(run, d.source, list(d.ranks), list(d.ranks))
+    return (f"worker(s) {dead} died; {run.actors.mode} group rebuilt at step {step} from worker "
+            f"{d.source}'s replica, chunks requeued"
+            + (f"; shard(s) {lagging} had not completed step {step - 1} and skip its row "
+               f"update" if lagging else ""))
+
+
+def restart_group(run, source: int, retired: list[int], members: list[int]) -> tuple:
+    """A live replica's (``source``'s) dense state as of its current step and the one before;
+    then workers ``retired`` are retired, so no worker is left to push, the PS forgets the
+    incomplete step, and the step it completed decides which state fresh workers for
+    ``members`` start from on a new group (recovery_math.rebuild_point), the shards' step
+    barriers waiting for them all (an elastic run's). Returns (that step, the shards that
+    skipped its rows)."""
     actors = run.actors
-    states = actors.recovery_states(d.source)
-    run.retire(list(d.ranks))
+    states = actors.recovery_states(source)
+    run.retire(retired)
     actors.shard_call("drop_incomplete")
     step, lagging, known = rebuild_point(actors.shard_versions(), states)
     if not known:
         raise RunFailed(f"cannot rebuild the {actors.mode} group: the PS completed step {step}, "
-                        f"worker {d.source}'s replica knows steps {sorted(states)}")
+                        f"worker {source}'s replica knows steps {sorted(states)}")
     actors.advance_shards(step, lagging)
-    run.start_workers(list(d.ranks), states[step], step)
-    return (f"worker(s) {dead} died; {actors.mode} group rebuilt at step {step} from worker "
-            f"{d.source}'s replica, chunks requeued"
-            + (f"; shard(s) {lagging} had not completed step {step - 1} and skip its row "
-               f"update" if lagging else ""))
+    if run.elastic is not None:  # a group of another size (regroup.py)
+        actors.shard_call("resize", len(members))
+    run.start_workers(members, states[step], step)
+    return step, lagging
 
 
 def restart_from_replica(run, d: Decision, dead: list[int]) -> str:

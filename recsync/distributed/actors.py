@@ -19,11 +19,11 @@ from recsync.cluster.placement import on_driver_node
 from recsync.config import RunConfig
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.faults import death_cause
-from recsync.distributed.spawn import new_worker, spawn_workers
+from recsync.distributed.spawn import form_group, new_worker, spawn_workers
 from recsync.distributed.status import DEAD, PENDING, RESTARTING, VACANT, ShardStatus, WorkerStatus
 from recsync.modes import MODES
 from recsync.ps.standby import start_shards
-from recsync.worker.queue import WorkQueue
+from recsync.worker.queue import WorkQueue, in_rows
 
 PAUSE_TIMEOUT_S = 120  # a worker pauses after its current step: minutes mean it is stuck
 SHARD_RESTART_WAIT_S = 60  # recovery: how long a restarting shard may take to answer
@@ -47,6 +47,8 @@ class RunActors:
         self.workers: list = [None] * cfg.cluster.workers  # None: no process (elastic runs)
         self.pending: dict[int, ray.ObjectRef] = {}  # elastic: rank -> its worker's ``where``,
         # answered once Ray placed and built it
+        self.waiting: dict[int, dict] = {}  # elastic sync: rank -> where its worker was built,
+        # until the group is formed again with it (regroup.py)
         self.gone: list[dict] = []  # figures of workers that left an elastic run (ending.py)
 
     @property
@@ -60,13 +62,13 @@ class RunActors:
         gives it), on a new group where the mode has one; ``start`` has them train."""
         spawn_workers(self, ranks, dense_state, step_index)
         if self.facts.needs_group(self.cfg):
-            host, port = ray.get(self.workers[0].address.remote())
-            ray.get([w.join_group.remote(host, port, len(self.workers)) for w in self.workers])
+            form_group(self, sorted(ranks))
 
     def live(self) -> list[int]:
         """The ranks whose worker was started and not retired since (a run of a fixed size:
         every rank)."""
-        return [r for r, w in enumerate(self.workers) if w is not None and r not in self.pending]
+        return [r for r, w in enumerate(self.workers)
+                if w is not None and r not in self.pending and r not in self.waiting]
 
     def spawn_later(self, ranks: list[int]) -> None:
         """Elastic runs: fresh workers for ``ranks``, not waited for: Ray builds each where and
@@ -103,6 +105,7 @@ class RunActors:
             ray.kill(self.workers[r], no_restart=True)
             self.workers[r] = None
             self.pending.pop(r, None)
+            self.waiting.pop(r, None)
 
     def leave(self, ranks: list[int]) -> None:
         """Workers ``ranks`` finish the chunks they hold and leave (Worker.leave)."""
@@ -168,10 +171,12 @@ class RunActors:
         if self.cfg.emulation.cores_per_shard > 0:
             self._idle_refs = [s.measure_idle.remote() for s in self.shards]
 
-    def start(self, ranks: list[int], start_unix: float, dense_state: dict | None = None) -> None:
+    def start(self, ranks: list[int], start_unix: float, dense_state: dict | None = None,
+              step_index: int = 0) -> None:
         """Workers ``ranks`` start training (``start_unix``: when the run's training began;
-        ``dense_state``: a live replica's, for workers built before it)."""
-        ray.get([self.workers[r].start.remote(start_unix, dense_state) for r in ranks])
+        ``dense_state``: a live replica's, for workers built before it, at ``step_index``)."""
+        ray.get([self.workers[r].start.remote(start_unix, dense_state, step_index)
+                 for r in ranks])
 
     def poll(self, tallies) -> list[WorkerStatus]:
         """Every worker's status, its counts including its rank's earlier processes'
@@ -181,8 +186,8 @@ class RunActors:
         refs = [w.status.remote() if r in live else None for r, w in enumerate(self.workers)]
         out = []
         for r, ref in enumerate(refs):
-            if ref is None:
-                state = PENDING if r in self.pending else VACANT
+            if ref is None:  # a built worker waiting for its group is pending too
+                state = PENDING if r in self.pending or r in self.waiting else VACANT
                 out.append(WorkerStatus(rank=r, state=state, **tallies.polled(r, 0, 0)))
                 continue
             try:
@@ -254,6 +259,14 @@ class RunActors:
         """Paused workers go on, in ``mode`` (default: the mode now)."""
         ray.get([self.workers[r].resume.remote(mode or self.mode, dense_state, step_index)
                  for r in self.live()])
+
+    def hand_over(self, ranks: list[int]) -> None:
+        """Paused workers ``ranks`` give their leased chunks back with the rows they trained
+        (queue.hand_over), before they are retired."""
+        for r in ranks:
+            rows = {slot: n for (_, slot), n in ray.get(
+                self.workers[r].positions.remote(), timeout=30).items()}
+            ray.get(self.queue.hand_over.remote(r, rows))
 
     def shard_statuses(self, watch, patience_s: float | None = None) -> list[ShardStatus]:
         """Every shard's status, as ``watch`` (shard_watch.ShardWatch) sees its answer.
@@ -347,10 +360,12 @@ class RunActors:
         else:
             loaded = ray.get([s.rollback.remote(seq) for s, seq in
                               zip(self.shards, sequences)], timeout=300)
-        queue = reshard.fold_queue(ckpt.meta["queue"], len(self.workers))
+        queue = reshard.fold_queue(in_rows(ckpt.meta["queue"], self.cfg.train.batch_size),
+                                   len(self.workers))
         ray.get(self.queue.restore.remote(queue))
         self.workers = [None] * len(self.workers)
         self.pending.clear()
+        self.waiting.clear()
         return {"versions": [x["version"] for x in loaded],
                 "load_s": max(x["load_s"] for x in loaded), "resharded": resharded,
                 "shards_before": len(sequences), "workers_before": len(ckpt.meta["done"]),

@@ -5,7 +5,9 @@ follows a target while the run goes on, nobody restarted.
   where and when it can place it. Training starts once ``min`` are built; the others start as
   they come (a node joined, the autoscaler added one).
 - Join: a built worker starts training as its mode says (Mode.elastic_join): at once on what
-  the shards hold (async, eager, gba), or from a live worker's dense replica (shadow with EASGD).
+  the shards hold (async, eager, gba), from a live worker's dense replica (shadow with EASGD),
+  or when the group is formed again with it (sync, hybrid: regroup.py, where leaves and deaths
+  are the formation's too).
 - Leave: a worker told to go (the target went down, its node is drained, or SIGTERM reached its
   process as a preemption notice) takes no chunk any more, finishes the ones it holds, pushes
   what it computed and reports "left"; then it is retired, its counts kept by its rank. One that
@@ -27,7 +29,8 @@ from recsync.distributed.actors import ACTOR_GONE
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.shard_move import move_shards, run_time
 from recsync.distributed.status import LEFT, WorkerStatus
-from recsync.modes.base import JOIN_FROM_REPLICA
+from recsync.distributed.regroup import Regroup
+from recsync.modes.base import JOIN_FROM_REPLICA, JOIN_REGROUP
 from recsync.run.scale import Requests
 
 ALIVE_STATES = ("created", "running", "paused", "done")  # a rank whose worker trains (or did)
@@ -40,7 +43,8 @@ class ElasticWorkers:
     """The worker count of one elastic run: its target, the workers asked for, joining and
     leaving, and what happened when (``section``)."""
 
-    def __init__(self, cfg, run_dir=None):
+    def __init__(self, cfg, facts, run_dir=None):
+        """``facts``: the run's mode (recsync.modes.base.Mode)."""
         c = cfg.cluster
         self.min, self.max, self.target = c.workers_min, c.workers, c.workers
         self.grace_s, self.timeout_s = c.drain_grace_s, c.below_min_timeout_s
@@ -62,6 +66,7 @@ class ElasticWorkers:
         self.drains: list[dict] = []  # {rank, why, time_s, drain_s, stopped}
         self.deaths: list[dict] = []  # {rank, time_s}
         self.requests_taken: list[dict] = []
+        self.group = Regroup(self) if facts.elastic_join(cfg) == JOIN_REGROUP else None
 
     # -- start -----------------------------------------------------------------------------
     def start(self, run, dense_state: dict | None = None) -> None:
@@ -96,9 +101,10 @@ class ElasticWorkers:
                                         "why": "SIGTERM to its process (preemption notice)"}
                 run.record.event(self._t(run, now), f"elastic: worker {s.rank} leaves (SIGTERM "
                                                     f"to its process: a preemption notice)")
-        for r, leave in list(self.leaving.items()):
+        for r, leave in list(self.leaving.items()):  # a group's leave is its formation's
             state = by_rank[r].state if r in by_rank else None
-            if state in (LEFT, "done") or now - leave["unix"] > self.grace_s:
+            if self.group is None and (state in (LEFT, "done")
+                                       or now - leave["unix"] > self.grace_s):
                 self._retire(run, r, stopped=state not in (LEFT, "done"), now=now)
         for r, (join, steps_before) in list(self.joined.items()):
             if r in by_rank and by_rank[r].steps > steps_before:
@@ -111,9 +117,12 @@ class ElasticWorkers:
                 self.moving = False
                 if move["shards"]:
                     self.moves.append({**move, "time_s": self._t(run, time.time())})
-        self._restart_if_work_left(run, statuses)
+        if self.group is None:
+            self._restart_if_work_left(run, statuses)
         self._join(run, run.actors.placed())
         self._meet_target(run)
+        if self.group is not None:
+            self.group.form(run)
         self._watch_minimum(run, now)
 
     def over(self, run, statuses: list[WorkerStatus]) -> bool:
@@ -123,29 +132,37 @@ class ElasticWorkers:
             return False
         return run.actors.chunks_left() == 0
 
-    def lost(self, run, ranks: list[int]) -> str:
-        """Workers ``ranks`` died (the policy's REPLACE or FROM_REPLICA): retired, their chunks
-        requeued; new ones are asked for while the target wants them. Returns the event's
-        text."""
+    def lost(self, run, ranks: list[int], decision) -> str:
+        """Workers ``ranks`` died (the policy's REPLACE or FROM_REPLICA; REBUILD_GROUP for a
+        group: regroup.py): retired, their chunks requeued; new ones are asked for while the
+        target wants them. Returns the event's text."""
+        if self.group is not None:
+            return self.group.rebuild(run, decision.source, ranks)
         run.retire(ranks)
-        now = time.time()
         for r in ranks:
             run.actors.workers[r] = None
             self.leaving.pop(r, None)
             self.joined.pop(r, None)
+        self.count_deaths(run, ranks)
+        self._meet_target(run)
+        return (f"worker(s) {ranks} died; their chunks requeued; {len(self._live(run))} "
+                f"worker(s) train on, new ones asked for up to the target ({self.target})")
+
+    def count_deaths(self, run, ranks: list[int]) -> None:
+        """Workers ``ranks`` died: in the section, and RunFailed for a crash loop."""
+        now = time.time()
+        for r in ranks:
+            self.leaving.pop(r, None)
             self.deaths.append({"rank": r, "time_s": self._t(run, now), "unix": now})
         recent = [d for d in self.deaths if now - d["unix"] <= DEATHS_WINDOW_S]
         if len(recent) > MAX_DEATHS:
             raise RunFailed(f"{len(recent)} workers died within {DEATHS_WINDOW_S:g} s (the "
                             f"last: {ranks}); giving up. Check the worker logs for the cause.")
-        self._meet_target(run)
-        return (f"worker(s) {ranks} died; their chunks requeued; {len(self._live(run))} "
-                f"worker(s) train on, new ones asked for up to the target ({self.target})")
 
     def close(self, run) -> None:
-        """Training is over: workers asked for and not built are not wanted; those that left
-        are retired (their counts and figures kept)."""
-        run.actors.cancel(list(run.actors.pending))
+        """Training is over: workers asked for and not built (or waiting for their group) are
+        not wanted; those that left are retired (their counts and figures kept)."""
+        run.actors.cancel(list(run.actors.pending) + list(run.actors.waiting))
         for r in list(self.leaving):
             self._retire(run, r, stopped=False, now=time.time())
 
@@ -184,7 +201,9 @@ class ElasticWorkers:
         matched = {n for n in [*nodes.values(), *shard_nodes] if n.startswith(prefix)}
         self.drained_nodes |= matched or {prefix}
         actors.avoid_nodes(self.drained_nodes)
-        again = sorted(actors.pending)  # they might be placed there
+        again = sorted(actors.pending) + sorted(  # they might be placed there; a group's
+            r for r, where in actors.waiting.items()  # built ones wait there
+            if where.get("node_id", "").startswith(prefix))
         actors.cancel(again)
         self._ask(run, again)
         self._tell_to_leave(run, ranks, f"node {prefix[:8]} drained")
@@ -194,11 +213,16 @@ class ElasticWorkers:
     def _tell_to_leave(self, run, ranks: list[int], why: str) -> None:
         if not ranks:
             return
-        run.actors.leave(ranks)
+        if self.group is None:  # a group's members leave at its next formation
+            run.actors.leave(ranks)
         now = time.time()
         for r in ranks:
             self.leaving[r] = {"unix": now, "why": why}
         run.record.event(self._t(run, now), f"elastic: worker(s) {ranks} told to leave ({why})")
+
+    def retire_leaver(self, run, rank: int) -> None:
+        """A leaving worker of a group, paused, its chunks handed over: retired."""
+        self._retire(run, rank, stopped=False, now=time.time())
 
     def _retire(self, run, rank: int, stopped: bool, now: float) -> None:
         """A leaving worker retired; ``stopped``: it overran its grace (its chunk goes back to
@@ -228,6 +252,12 @@ class ElasticWorkers:
         built = {r: where for r, where in built.items() if r not in stray}
         if not built:
             return
+        if self.group is not None:  # they train once the group is formed with them
+            if initial:
+                self.group.first(run, built, state)
+            else:
+                run.actors.waiting.update(built)
+            return
         ranks = sorted(built)
         live = [r for r in self._live(run) if r not in built and r not in self.leaving]
         try:
@@ -243,12 +273,18 @@ class ElasticWorkers:
             run.actors.cancel(ranks)
             self._ask(run, ranks)
             return
+        self.joined_now(run, built, ranks, live[0] if state is not None and live else None)
+
+    def joined_now(self, run, built: dict[int, dict], ranks: list[int],
+                   source: int | None) -> None:
+        """Workers ``ranks`` (built where ``built`` says) started training now, from worker
+        ``source``'s replica (None: from what they were built with)."""
         now = time.time()
         for r in ranks:
             join = {"rank": r, "node": built[r].get("node_id"),
                     "asked_s": self._t(run, self.asked.get(r, now)),
                     "started_s": self._t(run, now), "first_step_s": None,
-                    "from_replica": live[0] if state is not None and live else None}
+                    "from_replica": source}
             self.joins.append(join)
             self.joined[r] = (join, run.tallies.done_before[r]["steps"])
         if self.count is not None:
@@ -269,12 +305,18 @@ class ElasticWorkers:
                                                         f"workers {done} ran out of data: new "
                                                         f"workers train them")
 
+    def meet_target(self, run) -> None:
+        self._meet_target(run)
+
+    def ask(self, run, ranks: list[int]) -> None:
+        self._ask(run, ranks)
+
     def _meet_target(self, run) -> None:
         """Ask for workers on vacant ranks, or send workers away, so that the workers training
         and asked for number the target (leaving ones do not count)."""
         actors = run.actors
         staying = [r for r in self._live(run) if r not in self.leaving]
-        pending = sorted(actors.pending)
+        pending = sorted(actors.pending) + sorted(actors.waiting)
         more = self.target - len(staying) - len(pending)
         if more > 0:
             vacant = [r for r, w in enumerate(actors.workers) if w is None][:more]
@@ -331,6 +373,8 @@ class ElasticWorkers:
     def _t(run, unix: float) -> float:
         return run_time(run, unix)
 
+    run_time = _t
+
     def section(self) -> dict:
         """summary.json's ``elastic``."""
         firsts = [j["first_step_s"] - j["started_s"] for j in self.joins
@@ -341,4 +385,5 @@ class ElasticWorkers:
                 "drained_nodes": sorted(self.drained_nodes), "shard_moves": self.moves,
                 "start_to_first_step_s_max": max(firsts) if firsts else None,
                 "drain_s_max": max((d["drain_s"] for d in self.drains), default=None),
-                "drains_stopped": sum(d["stopped"] for d in self.drains)}
+                "drains_stopped": sum(d["stopped"] for d in self.drains),
+                "formations": None if self.group is None else self.group.formations}

@@ -41,14 +41,16 @@ class DistributedRun:
         self.actors.spawn(ranks, dense_state, step_index)
         self.start_placed(ranks)
 
-    def start_placed(self, ranks: list[int], dense_state: dict | None = None) -> None:
+    def start_placed(self, ranks: list[int], dense_state: dict | None = None,
+                     step_index: int = 0) -> None:
         """Workers built apart (an elastic run's, actors.spawn_later) start training
-        (``dense_state``: a live replica's, for a mode whose joins start from one)."""
+        (``dense_state``: a live replica's, for a mode whose joins start from one, at global
+        step ``step_index``)."""
         self.shard_watch.workers_started(ranks)
         if self.tallies.start_clock(self.record.train_s_before, time.time()):
             self.record.train_start = time.perf_counter()  # start-up is not training time
             self.actors.measure_idle()
-        self.actors.start(ranks, self.tallies.start_unix, dense_state)
+        self.actors.start(ranks, self.tallies.start_unix, dense_state, step_index)
 
     def poll(self) -> list[WorkerStatus]:
         """Every worker's status, with its rank's counts (actors.poll)."""

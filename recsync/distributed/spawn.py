@@ -1,4 +1,5 @@
-"""Start worker processes, and start again one whose node died before it ran.
+"""Start worker processes (and form their group), and start again one whose node died before
+it ran.
 
 When a node dies, Ray moves its placement-group bundles to other nodes only once the cluster
 has marked the node dead (seconds of missed heartbeats). A worker restarted in that gap is
@@ -44,6 +45,28 @@ def spawn_workers(actors, ranks: list[int], dense_state: dict | None, step_index
         time.sleep(PAUSE_S)
         for r in lost:
             actors.workers[r] = new_worker(actors, r, dense_state, step_index)
+
+
+def form_group(actors, ranks: list[int]) -> None:
+    """Workers ``ranks`` (built, not training: new or paused) form a new gloo group, with group
+    ranks in the order given, each with its share of the global batch (``shares``)."""
+    sizes = shares(global_batch(actors.cfg), len(ranks))
+    host, port = ray.get(actors.workers[ranks[0]].address.remote())
+    ray.get([actors.workers[r].join_group.remote(host, port, len(ranks), g, sizes[g])
+             for g, r in enumerate(ranks)])
+
+
+def global_batch(cfg) -> int:
+    """Rows of one step of a group: ``train.batch_size`` per worker at ``cluster.workers``
+    (an elastic run's maximum): the same whatever the group's size."""
+    return cfg.train.batch_size * cfg.cluster.workers
+
+
+def shares(total: int, n: int) -> list[int]:
+    """Each of ``n`` group ranks' rows of a global batch of ``total``: equal, the first
+    ``total mod n`` one row more."""
+    base, extra = divmod(total, n)
+    return [base + (g < extra) for g in range(n)]
 
 
 def new_worker(actors, rank: int, dense_state: dict | None, step_index: int):

@@ -24,6 +24,7 @@ from recsync.distributed.shard_watch import ShardWatch
 from recsync.distributed.tallies import RunTallies
 from recsync.distributed.watch import watch
 from recsync.metrics.core import MetricsLog
+from recsync.modes import MODES
 from recsync.run import warm_start
 from recsync.run.local_run import CHUNK_BATCHES
 from recsync.run.record import RunRecord
@@ -69,7 +70,7 @@ def build_run(cfg: RunConfig, ds: Dataset, checkpoint_root: Path | None = None,
     run = DistributedRun(cfg, ds, record, model, actors, tallies, shard_watch, rounds)
     run.best = BestKept(run, on_eval)
     if cfg.cluster.elastic:
-        run.elastic = ElasticWorkers(cfg, run_dir)
+        run.elastic = ElasticWorkers(cfg, MODES[cfg.mode], run_dir)
     return run
 
 

@@ -47,6 +47,9 @@ FROM_REPLICA = "from_replica"  # dead ranks (all, if there is a group) restart f
 # its pushes applied, and goes (distributed/elastic.py):
 JOIN_AS_IS = "as_is"  # the shards hold what it needs: it pulls and trains (async, eager, gba)
 JOIN_FROM_REPLICA = "from_replica"  # it starts from a live worker's dense replica (shadow)
+JOIN_REGROUP = "regroup"  # every worker pauses after the same step and the group is formed
+# again at its new size, with the same global batch (sync, hybrid: distributed/regroup.py); a
+# leave is then no drain: the leaver's chunk goes on with the others from where it stopped
 
 
 class Contract(ABCMeta):
@@ -249,10 +252,12 @@ class Mode(metaclass=Contract, abstract=True):
 
     @classmethod
     def elastic_join(cls, cfg) -> str | None:
-        """What a worker joining an elastic run starts from (JOIN_AS_IS, JOIN_FROM_REPLICA), or
-        None where the mode cannot change its number of workers during a run at ``cfg``'s
-        settings (a process group would have to be rebuilt at another size: not built)."""
-        return None if cls.needs_group(cfg) else cls.joins
+        """What a worker joining an elastic run starts from (JOIN_AS_IS, JOIN_FROM_REPLICA,
+        JOIN_REGROUP), or None where the mode cannot change its number of workers during a run
+        at ``cfg``'s settings (a process group that only JOIN_REGROUP forms again)."""
+        if cls.needs_group(cfg) and cls.joins != JOIN_REGROUP:
+            return None
+        return cls.joins
 
 
     @classmethod

@@ -23,7 +23,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from recsync.cluster.device import host, on_host
 from recsync.model import loss as model_loss
 from recsync.model.optim import dense_step, make_dense_optimizer
-from recsync.modes.base import REBUILD_GROUP, STOP, Mode, ShardRule, WorkerMode
+from recsync.modes.base import JOIN_REGROUP, REBUILD_GROUP, STOP, Mode, ShardRule, WorkerMode
 from recsync.modes.handover import from_flat, to_flat
 from recsync.ps.aggregation import GradientBuffer
 
@@ -170,6 +170,14 @@ class StepBarrier(ShardRule):
             applied = True
         return applied
 
+    def resize(self, core, num_workers: int) -> None:
+        """An elastic run's group changed its size while every worker was paused, its pushes
+        applied: each step from now on waits for ``num_workers`` pushes."""
+        if self.pending:
+            raise RuntimeError(f"the group changes size with steps {sorted(self.pending)} "
+                               f"incomplete")
+        self.num_workers = num_workers
+
     def drop_incomplete(self, core) -> int:
         """Forget the contributions to steps that will never complete (a worker died before
         pushing them; the group is rebuilt and redoes them). Returns how many."""
@@ -192,6 +200,7 @@ class Sync(Mode):
     pauses_for_checkpoint = True
     worker_death = REBUILD_GROUP
     switchable = True
+    joins = JOIN_REGROUP
 
     @classmethod
     def needs_group(cls, cfg) -> bool:

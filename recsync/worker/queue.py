@@ -7,7 +7,9 @@ A worker whose threads train in parallel (Hogwild) holds one lease per thread (`
 
 ``state`` and ``restore`` are the data position in a job checkpoint: what is pending, leased
 and completed. A restored lease goes back to the front of the queue with the number of its
-batches already trained (``skip``), which the next worker to take it skips.
+rows already trained (``skip``), which the next worker to take it skips; so does a lease that a
+worker of an elastic sync run hands over as it leaves (``hand_over``). Positions are in rows,
+not batches: the workers of an elastic sync run change their batch size as the group does.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class ChunkQueue:
         self.leased: dict[tuple[int, int], Item] = {}  # (worker, slot) -> item
         self.completed: Counter = Counter()       # item -> times completed (must end at 1)
         self.by_worker: dict[int, dict] = {}
-        self.skip: dict[Item, int] = {}  # item -> batches already trained (after a restore)
+        self.skip: dict[Item, int] = {}  # item -> rows already trained (after a restore)
         self.num_items = len(set(items))  # the run's (epoch, chunk) items, each done once
         self.dropped: set = set()  # items ``drain`` took away (early stopping), each once
         self.released = self.released_rows = 0  # leases given back (``release``): what their
@@ -77,6 +79,18 @@ class ChunkQueue:
         self.released_rows += sum(c.rows for _, c in items)
         return items
 
+    def hand_over(self, worker: int, rows: dict[int, int]) -> list[Item]:
+        """A paused worker leaves (an elastic sync run): its leased items go back to the front
+        of the queue with the rows of each it trained (``rows``: by slot), which the next worker
+        to take one skips. Nothing is trained twice, so nothing counts as released."""
+        keys = [k for k in self.leased if k[0] == worker]
+        items = [self.leased.pop(k) for k in keys]
+        for (_, slot), item in zip(keys, items):
+            if rows.get(slot):
+                self.skip[item] = rows[slot]
+        self.pending.extendleft(reversed(items))
+        return items
+
     def drain(self) -> int:
         """The run stops early (train.patience): no item is handed out any more (the leased
         ones are finished; after a recovery restored the queue, its leases are pending again
@@ -88,26 +102,33 @@ class ChunkQueue:
         return n
 
     def take_with_skip(self, worker: int, slot: int = 0) -> tuple[Item, int] | None:
-        """``take``, and how many of the item's batches were trained before a restore."""
+        """``take``, and how many of the item's rows were trained before (a restore, a hand
+        over)."""
         item = self.take(worker, slot)
         return None if item is None else (item, self.skip.pop(item, 0))
 
     def state(self, positions: dict[tuple[int, int], int] | None = None) -> dict:
-        """The data position as plain JSON. ``positions``: batches trained of each leased
-        item, by (worker, slot) (known when the workers are paused; else 0: a leased chunk is
-        trained again from its start). Leases are [item, batches trained, [worker, slot]]."""
+        """The data position as plain JSON. ``positions``: rows trained of each leased item,
+        by (worker, slot) (known when the workers are paused; else 0: a leased chunk is trained
+        again from its start). Leases are [item, rows trained, [worker, slot]];
+        ``pending_skip`` is [item, rows trained] of each pending item taken up part way before
+        (handed over, or restored and not taken since)."""
         positions = positions or {}
         leased = [[encode_item(item), positions.get(key, 0), list(key)]
                   for key, item in sorted(self.leased.items())]
         return {"pending": [encode_item(i) for i in self.pending], "leased": leased,
                 "completed": [[encode_item(i), n] for i, n in self.completed.items()],
-                "by_worker": {str(w): dict(s) for w, s in self.by_worker.items()}}
+                "by_worker": {str(w): dict(s) for w, s in self.by_worker.items()},
+                "position_unit": "rows",
+                "pending_skip": [[encode_item(i), n] for i, n in self.skip.items()]}
 
     def restore(self, state: dict) -> None:
-        """Go back to ``state``: its leases become the front of the queue, with their skips."""
+        """Go back to ``state`` (``in_rows``): its leases become the front of the queue, with
+        their skips."""
         leased = [(decode_item(row), int(skip)) for row, skip, *_ in state["leased"]]
         self.pending = deque([i for i, _ in leased] + [decode_item(r) for r in state["pending"]])
-        self.skip = {i: s for i, s in leased if s}
+        self.skip = {decode_item(row): int(n) for row, n in state.get("pending_skip", [])}
+        self.skip.update({i: s for i, s in leased if s})
         self.leased = {}
         self.completed = Counter({decode_item(r): int(n) for r, n in state["completed"]})
         self.by_worker = {int(w): dict(s) for w, s in state["by_worker"].items()}
@@ -127,6 +148,19 @@ class ChunkQueue:
                 "released": self.released, "released_rows": self.released_rows,
                 "dropped": sum(1 for i in self.dropped if not self.completed.get(i)),
                 "by_worker": {str(w): s for w, s in sorted(self.by_worker.items())}}
+
+
+def in_rows(state: dict, batch_size: int) -> dict:
+    """A data position with its leases' positions in rows: a job checkpoint written before
+    positions were rows counted batches of ``train.batch_size`` (the run's, then every
+    worker's)."""
+    unit = state.get("position_unit", "batches")
+    if unit == "rows":
+        return state
+    if unit != "batches":
+        raise ValueError(f"the data position's positions are in {unit!r}, not rows")
+    leased = [[item, int(n) * batch_size, *rest] for item, n, *rest in state["leased"]]
+    return {**state, "leased": leased, "position_unit": "rows"}
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -151,6 +185,9 @@ class WorkQueue:
 
     def release(self, worker: int) -> list[Item]:
         return self.q.release(worker)
+
+    def hand_over(self, worker: int, rows: dict[int, int]) -> list[Item]:
+        return self.q.hand_over(worker, rows)
 
     def drain(self) -> int:
         return self.q.drain()

@@ -16,7 +16,6 @@ pause after the same step. ``resume`` goes on, in another mode if the driver swi
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import signal
 import threading
@@ -38,10 +37,11 @@ from recsync.model.compute import prepare, warm_up
 from recsync.model.optim import import_optimizers
 from recsync.model.setup import model_for
 from recsync.modes import MODES
-from recsync.modes.base import STOP, WorkerContext
+from recsync.modes.base import JOIN_REGROUP, STOP, WorkerContext
 from recsync.ps.client import PSClient
 from recsync.run.signals import check_loss, ignore_interrupts, known_cause
 from recsync.worker.feed import step_feed, straggle_factor  # noqa: F401 (tests import it here)
+from recsync.worker.leases import Leases
 
 INTERVAL_KEYS = INTERVAL_FIELDS  # what status() reports since its previous call
 
@@ -74,7 +74,6 @@ class Worker:
         self._pause_requested = threading.Event()
         self._leaving = threading.Event()  # told to leave: no chunk is taken any more
         self.leaving_since: float | None = None
-        self.left_early = False  # it left with chunks still to train (else: out of data)
         if cfg.cluster.elastic and threading.current_thread() is threading.main_thread():
             # a preemption notice: this worker drains as if the driver had told it to leave
             signal.signal(signal.SIGTERM, lambda *_: self.leave())
@@ -83,8 +82,13 @@ class Worker:
         self._lock = threading.Lock()
         self._thread = None
         self._store_socket = None  # rank 0's, from address() until join_group
-        self.taken: list = []  # (epoch, chunk) in the order this worker trained on them
-        self.position: dict[int, int] = {}  # slot -> batches of its leased chunk handed out
+        self.batch_size = cfg.train.batch_size  # an elastic sync run's group sets its share
+        # an elastic group's member leaves when the group is formed again without it: until
+        # then it trains on (a SIGTERM only tells the driver) and asks the queue every step
+        self.in_group = (cfg.cluster.elastic
+                         and MODES[mode or cfg.mode].elastic_join(cfg) == JOIN_REGROUP)
+        self.leases = Leases(rank, queue, self.ds, cfg, lambda: self.batch_size,
+                             self._leaving.is_set, keep_asking=self.in_group)
         e = cfg.emulation  # the EMULATED cluster: this worker's machine and its threads' pacers
         self.machine = self.shadow_machine = None
         if shadow_cores(cfg) > 0:  # its rounds' CPU (its own thread's) is paid there, not here
@@ -112,20 +116,30 @@ class Worker:
         self._store_socket = listening_socket(host)
         return host, self._store_socket.getsockname()[1]
 
-    def join_group(self, host: str, port: int, world: int) -> None:
-        """Join the gloo group whose store ``address`` gave (the worker that gave it serves it).
-        With the store on loopback, every rank is on this machine: gloo's own connections then
-        use the loopback interface too (unless GLOO_SOCKET_IFNAME says otherwise)."""
+    def join_group(self, host: str, port: int, world: int, group_rank: int | None = None,
+                   batch_size: int | None = None) -> None:
+        """Join the gloo group whose store ``address`` gave (the worker that gave it serves it),
+        as ``group_rank`` (default: this worker's rank), leaving the group it was in (an
+        elastic sync run's group changes while its workers are paused), with ``batch_size``
+        rows a step from now on (its share of the global batch). With the store on loopback,
+        every rank is on this machine: gloo's own connections then use the loopback interface
+        too (unless GLOO_SOCKET_IFNAME says otherwise)."""
         sock, self._store_socket = self._store_socket, None
-        join_gloo_group(host, port, world, self.rank, group_backend(self.device), sock)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        join_gloo_group(host, port, world, self.rank if group_rank is None else group_rank,
+                        group_backend(self.device), sock)
+        if batch_size is not None:
+            self.batch_size = batch_size
 
-    def start(self, start_time: float, dense_state: dict | None = None) -> None:
+    def start(self, start_time: float, dense_state: dict | None = None,
+              step_index: int = 0) -> None:
         """Start training on a thread; ``start_time`` (epoch seconds) anchors fault schedules.
         ``dense_state``: a live replica's, for a worker joining an elastic run after it was
-        built (the replica it was built with is older)."""
+        built (the replica it was built with is older), at global step ``step_index``."""
         self.start_time = time.time() if start_time is None else start_time
         if dense_state is not None:
-            self.mode = self._make_mode(self.mode_name, dense_state, 0)
+            self.mode = self._make_mode(self.mode_name, dense_state, step_index)
         self.state = "running"
         self._thread = threading.Thread(target=self._run, name=f"train-{self.rank}", daemon=True)
         self._thread.start()
@@ -141,12 +155,12 @@ class Worker:
                 "lost_pushes": sum(c.lost_pushes for c in self.clients), **interval}
 
     def taken_chunks(self) -> list:
-        return list(self.taken)
+        return list(self.leases.taken)
 
     def positions(self) -> dict[tuple[int, int], int]:
-        """{(rank, slot): batches of the chunk leased to that slot handed out to training}:
+        """{(rank, slot): rows of the chunk leased to that slot handed out to training}:
         while paused, each one's step is done (the data position of a job checkpoint)."""
-        return {(self.rank, slot): n for slot, n in self.position.items()}
+        return {(self.rank, slot): n for slot, n in self.leases.position.items()}
 
     def dense_state(self) -> dict | None:
         """The dense state this worker's mode holds (modes/base.py), None where the PS does."""
@@ -193,10 +207,12 @@ class Worker:
 
     def leave(self) -> None:
         """Leave the run (elastic runs): take no chunk any more, finish the ones held, push what
-        was computed; ``status`` then says "left"."""
+        was computed; ``status`` then says "left". A group's member only says so (its
+        ``leaving_since``): it leaves when the driver forms the group again without it."""
         if self.leaving_since is None:
             self.leaving_since = time.time()
-        self._leaving.set()
+        if not self.in_group:
+            self._leaving.set()
 
     def where(self) -> dict:
         """This process's node and pid (cluster/placement.py)."""
@@ -300,7 +316,7 @@ class Worker:
             feeds = [self._feed(s) for s in slots]
             self.mode.run([lambda t=t: self._one_step(t, feeds[t])
                            for t in range(self.mode.threads)])
-            self.state = "left" if self.left_early else "done"  # else: out of data
+            self.state = "left" if self.leases.left_early else "done"  # else: out of data
         except Exception as e:  # reported through status(); the driver decides what to do
             known = known_cause(e)  # bad data, a diverging model: one line, no traceback
             self.error = known or f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
@@ -322,7 +338,7 @@ class Worker:
         self._record(batch, loss, time.perf_counter() - begin)
         check_loss(loss, step=self.steps, mode=self.mode_name, who=f"worker {self.rank}")
         if finished is not None:
-            self._chunk_done(*finished)
+            self.leases.done(*finished)
         if self.mode.agreed_pause():
             self._pause()
         return True
@@ -330,43 +346,10 @@ class Worker:
     def _feed(self, slots: tuple[int, ...]):
         """(batch, the batch after it or None, finished) for each step (``step_feed``) of the
         chunks leased to ``slots``."""
-        return step_feed(self._leased_batches(slots), len(slots) > 1, self.cfg.train.max_steps,
-                         lambda: self.steps)
-
-    def _leased_batches(self, slots: tuple[int, ...]):
-        """(batch, finished): ``finished`` is (chunk, slot) on the last batch of a chunk, for
-        the caller to report done once that batch's step is done. Successive chunks take
-        turns in ``slots``: with two, a caller may look a batch ahead into the next chunk
-        while the last step of the current one is under way."""
-        t = self.cfg.train
-        seed = t.seed if self.cfg.data.shuffle else None
-        for k in itertools.count():
-            slot = slots[k % len(slots)]
-            if self._leaving.is_set():
-                self.left_early = True
-                return
-            taken = ray.get(self.queue.take_with_skip.remote(self.rank, slot))
-            if taken is None:
-                return
-            item, skip = taken
-            epoch, chunk = item
-            self.taken.append(item)
-            self.position[slot] = skip
-            previous = None
-            batches = self.ds.batches(chunk, t.batch_size, shuffle_seed=seed, epoch=epoch)
-            for batch in itertools.islice(batches, skip, None):  # skip: trained before a restore
-                if previous is not None:
-                    self.position[slot] += 1
-                    yield previous, None
-                previous = batch
-            if previous is None:
-                self._chunk_done(item, slot)
-            else:
-                self.position[slot] += 1
-                yield previous, (item, slot)
-
-    def _chunk_done(self, item, slot: int) -> None:
-        ray.get(self.queue.done.remote(self.rank, item, slot))
+        steps = ((lambda: self.mode.step_index) if self.in_group  # the group's global step
+                 else (lambda: self.steps))
+        return step_feed(self.leases.batches(slots), len(slots) > 1, self.cfg.train.max_steps,
+                         steps)
 
     def _record(self, batch, loss: float | None, step_s: float) -> None:
         local = self._local

@@ -146,8 +146,10 @@ class Actor:
         """The verbs that touch the process or the network, done here; None: not one."""
         if name == "address":  # gloo's store: the group is found by its port
             return ("127.0.0.1", self.runtime.new_port())
-        if name == "join_group":
-            _, port, world = args
+        if name == "join_group":  # (host, port, world[, group rank, batch size])
+            _, port, world, *more = args
+            if len(more) > 1 and more[1] is not None:
+                inc.instance.batch_size = more[1]
             inc.group = self.runtime.group(("group", port), world)
             inc.groups.append(inc.group)
             inc.world = world

@@ -53,10 +53,14 @@ def _scaled(out, start: int, steps: list[int]):
     return t, errors
 
 
-@pytest.mark.parametrize("mode", ["async", "gba", "eager"])
+@pytest.mark.parametrize("mode", ["async", "gba", "eager", "sync", "hybrid", "shadow",
+                                  "foreground"])
 def test_scaled_2_4_2_completes_every_chunk_once_and_counts_every_sample(fake_ray, data,
                                                                          tmp_path, mode):
-    cfg = config(data, f'mode="{mode}"', "cluster.workers=[2, 4]", "cluster.ps_shards=2",
+    """Every elastic mode (shadow and foreground with EASGD); sync and hybrid form their group
+    again at each change (their oracle at a fixed size: test_runtime_harness.py)."""
+    cfg = config(data, f'mode="{mode}"', 'shadow.algorithm="easgd"', "cluster.workers=[2, 4]",
+                 "cluster.ps_shards=2",
                  f"data.chunk_rows={2 * B}", "train.epochs=8", "network.latency_ms=2")
     out = tmp_path / "run"
     out.mkdir()
@@ -84,8 +88,11 @@ def test_scaled_2_4_2_completes_every_chunk_once_and_counts_every_sample(fake_ra
     assert {line["workers"] for line in _lines(out)} >= {2, 4}
 
 
-def test_a_dead_worker_is_not_waited_for_and_a_new_one_joins(fake_ray, data, tmp_path):
-    cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=2",
+@pytest.mark.parametrize("mode", ["async", "sync", "hybrid"])
+def test_a_dead_worker_is_not_waited_for_and_a_new_one_joins(fake_ray, data, tmp_path, mode):
+    """A group (sync, hybrid) is rebuilt without the dead worker, then formed again with the
+    new one."""
+    cfg = config(data, f'mode="{mode}"', "cluster.workers=[1, 2]", "cluster.ps_shards=2",
                  f"data.chunk_rows={2 * B}", "train.epochs=12", 'network.latency_ms=2',
                  'faults.kills=[{target="worker", index=1, at_s=1.0}]')
     summary = run(cfg, tmp_path)
@@ -96,6 +103,9 @@ def test_a_dead_worker_is_not_waited_for_and_a_new_one_joins(fake_ray, data, tmp
     queue = summary["queue"]
     assert queue["completed_more_than_once"] == 0 and queue["completed_never"] == 0
     assert summary["samples"] >= 12 * Dataset(data).rows("train")
+    if mode != "async":
+        sizes = [(len(f["members"]), f["rebuilt"]) for f in e["formations"]]
+        assert (1, True) in sizes and sizes[-1] == (2, False), sizes
 
 
 @pytest.mark.parametrize("mode", ["shadow", "foreground"])
@@ -117,8 +127,8 @@ def test_a_shadow_trainer_joins_from_a_live_replica(fake_ray, data, tmp_path, mo
 
 
 def test_a_range_is_refused_where_the_mode_cannot_change_its_workers(data):
-    with pytest.raises(Exception, match=r"mode 'sync' cannot change its number of workers"):
-        config(data, 'mode="sync"', "cluster.workers=[2, 4]")
+    with pytest.raises(Exception, match=r"mode 'shadow' cannot change its number of workers"):
+        config(data, 'mode="shadow"', 'shadow.algorithm="ma"', "cluster.workers=[2, 4]")
 
 
 @pytest.mark.parametrize("mode", ["async", "eager", "gba"])
@@ -180,3 +190,39 @@ def test_chunks_given_back_after_the_others_are_done_are_trained_by_a_new_worker
     assert q["completed_never"] == 0 and q["completed"] == q["chunks"], q
     assert summary["samples"] >= Dataset(data).rows("train")
     assert [d["rank"] for d in summary["elastic"]["deaths"]] == [1]
+
+
+def test_a_sync_formation_that_fails_part_way_rebuilds_the_group(fake_ray, data, tmp_path,
+                                                                monkeypatch):
+    """The gloo group cannot be formed again (here: the second formation raises, as a member
+    dying or a store timing out would): the group is rebuilt from a member's replica at the
+    step the PS completed, without the leavers (their chunks handed over), and completes."""
+    from recsync.distributed import regroup
+    calls = []
+    real = regroup.form_group
+
+    def fails_once(actors, ranks):
+        calls.append(list(ranks))
+        if len(calls) == 2:
+            raise RuntimeError("[test] the store timed out")
+        return real(actors, ranks)
+
+    monkeypatch.setattr(regroup, "form_group", fails_once)
+    cfg = config(data, 'mode="sync"', "cluster.workers=[2, 4]", "cluster.ps_shards=2",
+                 f"data.chunk_rows={2 * B}", "train.epochs=8", "network.latency_ms=2")
+    out = tmp_path / "run"
+    out.mkdir()
+    thread, errors = _scaled(out, 4, [2])
+    summary = run(cfg, out)
+    thread.join(timeout=5)
+    assert not errors, errors
+    assert summary["status"] == "completed", summary["error"]
+    assert len(calls) == 2  # then the rebuild formed the group of the two (actors.spawn)
+    e = summary["elastic"]
+    last = e["formations"][-1]
+    assert last["rebuilt"] and len(last["members"]) == 2
+    assert len(e["drains"]) == 2 and e["deaths"] == []  # they had handed their chunks over
+    q = summary["queue"]
+    assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0
+    assert summary["samples"] >= 8 * Dataset(data).rows("train")
+    assert "forming the group again failed" in (out / "metrics.jsonl").read_text()

@@ -96,20 +96,7 @@ def test_a_worker_that_gets_sigterm_drains_and_a_new_one_takes_its_place(ray_clu
     cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=1",
                  f"data.chunk_rows={2 * B}", "train.epochs=20", "network.latency_ms=2")
     told = []
-
-    def preempt():  # SIGTERM to one worker process, as a cloud's preemption notice is
-        deadline = time.time() + 120
-        while not ((tmp_path / "metrics.jsonl").exists() and trained(tmp_path)):
-            if time.time() > deadline:
-                return
-            time.sleep(0.2)
-        workers = [p for p in psutil.process_iter(["cmdline"])
-                   if (p.info["cmdline"] or [""])[0].startswith("ray::Worker")]
-        if workers:
-            os.kill(workers[0].pid, signal.SIGTERM)
-            told.append(workers[0].pid)
-
-    thread = threading.Thread(target=preempt, daemon=True)
+    thread = threading.Thread(target=_preempt_a_worker, args=(tmp_path, told), daemon=True)
     thread.start()
     summary = run(cfg, tmp_path)
     thread.join(timeout=5)
@@ -122,6 +109,51 @@ def test_a_worker_that_gets_sigterm_drains_and_a_new_one_takes_its_place(ray_clu
     q = summary["queue"]
     assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0 and q["released"] == 0
     assert summary["samples"] == 20 * 4096  # every sample once: its chunk was finished
+
+
+def test_a_sync_group_forms_again_without_a_preempted_worker_and_with_a_new_one(ray_cluster,
+                                                                              data, tmp_path):
+    """Sync's gloo group, formed again in the same processes: at 2 -> 1 (SIGTERM to a worker:
+    it hands its chunk over at a step boundary) and 1 -> 2 (a new worker joins from the staying
+    one's replica); every sample trained once."""
+    from recsync.run.driver import run
+    cfg = config(data, 'mode="sync"', "cluster.workers=[1, 2]", "cluster.ps_shards=1",
+                 f"data.chunk_rows={2 * B}", "train.epochs=12", "network.latency_ms=2")
+    told = []
+    thread = threading.Thread(target=_preempt_a_worker, args=(tmp_path, told), daemon=True)
+    thread.start()
+    summary = run(cfg, tmp_path)
+    thread.join(timeout=5)
+    assert told, "no worker process found"
+    assert summary["status"] == "completed", summary.get("error")
+    e = summary["elastic"]
+    (drain,) = e["drains"]
+    assert drain["why"].startswith("SIGTERM") and not drain["stopped"]
+    assert len(e["joins"]) == 3 and e["deaths"] == []
+    sizes = [len(f["members"]) for f in e["formations"]]  # the first may be 1 (the minimum
+    # built first starts the run)
+    assert sizes[-3:] == [2, 1, 2], sizes
+    assert len({f["step"] for f in e["formations"]}) == len(sizes)
+    q = summary["queue"]
+    assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0 and q["released"] == 0
+    assert summary["samples"] == 12 * 4096
+
+
+def _preempt_a_worker(out, told: list) -> None:
+    """SIGTERM to one worker process of this run (made since it began: an earlier test's may
+    still be exiting) once the run trains, as a cloud's preemption notice."""
+    since = time.time()
+    deadline = since + 120
+    while not ((out / "metrics.jsonl").exists() and trained(out)):
+        if time.time() > deadline:
+            return
+        time.sleep(0.2)
+    workers = [p for p in psutil.process_iter(["cmdline", "create_time"])
+               if (p.info["cmdline"] or [""])[0].startswith("ray::Worker")
+               and p.info["create_time"] >= since - 1]
+    if workers:
+        os.kill(workers[0].pid, signal.SIGTERM)
+        told.append(workers[0].pid)
 
 
 def test_a_drained_node_loses_its_workers_and_gets_no_new_one(tmp_path, data):

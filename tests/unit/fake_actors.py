@@ -29,7 +29,7 @@ class FakeActors:
     def measure_idle(self):
         """The shards' idle CPU (emulated cluster): no processes here, nothing to measure."""
 
-    def start(self, ranks, start_unix, dense_state=None):
+    def start(self, ranks, start_unix, dense_state=None, step_index=0):
         self.calls.append(("start", ranks))
 
     def retire(self, ranks, tallies):

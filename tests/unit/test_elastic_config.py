@@ -12,6 +12,7 @@ from recsync.cli import main
 from recsync.api import save_config
 from recsync.config import load_config
 from recsync.distributed.shard_move import refusal
+from recsync.distributed.spawn import global_batch, shares
 from recsync.run import scale
 
 
@@ -34,8 +35,8 @@ def test_a_bad_range_is_refused_naming_the_key(bad):
 
 
 @pytest.mark.parametrize("mode, extra, reason", [
-    ("sync", [], "process group"), ("hybrid", [], "process group"),
     ("shadow", [], "process group"),  # model averaging by default
+    ("foreground", ['shadow.algorithm="bmuf"'], "process group"),
     ("gba", ["switching.auto=true"], "cannot switch modes"),
     ("async", ['recovery.kind="full"', "recovery.checkpoint_every_s=1"], "full recovery")])
 def test_what_cannot_change_its_workers_is_refused_with_the_reason(mode, extra, reason):
@@ -45,9 +46,21 @@ def test_what_cannot_change_its_workers_is_refused_with_the_reason(mode, extra, 
 
 @pytest.mark.parametrize("mode, extra", [("async", []), ("eager", []), ("gba", []),
                                          ("shadow", ['shadow.algorithm="easgd"']),
-                                         ("foreground", ['shadow.algorithm="none"'])])
+                                         ("foreground", ['shadow.algorithm="none"']),
+                                         ("sync", []), ("hybrid", [])])
 def test_the_elastic_modes_take_a_range(mode, extra):
     assert cfg(f'mode="{mode}"', "cluster.workers=[1, 3]", *extra).cluster.elastic
+
+
+@pytest.mark.parametrize("workers", [1, 3, 4, 7])
+def test_a_group_of_any_size_shares_the_same_global_batch(workers):
+    """An elastic sync group's workers split train.batch_size x max rows a step: equal
+    shares, the first ones a row more where the size does not divide it."""
+    c = cfg('mode="sync"', "cluster.workers=[1, 7]", "train.batch_size=100")
+    sizes = shares(global_batch(c), workers)
+    assert sum(sizes) == 700 and len(sizes) == workers
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] - sizes[-1] <= 1
+    assert global_batch(cfg('mode="sync"', "cluster.workers=3", "train.batch_size=100")) == 300
 
 
 def test_the_saved_config_of_an_elastic_run_reads_back_elastic(tmp_path):
@@ -183,3 +196,10 @@ def test_lines_that_are_not_requests_are_not_taken(tmp_path):
     assert [r["workers"] for r in scale.Requests(out, since_unix=0.0).new()] == [3]
     with pytest.raises(ValueError, match="hex digits"):
         scale.ask(out, drain_nodes=["node-1"])
+
+
+def test_the_sync_part_checks_the_group_went_4_2_4_in_order():
+    from recsync.bench.elastic_sync import went_through
+    assert went_through([2, 4, 2, 3, 4], [4, 2, 4])
+    assert not went_through([2, 4, 3, 4], [4, 2, 4])
+    assert not went_through([4, 2], [4, 2, 4])

@@ -10,7 +10,7 @@ import pytest
 
 from recsync.data import reader
 from recsync.data.chunk import Chunk
-from recsync.worker.queue import ChunkQueue
+from recsync.worker.queue import ChunkQueue, in_rows
 
 
 def items(epochs=2, chunks=5, rows=(10, 7, 3, 12, 1)):
@@ -217,3 +217,47 @@ def test_the_queue_module_does_not_import_torch():
 def test_the_reader_still_hands_out_the_same_chunk():
     assert reader.Chunk is Chunk
     assert Chunk("train", 0, 3, 10).rows == 7
+
+
+def test_a_hand_over_puts_the_item_back_first_with_the_rows_trained_and_releases_nothing():
+    """A worker leaving an elastic sync run, paused mid-chunk: the next taker goes on from
+    the rows it trained, so no row is trained twice and none is skipped."""
+    its = items(epochs=1, chunks=3)
+    q = ChunkQueue(its)
+    first = q.take(0)
+    q.take(1)
+    assert q.hand_over(0, {0: 6}) == [first]
+    assert q.take_with_skip(2) == (first, 6)
+    assert q.take_with_skip(0) == (its[2], 0)
+    assert q.summary()["released"] == 0 and q.summary()["released_rows"] == 0
+    q.hand_over(1, {})  # nothing trained of it yet: taken again from its start
+    assert q.take_with_skip(3) == (its[1], 0)
+
+
+def test_the_data_position_counts_rows_and_an_older_one_in_batches_is_converted():
+    its = items(epochs=1, chunks=3)
+    q = ChunkQueue(its)
+    q.take(0)
+    state = q.state({(0, 0): 4})
+    assert state["position_unit"] == "rows" and state["leased"][0][1] == 4
+    assert in_rows(state, 64) is state
+    older = {k: v for k, v in state.items() if k != "position_unit"}  # written in batches
+    converted = in_rows(older, 64)
+    assert converted["leased"][0][1] == 256 and converted["position_unit"] == "rows"
+    fresh = ChunkQueue(its)
+    fresh.restore(converted)
+    assert fresh.take_with_skip(0) == (its[0], 256)
+    with pytest.raises(ValueError, match="'bytes', not rows"):
+        in_rows({**state, "position_unit": "bytes"}, 64)
+
+
+def test_a_handed_over_item_still_pending_keeps_its_rows_in_the_data_position():
+    """A job checkpoint taken while a handed-over chunk waits in the queue: a resumed run goes
+    on from the row the leaver reached, not from the chunk's start."""
+    its = items(epochs=1, chunks=3)
+    q = ChunkQueue(its)
+    first = q.take(0)
+    q.hand_over(0, {0: 5})
+    fresh = ChunkQueue(its)
+    fresh.restore(q.state())
+    assert fresh.take_with_skip(1) == (first, 5)

@@ -269,3 +269,17 @@ def test_sparse_with_wrong_table_count(tmp_path):
     np.save(path, np.zeros((100, NUM_TABLES - 1), np.int32))
     with pytest.raises(DataFormatError, match=re.escape(str(path))):
         Dataset(root).parts("train")
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_batches_from_a_row_with_a_batch_size_that_changes_read_the_rest_once(ds, seed):
+    """A worker of an elastic sync run goes on from the rows trained before (a hand over), at
+    the share of the global batch its group gives it, which may change between batches."""
+    chunk = ds.chunks("train", 100)[1]
+    whole = [i for b in ds.batches(chunk, 16, shuffle_seed=seed, epoch=1) for i in index_of(b)]
+    sizes = iter([7, 7, 30, 3])
+    got = list(ds.batches(chunk, lambda: next(sizes, 11), shuffle_seed=seed, epoch=1,
+                          start=23))
+    assert [len(b) for b in got] == [7, 7, 30, 3, 11, 11, 8]
+    assert [i for b in got for i in index_of(b)] == whole[23:]
+    assert list(ds.batches(chunk, 16, shuffle_seed=seed, start=100)) == []

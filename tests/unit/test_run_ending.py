@@ -55,7 +55,7 @@ class EndActors(FakeActors):
         self.patience.append(patience_s)
         return self.looks.pop(0) if len(self.looks) > 1 else self.looks[0]
 
-    def start(self, ranks, start_unix, dense_state=None):
+    def start(self, ranks, start_unix, dense_state=None, step_index=0):
         super().start(ranks, start_unix, dense_state)
         self.statuses = [WorkerStatus(r, "running") for r in range(len(self.statuses))]
 

@@ -137,6 +137,13 @@ class Clock:
             raise future.error
         return future.value
 
+    def advance(self, t: float) -> None:
+        """Move the time on to ``t`` without running the events before it (after a run: what
+        happens then, e.g. the watch loop's last poll, is not an event of the cluster's)."""
+        if t < self.now:
+            raise ValueError(f"time {t} is in the past (now {self.now})")
+        self.now = t
+
     def _running(self) -> Process:
         p = self.current
         if p is None or threading.current_thread() is not p.thread:

@@ -28,7 +28,7 @@ class ShardRouting:
     positions: list[list[torch.Tensor]]  # [table][shard] -> positions into the table's ids
 
     def ids_for(self, ids: list[torch.Tensor], shard: int) -> list[np.ndarray]:
-        return [ids[t][p[shard]].numpy() for t, p in enumerate(self.positions)]
+        return [ids[t].index_select(0, p[shard]).numpy() for t, p in enumerate(self.positions)]
 
 
 @dataclass
@@ -184,7 +184,7 @@ class PSClient:
 
     def _grads_for(self, pulled: PulledBatch, shard: int, scale: float) -> list[np.ndarray]:
         grads = pulled.row_grads()
-        out = [g[p[shard]] for g, p in zip(grads, pulled.routing.positions)]  # gathers: copies
+        out = [g.index_select(0, p[shard]) for g, p in zip(grads, pulled.routing.positions)]
         return [(g * scale if scale != 1.0 else g).numpy() for g in out]
 
     def push(self, pulled: PulledBatch | None, dense_grad: np.ndarray | None = None, *,

@@ -34,7 +34,7 @@ from recsync.run.driver import prepare_run_dir, resolved_for_data, write_outputs
 from recsync.run.local_run import build_local_model, eval_interval, periodic_split
 from recsync.run.preflight import preflight
 from recsync.simulation.client import SimClient, SimGroup
-from recsync.simulation.clock import Clock
+from recsync.simulation.clock import Clock, on_one_core
 from recsync.simulation.output import SimRecord, console_lines, simulated_summary
 from recsync.simulation.shards import InstantShard, SimShard
 from recsync.simulation.timing import MEASURED, Speeds, Timing
@@ -270,9 +270,10 @@ def simulate(cfg: RunConfig, out: str | Path, *, timing: Timing | None = None,
     log = MetricsLog(out / "metrics.jsonl", upload_every_s=cfg.output.upload_every_s)
     try:
         watch = Watch(cluster, log, record)
-        for w in cluster.workers:
-            cluster.clock.spawn(w.run, f"worker {w.rank}")
-        cluster.clock.run(until=cluster.done)  # then only the next metrics line is left
+        with on_one_core():  # the workers' threads hand control to each other
+            for w in cluster.workers:
+                cluster.clock.spawn(w.run, f"worker {w.rank}")
+            cluster.clock.run(until=cluster.done)  # then only the next line is left
         record.sim_end_s = cluster.clock.now  # the last worker's end
         record.stop()
         ended = sum(core.rule.end(core) for core in cluster.cores)  # e.g. GBA's last batch

@@ -11,14 +11,16 @@ calls, the process's other threads, the client, paced on its cores) is fitted pe
 real run of ONE worker (``calibrate``: the step time the simulator does not explain becomes
 its overhead), so that 2 and 4 workers test the rest of the model: contention at the shards,
 the barrier, the event order. The fitted time is split between before and after the compute
-(``pull_side_s``, ``push_side_s``) as the worker's CPU is split in this process (measured).
+(``pull_side_s``, ``push_side_s``) as the worker's CPU is split in this process (measured),
+and paced as the EMULATED worker paces it (``Timing.paced``: its waits count toward it), so it
+is fitted again by a few one-worker simulations (``CALIBRATION_ROUNDS``).
 Compared: the samples/s after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
 staleness, and the eval AUC against the real runs' spread over seeds.
 
 Scale (simulated only): sync, gba and async at ``SCALE_WORKERS`` workers, with 10% stragglers
 2-5x slower (the same draw in every arm) and, at 128, without; one pass over the same data in
 every arm, the compute cost measured once here; samples/s over the whole run (simulated
-seconds). Every seed at 128 workers (the acceptance's figures), seed 0 only at the other
+seconds); ``PARALLEL`` simulations at a time, each on a core of its own. Every seed at 128 workers (the acceptance's figures), seed 0 only at the other
 sizes.
 
 Ratios (the names the issue's checks read): ``validation_speed_error_max`` (the largest
@@ -59,6 +61,7 @@ VALIDATION_BATCH, SCALE_BATCH = 512, 32
 VALIDATION_ROWS, SCALE_ROWS, EVAL_ROWS = 120_000, 1_000_000, 50_000  # at --scale 1
 SCALE_SHARDS = 8
 CALIBRATION_ROUNDS = 3  # simulations of one worker that fit its paced overhead
+PARALLEL = 2  # simulations at scale at a time: one per core of this machine
 STRAGGLERS = Speeds(kind="stragglers", share=0.1, low=2.0, high=5.0, seed=0)
 COMMON = ["model.bottom_mlp=[64, 32]", "model.top_mlp=[64, 32]", "train.threads=1",
           "output.progress=false", "output.plot=false", "output.log_every_steps=1",
@@ -109,6 +112,50 @@ def simulate_arm(cfg: RunConfig, out_dir: Path, name: str, timing: Timing,
           f"real wall {s['real_wall_s']:.1f} s", flush=True)
     return {**summary, "summary_samples_per_s": summary["samples_per_s"], **rate,
             "out_dir": str(out_dir), "cpu": None, "memory": None}
+
+
+def parallel_seeded_runs(configs: dict[str, RunConfig], timings: dict[str, Timing], out: Path,
+                         seeds: int, once: tuple[str, ...] = (),
+                         processes: int | None = None) -> dict[str, list[dict]]:
+    """``seeds.seeded_runs`` of simulations over the whole run, ``processes`` at a time
+    (default ``PARALLEL``): a simulation runs one thread at a time, so it holds one core; the
+    arms, seeds and results are seeded_runs' (every arm of seed 0, then of seed 1, ...)."""
+    jobs = [(name, s) for s in range(seeds) for name in configs
+            if not (s > 0 and name in once)]
+    args = [(override(configs[name], **{"train.seed": s}), out / "arms" / name / f"seed{s}",
+             name, timings[name], False) for name, s in jobs]
+    runs: dict[str, list[dict]] = {name: [] for name in configs}
+    for (name, s), result in zip(jobs, map_ordered(simulate_arm, args,
+                                                   processes or PARALLEL)):
+        print(f"seed {s + 1}/{seeds}: {name}: eval AUC {result['eval']['auc']:.4f}", flush=True)
+        runs[name].append(result)
+    return runs
+
+
+def map_ordered(fn, args: list[tuple], processes: int):
+    """``fn(*a)`` for each ``a`` of ``args``, in order; with ``processes`` > 1 in as many fresh
+    processes (spawned: no thread or torch state inherited) at a time."""
+    if processes <= 1:
+        yield from (fn(*a) for a in args)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    ctx = multiprocessing.get_context("spawn")
+    started = ctx.Value("i", 0)
+    with ProcessPoolExecutor(processes, mp_context=ctx, initializer=_own_core,
+                             initargs=(started,)) as pool:
+        yield from (f.result() for f in [pool.submit(fn, *a) for a in args])
+
+
+def _own_core(started) -> None:
+    """(A pool's process, as it starts:) a core of its own, the next of this machine's, so
+    that two simulations do not share one (a simulation runs on one core: on_one_core)."""
+    import os
+    if hasattr(os, "sched_setaffinity"):
+        with started.get_lock():
+            k, started.value = started.value, started.value + 1
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[k % len(cores)]})
 
 
 def real_compute_s(arm: dict) -> float:
@@ -223,8 +270,7 @@ def at_scale(out: Path, scale: float, seeds: int) -> dict:
                 configs[f"{m}_{n}_nostragglers"] = configs[f"{m}_{n}"]
                 timings[f"{m}_{n}_nostragglers"] = costs
     once = tuple(name for name in configs if name.split("_")[1] != "128")
-    runs = sd.seeded_runs(list(configs), configs.__getitem__, out, seeds, once=once,
-                          run_arm=run_simulated(timings, steady=False))
+    runs = parallel_seeded_runs(configs, timings, out, seeds, once=once)
     return {name: sd.seeded_entry(r) for name, r in runs.items()}
 
 

@@ -70,6 +70,7 @@ def fakes(monkeypatch):
     monkeypatch.setattr(scenario, "measure_compute_s", lambda cfg, ds: 0.02)
     monkeypatch.setattr(scenario, "measure_sides", lambda cfg, ds, timing: (0.001, 0.003))
     monkeypatch.setattr(scenario, "Dataset", lambda path: None)
+    monkeypatch.setattr(scenario, "PARALLEL", 1)  # the fakes live in this process only
 
 
 def test_the_scenario_writes_the_ratios_the_issue_names(fakes, tmp_path):
@@ -118,3 +119,8 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     assert len(two["arms"]["gba_128"]["auc_seeds"]) == 2
     assert len(two["arms"]["gba_512"]["auc_seeds"]) == 1
 
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_simulations_in_parallel_come_back_in_order(processes):
+    args = [(2, 3), (3, 2), (5, 1), (7, 0)]
+    assert list(scenario.map_ordered(pow, args, processes)) == [8, 9, 5, 1]

@@ -20,8 +20,8 @@ staleness, and the eval AUC against the real runs' spread over seeds.
 Scale (simulated only): sync, gba and async at ``SCALE_WORKERS`` workers, with 10% stragglers
 2-5x slower (the same draw in every arm) and, at 128, without; one pass over the same data in
 every arm, the compute cost measured once here; samples/s over the whole run (simulated
-seconds); ``PARALLEL`` simulations at a time, each on a core of its own. Every seed at 128 workers (the acceptance's figures), seed 0 only at the other
-sizes.
+seconds); ``PARALLEL`` simulations at a time, each on a core of its own. Every seed at 128
+workers (the acceptance's figures), seed 0 only at the other sizes.
 
 Ratios (the names the issue's checks read): ``validation_speed_error_max`` (the largest
 |simulated / real samples/s - 1| over the validation arms), ``gba_vs_sync_speed_128`` and

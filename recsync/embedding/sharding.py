@@ -33,4 +33,6 @@ def split_by_shard(ids: torch.Tensor, num_shards: int) -> list[torch.Tensor]:
     the caller's order.
     """
     owner = shard_of(ids, num_shards)
-    return [torch.nonzero(owner == s, as_tuple=True)[0] for s in range(num_shards)]
+    # one stable sort by owner instead of a scan per shard: the same ascending positions
+    order = torch.argsort(owner, stable=True)
+    return list(torch.split(order, torch.bincount(owner, minlength=num_shards).tolist()))

@@ -11,6 +11,7 @@ of the event order, not from an assumption. No Ray runtime is started.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -33,7 +34,7 @@ from recsync.run.driver import prepare_run_dir, resolved_for_data, write_outputs
 from recsync.run.local_run import build_local_model, eval_interval, periodic_split
 from recsync.run.preflight import preflight
 from recsync.simulation.client import SimClient, SimGroup
-from recsync.simulation.clock import Clock
+from recsync.simulation.clock import Clock, on_one_core
 from recsync.simulation.output import SimRecord, console_lines, simulated_summary
 from recsync.simulation.shards import InstantShard, SimShard
 from recsync.simulation.timing import MEASURED, Speeds, Timing
@@ -169,6 +170,15 @@ class Watch:
             while self.next_eval <= self.samples:
                 self.next_eval += self.eval_every
 
+    def close(self) -> None:
+        """The last line, at the first tick at or after the last worker's end: the driver's
+        watch loop (distributed/watch.py) sees the end only when it next polls, so a real
+        run's last line (and a rate measured up to it) includes up to a poll's wait."""
+        end = self.c.clock.now
+        if self.last_s < end or self.record.samples < self.samples:
+            self.c.clock.advance(math.ceil(end / LINE_EVERY_S - 1e-9) * LINE_EVERY_S)
+            self.line()
+
     def tick(self) -> None:
         if not self.c.done():
             self.line()
@@ -260,14 +270,14 @@ def simulate(cfg: RunConfig, out: str | Path, *, timing: Timing | None = None,
     log = MetricsLog(out / "metrics.jsonl", upload_every_s=cfg.output.upload_every_s)
     try:
         watch = Watch(cluster, log, record)
-        for w in cluster.workers:
-            cluster.clock.spawn(w.run, f"worker {w.rank}")
-        cluster.clock.run(until=cluster.done)  # then only the next metrics line is left
+        with on_one_core():  # the workers' threads hand control to each other
+            for w in cluster.workers:
+                cluster.clock.spawn(w.run, f"worker {w.rank}")
+            cluster.clock.run(until=cluster.done)  # then only the next line is left
         record.sim_end_s = cluster.clock.now  # the last worker's end
         record.stop()
         ended = sum(core.rule.end(core) for core in cluster.cores)  # e.g. GBA's last batch
-        if watch.last_s < cluster.clock.now or watch.record.samples < watch.samples:
-            watch.line()
+        watch.close()
         final = evaluate(cluster.dense_now(), cluster.lookup(), ds, ds.rows("eval"),
                          cfg.train.eval_batch_size)
         log.final_eval(final, record.samples)

@@ -4,11 +4,11 @@ behind an object shaped like a shard's Ray handle (``shard.pull.remote(...)``,
 
 A call is a message (``Timing.message_s`` of its arrays' bytes) to the shard (one caller's
 calls arrive in the order they were sent), which serves one call at a time in the order they
-arrive (a pull of r rows takes ``pull_s_per_row x r``, a push
-``push_s_per_row x r``); the core's own method runs when the service ends, so a pull reads the
-rows as every push served before it left them, and the answer travels back. A sync pull that
-asks for ``min_version`` waits at the shard until the core has applied that many updates, as
-the real shard does (ps/shard.py).
+arrive (``Timing.pull_service_s``, ``push_service_s``: a fixed cost per call, Ray's handling of
+it in the shard's process, and a cost per row); the core's own method runs when the service
+ends, so a pull reads the rows as every push served before it left them, and the answer
+travels back. A sync pull that asks for ``min_version`` waits at the shard until the core has
+applied that many updates, as the real shard does (ps/shard.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class SimShard:
         def serve():
             return self.core.pull(ids, read_only, dense)
 
-        return self._call(ids, rows * self.timing.pull_s_per_row, serve, min_version)
+        return self._call(ids, self.timing.pull_service_s(rows), serve, min_version)
 
     def _push(self, ids, grads, dense_grad, meta: dict) -> Future:
         rows = sum(len(i) for i in ids)
@@ -51,7 +51,7 @@ class SimShard:
             self._unpark()
             return result
 
-        return self._call((ids, grads, dense_grad), rows * self.timing.push_s_per_row, serve)
+        return self._call((ids, grads, dense_grad), self.timing.push_service_s(rows), serve)
 
     def _call(self, payload, service_s: float, serve, min_version: int = 0) -> Future:
         future = Future(self.clock)

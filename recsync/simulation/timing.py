@@ -3,9 +3,15 @@ is, and what a message and a shard's work take. Plain data and arithmetic, no cl
 
 Defaults are measurements of this project (docs/benchmarks/2026-11-26-ps.md, `recsync bench
 ps`, one PS shard through Ray on a 2-core VM): a Ray call that carries no arrays took 1.07 ms
-there and back (so 0.535 ms one way), a pull 12.92 ms for 53,248 rows (0.243 us per row) and a
-push 19.09 ms (0.359 us per row, row-wise Adagrad), both including Ray's object store. The
-bandwidth between machines is not measured here: 10 Gbit/s is a common NIC, and a setting.
+there and back (so 0.535 ms one way); a pull of 6,656 rows took 4.82 ms and of 53,248 rows
+12.92 ms, a push 6.67 and 19.09 ms (row-wise Adagrad), all including Ray's object store. A
+line through the two sizes gives each call a fixed cost (Ray's handling of a call in the
+shard's process: arguments, answer, event loop, its threads; less the round trip of a call
+without arrays, modelled as latency) and a cost per row. A shard's time is mostly the fixed
+part at a worker's usual call (a few thousand rows or less): the EMULATED runs of scenario
+`simulated` measured 2.9-4.9 ms of the shard process's CPU per call of about 3,500 rows,
+where ShardCore's own work is under 1 ms. The bandwidth between machines is not measured here:
+10 Gbit/s is a common NIC, and a setting.
 """
 
 from __future__ import annotations
@@ -17,9 +23,22 @@ from pathlib import Path
 
 import numpy as np
 
-RAY_CALL_ONE_WAY_S = 1.072e-3 / 2  # bench ps: PSShard.where round trip, median, halved
-PULL_S_PER_ROW = 12.92e-3 / 53_248  # bench ps: PSShard via Ray, pull of 2,048 ids x 26 tables
-PUSH_S_PER_ROW = 19.09e-3 / 53_248  # the same, push (row-wise Adagrad)
+RAY_CALL_S = 1.072e-3  # bench ps: PSShard.where round trip, median
+RAY_CALL_ONE_WAY_S = RAY_CALL_S / 2
+# bench ps, PSShard via Ray: (rows per call, ms) of a pull and a push at 256 and 2,048 ids x 26
+PULL_POINTS, PUSH_POINTS = ((6_656, 4.82e-3), (53_248, 12.92e-3)), ((6_656, 6.67e-3),
+                                                                   (53_248, 19.09e-3))
+
+
+def _line(points) -> tuple[float, float]:
+    """(fixed s per call less a bare call's round trip, s per row) through two (rows, s)."""
+    (r0, s0), (r1, s1) = points
+    per_row = (s1 - s0) / (r1 - r0)
+    return s0 - r0 * per_row - RAY_CALL_S, per_row
+
+
+PULL_CALL_S, PULL_S_PER_ROW = _line(PULL_POINTS)  # 2.59 ms, 0.174 us
+PUSH_CALL_S, PUSH_S_PER_ROW = _line(PUSH_POINTS)  # 3.83 ms, 0.267 us
 BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 # A gloo all-reduce of the 1.9 MB dense vector between two processes took 2.3 ms
 # (docs/benchmarks/2026-11-22-shadow.md); under the ring model at BYTES_PER_S, 2 messages of
@@ -118,10 +137,12 @@ class Timing:
     as the EMULATED runtime paces them (None: each measured on this machine before the run,
     run.py). A message of b bytes
     takes ``latency_s + b / bytes_per_s`` one way; a shard serves one call at a time, a pull
-    of r rows in ``pull_s_per_row x r``, a push in ``push_s_per_row x r``; taking a chunk
+    of r rows in ``pull_call_s + pull_s_per_row x r``, a push in ``push_call_s +
+    push_s_per_row x r``; taking a chunk
     from the work queue is one round trip. An all-reduce of b bytes among n workers is a ring:
     2 (n - 1) messages of b / n bytes one after another, each ``collective_latency_s`` plus
-    its bytes at ``bytes_per_s``."""
+    its bytes at ``bytes_per_s``. A shard's service of a call also takes ``pull_call_s`` or
+    ``push_call_s`` whatever its rows (Ray's handling of the call in the shard's process)."""
 
     compute_s: float | None = None
     pull_side_s: float | None = None
@@ -130,14 +151,21 @@ class Timing:
     bytes_per_s: float = BYTES_PER_S
     pull_s_per_row: float = PULL_S_PER_ROW
     push_s_per_row: float = PUSH_S_PER_ROW
+    pull_call_s: float = PULL_CALL_S
+    push_call_s: float = PUSH_CALL_S
     collective_latency_s: float = COLLECTIVE_LATENCY_S
+    # the worker's own CPU as the EMULATED runtime paces it (cluster/emulation.py StepPacer):
+    # each section of a step (up to the compute; after it) lasts at least its CPU x factor,
+    # and waiting inside it (for a pull, the all-reduce, the push window) counts toward that;
+    # False: the CPU comes on top of the waits, as on a machine of its own
+    paced: bool = False
     jitter: float = 0.0  # each step's compute and own CPU x exp(N(0, jitter)), per worker
     # seeded (0: every step alike, and equal workers stay exactly in step)
     speeds: Speeds = field(default_factory=Speeds)
 
     def __post_init__(self):
-        for name in ("latency_s", "pull_s_per_row", "push_s_per_row", "collective_latency_s",
-                     "jitter"):
+        for name in ("latency_s", "pull_s_per_row", "push_s_per_row", "pull_call_s",
+                     "push_call_s", "collective_latency_s", "jitter"):
             if getattr(self, name) < 0:
                 raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
         if self.bytes_per_s <= 0:
@@ -149,6 +177,12 @@ class Timing:
 
     def message_s(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bytes_per_s
+
+    def pull_service_s(self, rows: int) -> float:
+        return self.pull_call_s + rows * self.pull_s_per_row
+
+    def push_service_s(self, rows: int) -> float:
+        return self.push_call_s + rows * self.push_s_per_row
 
     def all_reduce_s(self, nbytes: int, workers: int) -> float:
         if workers <= 1:

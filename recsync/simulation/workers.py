@@ -49,6 +49,7 @@ class SimWorker:
         self.real_sides_s: list[tuple[float, float]] = []
         self._real_compute_s = 0.0
         self._cpu_at_compute: float | None = None
+        self._section_at = 0.0  # (Timing.paced) when the current section of a step began
         client = SimClient(clock, shards, plan, push_window=cfg.cluster.push_window,
                            seed=hash((cfg.train.seed, rank)) % 2**32)
         client.dense_shard = 0 if mode.dense_on_ps else None
@@ -77,6 +78,16 @@ class SimWorker:
 
     def _before_compute(self) -> None:
         self._cpu_at_compute = time.thread_time()
+        if self.timing.paced:  # the section before the compute lasts at least its CPU
+            self._pace(self.timing.pull_side_s)
+
+    def _pace(self, cpu_s: float | None) -> None:
+        """(Timing.paced) End a section of the step that lasts at least ``cpu_s`` x factor
+        since it began, its waits counted toward it; the next section begins."""
+        left = (cpu_s or 0.0) * self.factor() - (self.clock.now - self._section_at)
+        if left > 0:
+            self.clock.sleep(left)
+        self._section_at = self.clock.now
 
     def _after_compute(self, real_s: float) -> None:
         """The mode computed a step (in ``real_s`` of real time): the simulated compute time
@@ -86,7 +97,11 @@ class SimWorker:
         compute_s = self.timing.compute_s * factor
         self.interval["compute_s"] += compute_s
         self.interval["compute_steps"] += 1
-        self.clock.sleep(compute_s + (self.timing.pull_side_s or 0.0) * factor)
+        if self.timing.paced:
+            self.clock.sleep(compute_s)
+            self._section_at = self.clock.now
+        else:
+            self.clock.sleep(compute_s + (self.timing.pull_side_s or 0.0) * factor)
 
     def _add_waits(self, pull_s: float, push_s: float) -> None:
         self.interval["pull_wait_s"] += pull_s
@@ -98,6 +113,7 @@ class SimWorker:
         slots = (0, 1) if self.mode.lookahead else (0,)
         feed = self._feed(slots)
         while True:
+            self._section_at = self.clock.now  # (Timing.paced) taking the batch is in it
             batch, ahead, finished = next(feed)
             begin, cpu = self.clock.now, time.thread_time()
             self._real_compute_s, self._cpu_at_compute = 0.0, None
@@ -105,7 +121,10 @@ class SimWorker:
             if self._cpu_at_compute is not None:  # the step computed
                 self.real_sides_s.append((self._cpu_at_compute - cpu, time.thread_time()
                                           - self._cpu_at_compute - self._real_compute_s))
-                self.clock.sleep((self.timing.push_side_s or 0.0) * self.factor())
+                if self.timing.paced:
+                    self._pace(self.timing.push_side_s)
+                else:
+                    self.clock.sleep((self.timing.push_side_s or 0.0) * self.factor())
             if loss == STOP:
                 self.mode.finish(0)
                 self.finished_at = self.clock.now

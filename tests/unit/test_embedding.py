@@ -363,3 +363,12 @@ def test_apply_to_table_equals_gather_apply_scatter(opt):
     assert torch.allclose(state, s2, atol=1e-6)
     untouched = [i for i in range(20) if i not in local.tolist()]
     assert torch.equal(weights[untouched], w2[untouched])
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 8])
+def test_split_by_shard_gives_each_shards_positions_in_ascending_order(shards):
+    ids = torch.randint(0, 1000, (257,), generator=torch.Generator().manual_seed(shards))
+    for case in (ids, ids[:0]):
+        got = split_by_shard(case, shards)
+        want = [torch.nonzero(case % shards == s, as_tuple=True)[0] for s in range(shards)]
+        assert len(got) == shards and all(torch.equal(g, w) for g, w in zip(got, want))

@@ -113,3 +113,21 @@ def test_bad_timing_values_are_refused_naming_the_field():
         Speeds(kind="gamma")
     with pytest.raises(ValueError, match="speeds.low"):
         Speeds(kind="stragglers", low=0.5)
+
+
+def test_on_one_core_holds_the_thread_and_its_new_threads_to_one_core_then_restores():
+    import os
+    import threading
+
+    from recsync.simulation.clock import on_one_core
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    before = os.sched_getaffinity(0)
+    seen = []
+    with on_one_core():
+        inside = os.sched_getaffinity(0)
+        t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        t.start()
+        t.join()
+    assert inside == {min(before)} and seen == [inside]
+    assert os.sched_getaffinity(0) == before

@@ -14,7 +14,7 @@ import recsync
 from recsync.config import RunConfig
 from recsync.data.synthetic import SynthSpec, generate
 from recsync.simulation.output import console_lines
-from recsync.simulation.run import simulate
+from recsync.simulation.run import LINE_EVERY_S, simulate
 from recsync.simulation.timing import Speeds, Timing
 
 BATCH = 32
@@ -51,7 +51,8 @@ def free_network(**kwargs) -> Timing:
     """Only compute takes time: the order of events is the workers' speeds alone."""
     return Timing(**{"compute_s": 0.01, "pull_side_s": 0.0, "push_side_s": 0.0,
                      "latency_s": 0.0, "bytes_per_s": math.inf, "pull_s_per_row": 0.0,
-                     "push_s_per_row": 0.0, "collective_latency_s": 0.0, **kwargs})
+                     "push_s_per_row": 0.0, "pull_call_s": 0.0, "push_call_s": 0.0,
+                     "collective_latency_s": 0.0, **kwargs})
 
 
 def trace(tmp_path, factors) -> Speeds:
@@ -108,8 +109,7 @@ def test_a_pull_never_overtakes_its_own_workers_push(data, tmp_path):
 def test_the_workers_own_cpu_is_charged_around_the_compute_and_measured_when_not_given(
         data, tmp_path):
     steps = ROWS // BATCH
-    costs = Timing(compute_s=0.01, pull_side_s=0.002, push_side_s=0.003, latency_s=0.0,
-                   bytes_per_s=math.inf, pull_s_per_row=0.0, push_s_per_row=0.0)
+    costs = free_network(pull_side_s=0.002, push_side_s=0.003)
     s = simulate(config(data, "async", 1), tmp_path / "given", timing=costs)
     assert s["train_s"] == pytest.approx(steps * 0.015, rel=1e-6)
     assert s["simulated"]["measured_here"] == []
@@ -133,6 +133,34 @@ def test_cpu_after_the_compute_is_outside_the_staleness_window(data, tmp_path):
     inside, outside = staleness(0.01, 0.0), staleness(0.0, 0.01)
     assert inside == pytest.approx(1.0, abs=0.1)
     assert outside == pytest.approx(0.5, abs=0.1)
+
+
+def test_a_shards_fixed_cost_per_call_is_charged_whatever_its_rows(data, tmp_path):
+    """One worker, pulls and pushes of a few rows: each step waits its pull's fixed cost at
+    the shards (served in parallel), and the push's cost delays the next pull behind it."""
+    steps = ROWS // BATCH
+    pull_only = simulate(config(data, "async", 1), tmp_path / "pull",
+                         timing=free_network(pull_call_s=0.004))
+    assert pull_only["train_s"] == pytest.approx(steps * 0.014, rel=1e-6)
+    both = simulate(config(data, "async", 1), tmp_path / "both",
+                    timing=free_network(pull_call_s=0.004, push_call_s=0.003))
+    assert both["train_s"] == pytest.approx(steps * 0.017, rel=1e-6)
+
+
+def test_paced_cpu_is_a_floor_that_the_sections_waits_count_toward(data, tmp_path):
+    """As the EMULATED runtime paces a worker: the section up to the compute lasts the
+    longer of its wait (the pull's 4 ms at the shards) and its CPU, not their sum."""
+    steps = ROWS // BATCH
+
+    def train_s(name, **kwargs):
+        timing = free_network(pull_call_s=0.004, **kwargs)
+        return simulate(config(data, "async", 1), tmp_path / name, timing=timing)["train_s"]
+
+    assert train_s("added", pull_side_s=0.003) == pytest.approx(steps * 0.017, rel=1e-6)
+    assert train_s("hidden", pull_side_s=0.003, paced=True) == pytest.approx(steps * 0.014,
+                                                                              rel=1e-6)
+    assert train_s("longer", pull_side_s=0.006, paced=True) == pytest.approx(steps * 0.016,
+                                                                              rel=1e-6)
 
 
 def test_sync_applies_exactly_one_update_per_global_step(data, tmp_path):
@@ -185,9 +213,23 @@ def test_the_outputs_exist_and_are_labelled_simulated(data, tmp_path):
     steps = [x for x in lines if "time_s" in x and x.get("loss") is not None]
     assert steps and all(x["simulated"] for x in steps)
     assert any(x.get("eval") for x in lines)
-    assert lines[-1]["time_s"] <= written["train_s"] + 1e-9  # on the simulated clock
+    # on the simulated clock: the last line at the end, or the watch loop's first tick after
+    assert written["train_s"] <= lines[-1]["time_s"] < written["train_s"] + LINE_EVERY_S
     printed = console_lines(written, out)
     assert printed[0].startswith("SIMULATED") and any("real wall time" in x for x in printed)
+
+
+def test_the_last_line_is_written_at_the_watch_loops_next_tick(data, tmp_path):
+    """A real run's watch loop sees the end at its next poll: the last line's time (and a rate
+    measured up to it) includes that wait; the summary's train_s is the last worker's end."""
+    cfg = recsync.override(config(data, "async", 2), **{"train.eval_every_samples": 10**12})
+    s = simulate(cfg, tmp_path / "out", timing=free_network(compute_s=0.0123))
+    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+             if '"time_s"' in x]
+    assert s["train_s"] == pytest.approx(ROWS // BATCH // 2 * 0.0123, rel=1e-6)
+    last = lines[-1]["time_s"]
+    assert last > s["train_s"] and last / LINE_EVERY_S == pytest.approx(round(last / LINE_EVERY_S))
+    assert lines[-1]["samples"] == ROWS
 
 
 def test_the_same_run_twice_gives_the_same_updates(data, tmp_path):
@@ -204,9 +246,7 @@ def test_eager_overlaps_its_pull_with_compute_on_the_simulated_clock(data, tmp_p
     """Eager sends the next batch's pull before computing: its waits (on the simulated clock)
     are far below the compute time, and the pull misses the worker's own last push (each
     update's τ is at least 1 where another worker pushed meanwhile)."""
-    timing = Timing(compute_s=0.01, pull_side_s=0.0, push_side_s=0.0, latency_s=0.002,
-                    bytes_per_s=math.inf,
-                    pull_s_per_row=0.0, push_s_per_row=0.0)
+    timing = free_network(latency_s=0.002)
     cfg = recsync.override(config(data, "eager", 2), **{"eager.own_update": "none"})
     s = simulate(cfg, tmp_path / "out", timing=timing)
     split = s["eager"]["iteration_s"]  # per step, simulated seconds

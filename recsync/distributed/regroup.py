@@ -30,8 +30,8 @@ from recsync.distributed.actors import ACTOR_GONE
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.spawn import form_group
 
-JOINER_CHECK_S = 2  # a built worker that does not answer this fast is not taken into a group
-# now (the driver's poll waits for it)
+JOINER_CHECK_S = 2  # a built worker that does not answer this fast joins at a later formation
+# (the driver's poll waits for it)
 
 
 class Regroup:
@@ -129,24 +129,26 @@ class Regroup:
                          f"{str(error).splitlines()[0] if str(error) else ''}); {text}")
 
     def _answering(self, run, ranks: list[int]) -> list[int]:
-        """The built workers of ``ranks`` that answer; the others are asked for again."""
+        """The built workers of ``ranks`` that answer now; those that died are asked for
+        again, those that are slow to answer wait for the next formation."""
         if not ranks:
             return []
         actors = run.actors
         refs = {r: actors.workers[r].where.remote() for r in ranks}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=JOINER_CHECK_S)
-        gone = []
+        answering, gone = [], []
         for r, ref in refs.items():
+            if ref not in ready:
+                continue
             try:
-                if ref not in ready:
-                    raise ray.exceptions.GetTimeoutError()
                 ray.get(ref)
+                answering.append(r)
             except ACTOR_GONE:
                 gone.append(r)
         if gone:
             actors.cancel(gone)
             self.elastic.ask(run, gone)
-        return [r for r in ranks if r not in gone]
+        return answering
 
     def _log(self, run, step: int, members: list[int], joined: list[int], left: list[int],
              pause_s: float, rebuilt: bool = False) -> None:

@@ -143,7 +143,7 @@ def run(out: Path, scale: float) -> dict:
     rounds = [{name: _arm(cfg, out / f"round{k}" / name, rows) for name, cfg in cfgs.items()}
               for k in range(ROUNDS)]
     move = run_shard_move(out / "shard_move", data, rows)
-    sync = run_sync_quality(out / "sync", data, rows, ask_at, PHASES)
+    sync = run_sync_quality(out / "sync", data, rows, run_scaled)
     per_round = [_phase_ratios(r) for r in rounds]
     # each phase's ratio, median of the rounds that measured all three phases
     measured = [r for r in per_round if r is not None]
@@ -191,14 +191,21 @@ def run(out: Path, scale: float) -> dict:
     }
 
 
-def _arm(cfg: RunConfig, run_dir: Path, rows: int) -> dict:
-    """One run of an arm (the elastic one scaled as PHASES say); what the report needs."""
+def run_scaled(cfg: RunConfig, run_dir: Path, rows: int) -> dict:
+    """One run in ``run_dir`` (an elastic one asked for each worker count of PHASES as the
+    run passes its fraction of ``rows``); its summary."""
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"[elastic] {run_dir.parent.name} {run_dir.name} ...", flush=True)
     thread = ask_at(run_dir, rows, PHASES) if cfg.cluster.elastic else None
     summary = run_training(cfg, run_dir, overwrite=True)
     if thread is not None:
         thread.join(timeout=5)
+    return summary
+
+
+def _arm(cfg: RunConfig, run_dir: Path, rows: int) -> dict:
+    """One run of an arm (the elastic one scaled as PHASES say); what the report needs."""
+    summary = run_scaled(cfg, run_dir, rows)
     return {"samples_per_s": summary["samples_per_s"], "summary": summary,
             "auc": summary["eval"]["auc"], "eval_rows": summary["eval"]["rows"],
             "phases": phases(lines(run_dir)), "status": summary["status"]}

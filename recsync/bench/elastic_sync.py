@@ -13,7 +13,6 @@ import statistics
 from pathlib import Path
 
 from recsync.config import load_config
-from recsync.run.driver import run as run_training
 
 SEEDS = 3
 BATCH = 512
@@ -24,23 +23,17 @@ COMMON = ['mode="sync"', "cluster.ps_shards=1", f"train.batch_size={BATCH}",
           "train.eval_every_samples=1000000000000"]
 
 
-def run_sync_quality(out: Path, data: Path, rows: int, ask_at, phases) -> dict:
+def run_sync_quality(out: Path, data: Path, rows: int, run_scaled) -> dict:
     """The two arms for each seed, interleaved, on the scenario's ``data`` (``rows`` training
-    rows: the last phase must outlast a new worker's start-up); ``ask_at``/``phases``: the
-    scenario's scale thread and its (fraction, workers) steps. Returns the arms and the
-    ratios."""
+    rows: the last phase must outlast a new worker's start-up); ``run_scaled(cfg, run_dir,
+    rows)``: the scenario's run of an arm, scaled as its phases say (its summary). Returns the
+    arms and the ratios."""
     runs: dict[str, list[dict]] = {name: [] for name in ARMS}
     for seed in range(SEEDS):
         for name, extra in ARMS.items():
             cfg = load_config(None, [f"data.path={json.dumps(str(data))}", *COMMON, *extra,
                                      f"train.seed={seed}"])
-            run_dir = out / f"seed{seed}" / name
-            run_dir.mkdir(parents=True, exist_ok=True)
-            print(f"[elastic] sync seed {seed} {name} ...", flush=True)
-            thread = ask_at(run_dir, rows, phases) if cfg.cluster.elastic else None
-            summary = run_training(cfg, run_dir, overwrite=True)
-            if thread is not None:
-                thread.join(timeout=5)
+            summary = run_scaled(cfg, out / f"seed{seed}" / name, rows)
             e = summary.get("elastic") or {}
             formations = e.get("formations") or []
             runs[name].append({

@@ -97,7 +97,7 @@ def _item(v) -> None:
         _within(f"[{i}]", part_check, v[i])
 
 
-def _lease(v) -> None:  # [item, batches trained, [worker, slot]]
+def _lease(v) -> None:  # [item, rows trained (batches before position_unit), [worker, slot]]
     _list(v, at_least=2)
     _within("[0]", _item, v[0])
     _within("[1]", _int, v[1])
@@ -128,6 +128,10 @@ def _queue(v) -> None:
               "completed": lambda x: _list(x, _completed),
               "by_worker": _counts_by_key(lambda x: _keys(x, {"chunks": _count,
                                                               "samples": _count}))})
+    if "position_unit" in v and v["position_unit"] not in ("rows", "batches"):
+        raise Bad(f"has ['position_unit'] {printable(v['position_unit'])}, not \"rows\"")
+    if "pending_skip" in v:  # [item, rows trained] of pending items (worker/queue.py)
+        _within("['pending_skip']", lambda x: _list(x, _completed), v["pending_skip"])
 
 
 def _groups(v) -> None:

@@ -92,19 +92,10 @@ def test_workers_grow_when_a_node_joins_and_shrink_when_it_is_lost(tmp_path, dat
 
 def test_a_worker_that_gets_sigterm_drains_and_a_new_one_takes_its_place(ray_cluster, data,
                                                                          tmp_path):
-    from recsync.run.driver import run
     cfg = config(data, 'mode="async"', "cluster.workers=[1, 2]", "cluster.ps_shards=1",
                  f"data.chunk_rows={2 * B}", "train.epochs=20", "network.latency_ms=2")
-    told = []
-    thread = threading.Thread(target=_preempt_a_worker, args=(tmp_path, told), daemon=True)
-    thread.start()
-    summary = run(cfg, tmp_path)
-    thread.join(timeout=5)
-    assert told, "no worker process found"
-    assert summary["status"] == "completed", summary.get("error")
+    summary = _run_with_a_worker_preempted(cfg, tmp_path)
     e = summary["elastic"]
-    (drain,) = e["drains"]
-    assert drain["why"].startswith("SIGTERM") and not drain["stopped"]
     assert len(e["joins"]) == 3 and e["deaths"] == []  # the two, then one in its place
     q = summary["queue"]
     assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0 and q["released"] == 0
@@ -116,19 +107,10 @@ def test_a_sync_group_forms_again_without_a_preempted_worker_and_with_a_new_one(
     """Sync's gloo group, formed again in the same processes: at 2 -> 1 (SIGTERM to a worker:
     it hands its chunk over at a step boundary) and 1 -> 2 (a new worker joins from the staying
     one's replica); every sample trained once."""
-    from recsync.run.driver import run
     cfg = config(data, 'mode="sync"', "cluster.workers=[1, 2]", "cluster.ps_shards=1",
                  f"data.chunk_rows={2 * B}", "train.epochs=12", "network.latency_ms=2")
-    told = []
-    thread = threading.Thread(target=_preempt_a_worker, args=(tmp_path, told), daemon=True)
-    thread.start()
-    summary = run(cfg, tmp_path)
-    thread.join(timeout=5)
-    assert told, "no worker process found"
-    assert summary["status"] == "completed", summary.get("error")
+    summary = _run_with_a_worker_preempted(cfg, tmp_path)
     e = summary["elastic"]
-    (drain,) = e["drains"]
-    assert drain["why"].startswith("SIGTERM") and not drain["stopped"]
     assert len(e["joins"]) == 3 and e["deaths"] == []
     sizes = [len(f["members"]) for f in e["formations"]]  # the first may be 1 (the minimum
     # built first starts the run)
@@ -137,6 +119,22 @@ def test_a_sync_group_forms_again_without_a_preempted_worker_and_with_a_new_one(
     q = summary["queue"]
     assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0 and q["released"] == 0
     assert summary["samples"] == 12 * 4096
+
+
+def _run_with_a_worker_preempted(cfg, out) -> dict:
+    """The run's summary, one of its worker processes sent SIGTERM once it trains: that worker
+    drained (not stopped) as the run's one drain."""
+    from recsync.run.driver import run
+    told = []
+    thread = threading.Thread(target=_preempt_a_worker, args=(out, told), daemon=True)
+    thread.start()
+    summary = run(cfg, out)
+    thread.join(timeout=5)
+    assert told, "no worker process found"
+    assert summary["status"] == "completed", summary.get("error")
+    (drain,) = summary["elastic"]["drains"]
+    assert drain["why"].startswith("SIGTERM") and not drain["stopped"]
+    return summary
 
 
 def _preempt_a_worker(out, told: list) -> None:

@@ -261,3 +261,14 @@ def test_a_handed_over_item_still_pending_keeps_its_rows_in_the_data_position():
     fresh = ChunkQueue(its)
     fresh.restore(q.state())
     assert fresh.take_with_skip(1) == (first, 5)
+
+
+def test_a_job_checkpoint_with_a_bad_pending_skip_is_refused_naming_the_key():
+    from recsync.checkpoint.meta_check import check
+    q = ChunkQueue(items(epochs=1, chunks=2))
+    good = q.state()
+    check({"queue": good}, 3, "job/3")
+    with pytest.raises(ValueError, match=r"job/3.*pending_skip"):
+        check({"queue": {**good, "pending_skip": [["x", 5]]}}, 3, "job/3")
+    with pytest.raises(ValueError, match=r"job/3.*position_unit"):
+        check({"queue": {**good, "position_unit": "bytes"}}, 3, "job/3")

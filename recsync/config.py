@@ -175,8 +175,7 @@ class RunConfigBase(Section):
             group = " (its workers form a process group, which is not rebuilt at another size)"
             raise ValueError(f"{span}: mode {self.mode!r} cannot change its number of workers "
                              f"during a run{group if MODES[self.mode].needs_group(self) else ''}"
-                             f"; elastic modes: {_quoted(can)}, and shadow or foreground with "
-                             f"shadow.algorithm = \"easgd\" or \"none\"")
+                             f"; elastic modes at these settings: {_quoted(can)}")
         if self.recovery.kind in ("full", "auto"):
             raise ValueError(f"{span}: full recovery (which recovery.kind = "
                              f"\"{self.recovery.kind}\" may choose) rolls every worker back to "

@@ -6,8 +6,8 @@ follows a target while the run goes on, nobody restarted.
   they come (a node joined, the autoscaler added one).
 - Join: a built worker starts training as its mode says (Mode.elastic_join): at once on what
   the shards hold (async, eager, gba), from a live worker's dense replica (shadow with EASGD),
-  or when the group is formed again with it (sync, hybrid: regroup.py, where leaves and deaths
-  are the formation's too).
+  or when the group is formed again with it (sync, hybrid: regroup.py; shadow and foreground
+  with MA or BMUF: regroup_rounds.py; leaves and deaths are the formation's too).
 - Leave: a worker told to go (the target went down, its node is drained, or SIGTERM reached its
   process as a preemption notice) takes no chunk any more, finishes the ones it holds, pushes
   what it computed and reports "left"; then it is retired, its counts kept by its rank. One that
@@ -30,7 +30,8 @@ from recsync.distributed.errors import RunFailed
 from recsync.distributed.shard_move import move_shards, run_time
 from recsync.distributed.status import LEFT, WorkerStatus
 from recsync.distributed.regroup import Regroup
-from recsync.modes.base import JOIN_FROM_REPLICA, JOIN_REGROUP
+from recsync.distributed.regroup_rounds import RoundsRegroup
+from recsync.modes.base import JOIN_FROM_REPLICA, JOIN_REGROUP, JOIN_REPLICA_GROUP
 from recsync.run.scale import Requests
 
 ALIVE_STATES = ("created", "running", "paused", "done")  # a rank whose worker trains (or did)
@@ -66,7 +67,9 @@ class ElasticWorkers:
         self.drains: list[dict] = []  # {rank, why, time_s, drain_s, stopped}
         self.deaths: list[dict] = []  # {rank, time_s}
         self.requests_taken: list[dict] = []
-        self.group = Regroup(self) if facts.elastic_join(cfg) == JOIN_REGROUP else None
+        groups = {JOIN_REGROUP: Regroup, JOIN_REPLICA_GROUP: RoundsRegroup}
+        group = groups.get(facts.elastic_join(cfg))
+        self.group = None if group is None else group(self)
 
     # -- start -----------------------------------------------------------------------------
     def start(self, run, dense_state: dict | None = None) -> None:
@@ -213,16 +216,17 @@ class ElasticWorkers:
     def _tell_to_leave(self, run, ranks: list[int], why: str) -> None:
         if not ranks:
             return
-        if self.group is None:  # a group's members leave at its next formation
+        if self.group is None or self.group.drains:  # else they leave at the next formation
             run.actors.leave(ranks)
         now = time.time()
         for r in ranks:
             self.leaving[r] = {"unix": now, "why": why}
         run.record.event(self._t(run, now), f"elastic: worker(s) {ranks} told to leave ({why})")
 
-    def retire_leaver(self, run, rank: int) -> None:
-        """A leaving worker of a group, paused, its chunks handed over: retired."""
-        self._retire(run, rank, stopped=False, now=time.time())
+    def retire_leaver(self, run, rank: int, stopped: bool = False) -> None:
+        """A leaving worker of a group, out of it (sync: paused, its chunks handed over;
+        shadow: drained, or ``stopped`` after its grace): retired."""
+        self._retire(run, rank, stopped=stopped, now=time.time())
 
     def _retire(self, run, rank: int, stopped: bool, now: float) -> None:
         """A leaving worker retired; ``stopped``: it overran its grace (its chunk goes back to

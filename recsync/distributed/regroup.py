@@ -37,6 +37,9 @@ JOINER_CHECK_S = 2  # a built worker that does not answer this fast joins at a l
 class Regroup:
     """The formations of one elastic group run (``elastic``: its ElasticWorkers)."""
 
+    drains = False  # a leaver is told at its formation (not at once, to drain first)
+    unit = "step"  # what a formation's ``step`` counts: the group's steps (shadow: rounds)
+
     def __init__(self, elastic):
         self.elastic = elastic
         self.formations: list[dict] = []  # {time_s, step, members, joined, left, pause_s}
@@ -115,7 +118,7 @@ class Regroup:
         answering = []
         for r in live:
             with contextlib.suppress(Exception):
-                ray.get(actors.workers[r].recovery_states.remote(), timeout=10)
+                ray.get(actors.workers[r].where.remote(), timeout=10)
                 answering.append(r)
         sources = [r for r in answering if r in members]
         if not sources:
@@ -158,7 +161,7 @@ class Regroup:
                                 "members": members, "joined": joined, "left": left,
                                 "pause_s": pause_s, "rebuilt": rebuilt})
         if len(self.formations) > 1 and not rebuilt:
-            text = (f"elastic: {run.actors.mode} group formed again at step {step} with "
+            text = (f"elastic: {run.actors.mode} group formed again at {self.unit} {step} with "
                     f"{len(members)} worker(s) {members}"
                     + (f", joined {joined}" if joined else "") + (f", left {left}" if left else "")
                     + f" ({pause_s:.1f} s)")

@@ -39,7 +39,8 @@ def refusal(cfg, standby_nodes: list[str], drained: set[str]) -> str | None:
                 f"the others")
     if not MODES[cfg.mode].quiet_when_paused(cfg):
         return (f"mode {cfg.mode!r} at these settings calls the shards while its workers are "
-                f"paused (a background round, Hogwild threads): a move could lose an update")
+                f"paused (a background round, Hogwild threads: a move could lose an update), "
+                f"or its workers cannot all pause (rounds inside training)")
     if not standby_nodes:
         return NO_STANDBY
     if standby_nodes[0] in drained:

@@ -13,6 +13,7 @@ import time
 
 import ray
 
+from recsync.modes.base import JOIN_REGROUP
 from recsync.worker.worker import Worker
 
 TRIES = 10
@@ -48,9 +49,12 @@ def spawn_workers(actors, ranks: list[int], dense_state: dict | None, step_index
 
 
 def form_group(actors, ranks: list[int]) -> None:
-    """Workers ``ranks`` (built, not training: new or paused) form a new gloo group, with group
-    ranks in the order given, each with its share of the global batch (``shares``)."""
-    sizes = shares(global_batch(actors.cfg), len(ranks))
+    """Workers ``ranks`` (built, not training: new or paused; an elastic shadow run's: their
+    rounds paused) form a new gloo group, with group ranks in the order given; a group that
+    steps together (sync, hybrid) gives each its share of the global batch (``shares``)."""
+    n = len(ranks)
+    sizes = (shares(global_batch(actors.cfg), n) if actors.facts.joins == JOIN_REGROUP
+             else [None] * n)
     host, port = ray.get(actors.workers[ranks[0]].address.remote())
     ray.get([actors.workers[r].join_group.remote(host, port, len(ranks), g, sizes[g])
              for g, r in enumerate(ranks)])

@@ -46,7 +46,11 @@ FROM_REPLICA = "from_replica"  # dead ranks (all, if there is a group) restart f
 # (Mode.elastic_join); a leave is a drain in every elastic mode: the worker finishes its chunk,
 # its pushes applied, and goes (distributed/elastic.py):
 JOIN_AS_IS = "as_is"  # the shards hold what it needs: it pulls and trains (async, eager, gba)
-JOIN_FROM_REPLICA = "from_replica"  # it starts from a live worker's dense replica (shadow)
+JOIN_FROM_REPLICA = "from_replica"  # it starts from a live worker's dense replica (shadow
+# with EASGD or none)
+JOIN_REPLICA_GROUP = "replica_group"  # as JOIN_FROM_REPLICA, and the trainers' averaging
+# group is formed again, its rounds paused after the same one (shadow and foreground with MA or
+# BMUF: distributed/regroup_rounds.py); a leaver drains, then leaves the group
 JOIN_REGROUP = "regroup"  # every worker pauses after the same step and the group is formed
 # again at its new size, with the same global batch (sync, hybrid: distributed/regroup.py); a
 # leave is then no drain: the leaver's chunk goes on with the others from where it stopped

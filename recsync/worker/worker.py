@@ -214,6 +214,12 @@ class Worker:
         if not self.in_group:
             self._leaving.set()
 
+    def rounds(self, verb: str | None = None) -> dict:
+        """An elastic shadow or foreground run's averaging rounds (MA, BMUF): pause, regroup,
+        resume or leave them, and where they stand (ShadowWorker.rounds), with this worker's
+        state."""
+        return {**self.mode.rounds(verb), "state": self.state}
+
     def where(self) -> dict:
         """This process's node and pid (cluster/placement.py)."""
         return where()

@@ -151,6 +151,7 @@ class Actor:
             if len(more) > 1 and more[1] is not None:
                 inc.instance.batch_size = more[1]
             inc.group = self.runtime.group(("group", port), world)
+            inc.subgroups = 0  # as torch's group count, reset by destroy_process_group
             inc.groups.append(inc.group)
             inc.world = world
             return None

@@ -179,6 +179,7 @@ def install(monkeypatch, restart_delay_s: float = 0.05) -> Runtime:
     monkeypatch.setattr(os, "getpid", _actor_pid)
     monkeypatch.setattr(dist, "all_reduce", rt.all_reduce)
     monkeypatch.setattr(dist, "new_group", rt.new_group)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: actor_of_thread().world)
     write = files.write
 
     def write_until_dead(directory, sequence, arrays, meta, before_manifest=None):

@@ -121,6 +121,26 @@ def test_a_sync_group_forms_again_without_a_preempted_worker_and_with_a_new_one(
     assert summary["samples"] == 12 * 4096
 
 
+def test_a_shadow_averaging_group_forms_again_without_a_preempted_trainer(ray_cluster, data,
+                                                                         tmp_path):
+    """Shadow with model averaging (its default): the preempted trainer drains, averaging
+    meanwhile, then the group of its rounds is formed again on real gloo in the processes that
+    stay (torch's group made anew after the old one was destroyed), and again when a new
+    trainer joins from a live replica; every sample trained once."""
+    cfg = config(data, 'mode="shadow"', 'shadow.algorithm="ma"', "cluster.workers=[1, 2]",
+                 "cluster.ps_shards=1", f"data.chunk_rows={2 * B}", "train.epochs=12",
+                 "network.latency_ms=2")
+    summary = _run_with_a_worker_preempted(cfg, tmp_path)
+    e = summary["elastic"]
+    assert len(e["joins"]) == 3 and e["deaths"] == []
+    sizes = [len(f["members"]) for f in e["formations"]]
+    assert sizes[-3:] == [2, 1, 2] and not any(f["rebuilt"] for f in e["formations"]), sizes
+    q = summary["queue"]
+    assert q["completed_more_than_once"] == 0 and q["completed_never"] == 0 and q["released"] == 0
+    assert summary["samples"] == 12 * 4096
+    assert summary["shadow"]["syncs"] and all(n > 0 for n in summary["shadow"]["syncs"])
+
+
 def _run_with_a_worker_preempted(cfg, out) -> dict:
     """The run's summary, one of its worker processes sent SIGTERM once it trains: that worker
     drained (not stopped) as the run's one drain."""

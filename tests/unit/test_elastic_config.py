@@ -35,8 +35,6 @@ def test_a_bad_range_is_refused_naming_the_key(bad):
 
 
 @pytest.mark.parametrize("mode, extra, reason", [
-    ("shadow", [], "process group"),  # model averaging by default
-    ("foreground", ['shadow.algorithm="bmuf"'], "process group"),
     ("gba", ["switching.auto=true"], "cannot switch modes"),
     ("async", ['recovery.kind="full"', "recovery.checkpoint_every_s=1"], "full recovery")])
 def test_what_cannot_change_its_workers_is_refused_with_the_reason(mode, extra, reason):
@@ -47,9 +45,22 @@ def test_what_cannot_change_its_workers_is_refused_with_the_reason(mode, extra, 
 @pytest.mark.parametrize("mode, extra", [("async", []), ("eager", []), ("gba", []),
                                          ("shadow", ['shadow.algorithm="easgd"']),
                                          ("foreground", ['shadow.algorithm="none"']),
+                                         ("shadow", []),  # model averaging by default
+                                         ("foreground", ['shadow.algorithm="bmuf"']),
                                          ("sync", []), ("hybrid", [])])
 def test_the_elastic_modes_take_a_range(mode, extra):
     assert cfg(f'mode="{mode}"', "cluster.workers=[1, 3]", *extra).cluster.elastic
+
+
+def test_shadow_joins_from_a_replica_and_with_ma_or_bmuf_forms_its_group_again():
+    """Shadow's MA and BMUF rounds have a group that an elastic run forms again
+    (regroup_rounds.py); EASGD and none have none."""
+    from recsync.modes import MODES
+    from recsync.modes.base import JOIN_FROM_REPLICA, JOIN_REPLICA_GROUP
+    for algorithm, join in [("ma", JOIN_REPLICA_GROUP), ("bmuf", JOIN_REPLICA_GROUP),
+                            ("easgd", JOIN_FROM_REPLICA), ("none", JOIN_FROM_REPLICA)]:
+        c = cfg('mode="shadow"', f'shadow.algorithm="{algorithm}"', "cluster.workers=[1, 4]")
+        assert MODES["shadow"].elastic_join(c) == MODES["foreground"].elastic_join(c) == join
 
 
 @pytest.mark.parametrize("workers", [1, 3, 4, 7])

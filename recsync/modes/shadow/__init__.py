@@ -14,19 +14,29 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import threading
 
 import torch
 
 from recsync.metrics.stats import distribution, merged_counts
 from recsync.model.optim import DENSE_OPTIMIZERS
 from recsync.modes.async_ps import ApplyNow
-from recsync.modes.base import FROM_REPLICA, JOIN_FROM_REPLICA, Mode, WorkerMode
+from recsync.modes.base import (FROM_REPLICA, JOIN_FROM_REPLICA, JOIN_REPLICA_GROUP, Mode,
+                                WorkerMode)
 from recsync.modes.shadow.hogwild import HogwildTrainer
 from recsync.modes.shadow.replica import DenseReplica, HogwildStep
 from recsync.modes.shadow.rules import BMUF
 from recsync.modes.shadow.synchronizers import AveragingSync, CenterCopy, ElasticSync
 
 SHADOW_TIMEOUT_S = 300  # a round waits this long for the other trainers before failing
+
+
+def averaging_group():
+    """(A gloo group of every process of the group this process is in, their number): MA's
+    and BMUF's rounds."""
+    import torch.distributed as dist
+    group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=SHADOW_TIMEOUT_S))
+    return group, dist.get_world_size(group)
 
 
 class ShadowWorker(WorkerMode):
@@ -44,6 +54,10 @@ class ShadowWorker(WorkerMode):
                                   ctx.after_compute, ctx.before_compute)
                       for i in range(self.threads)]
         self.trainer: HogwildTrainer | None = None
+        self.sync: AveragingSync | None = None  # MA, BMUF: made when training starts
+        self._rounds_lock = threading.Lock()
+        self._pause_asked = False  # a formation asked for a pause before the rounds began
+        self._bmuf_state = (ctx.dense_state or {}).get("bmuf")
 
     def step(self, batch, ahead=None, thread: int = 0):
         return self.steps[thread].step(batch)
@@ -68,17 +82,49 @@ class ShadowWorker(WorkerMode):
         if sh.algorithm == "easgd":
             return ElasticSync(self.replica, self.ctx.shards, sh.alpha(trainers),
                                survive_shard_restarts=cfg.recovery.kind != "none")
-        import torch.distributed as dist
-        group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=SHADOW_TIMEOUT_S))
         bmuf = None
         if sh.algorithm == "bmuf":
             bmuf = BMUF(self.replica.vector(), sh.momentum(trainers), sh.bmuf_lr,
                         sh.bmuf_nesterov)
-        return AveragingSync(self.replica, group, trainers, bmuf)
+            if self._bmuf_state is not None:  # a trainer joining: the group's block state
+                bmuf.load(self._bmuf_state)
+        with self._rounds_lock:
+            self.sync = AveragingSync(self.replica, averaging_group, bmuf)
+            if self._pause_asked:
+                self.sync.request_pause()
+        return self.sync
+
+    def rounds(self, verb: str | None = None) -> dict:
+        """An elastic run's formations of the averaging group (distributed/regroup_rounds.py):
+        ``verb`` "pause" (after the next round), "regroup" (go on in the group this process
+        joined since), "resume" (in the same group: a formation called off) or "leave" (no
+        more rounds), then where the rounds stand: {"paused_after": the round every trainer
+        paused after, or None; "drained": whether this trainer's training threads are all
+        done}."""
+        with self._rounds_lock:
+            sync = self.sync
+            if verb == "pause":
+                self._pause_asked = True
+                if sync is not None:
+                    sync.request_pause()
+            elif verb in ("regroup", "resume", "leave"):
+                self._pause_asked = False
+                if sync is not None:
+                    if verb == "leave":
+                        sync.leave()
+                    else:
+                        sync.regroup(verb == "regroup")
+            elif verb is not None:
+                raise ValueError(f"rounds: unknown verb {verb!r}")
+        h = self.trainer
+        return {"paused_after": None if sync is None else sync.paused_after,
+                "drained": h is not None and h.training_over()}
 
     def dense_state(self) -> dict:
-        """The replica's parameters (a restart starts its optimizer afresh)."""
-        return {"params": self.replica.vector().numpy(), "optimizer": None}
+        """The replica's parameters (a restart starts its optimizer afresh), and BMUF's block
+        state (a trainer joining an elastic run takes the group's)."""
+        return {"params": self.replica.vector().numpy(), "optimizer": None,
+                "bmuf": None if self.sync is None else self.sync.bmuf_state()}
 
     def stats(self) -> dict:
         """This trainer's sync rounds (hogwild.py)."""
@@ -109,10 +155,18 @@ class Shadow(Mode):
         return cfg.shadow.algorithm in ("ma", "bmuf")
 
     @classmethod
+    def elastic_join(cls, cfg) -> str | None:
+        """From a live replica; with MA or BMUF, the averaging group is formed again too."""
+        return JOIN_REPLICA_GROUP if cls.needs_group(cfg) else JOIN_FROM_REPLICA
+
+    @classmethod
     def quiet_when_paused(cls, cfg) -> bool:
-        """Not with Hogwild threads (a worker pauses when one of them does) nor with background
-        EASGD rounds (their exchanges with shard 0 go on)."""
+        """Not with Hogwild threads (a worker pauses when one of them does), with background
+        EASGD rounds (their exchanges with shard 0 go on), nor with rounds inside training
+        that wait for every trainer (foreground MA, BMUF: a paused one would never come)."""
         sh = cfg.shadow
+        if not cls.shadow_thread and cls.needs_group(cfg):
+            return False
         return sh.hogwild_threads == 1 and not (cls.shadow_thread and sh.algorithm == "easgd")
 
     @classmethod

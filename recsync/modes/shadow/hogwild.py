@@ -91,6 +91,10 @@ class HogwildTrainer:
         if self.errors:
             raise self.errors[0]
 
+    def training_over(self) -> bool:
+        """Whether every training thread has finished (its rounds may go on)."""
+        return self._training_done.is_set()
+
     def threads_alive(self) -> int:
         return sum(t.is_alive() for t in self._threads)
 

@@ -42,6 +42,12 @@ class BMUF:
         self.delta = torch.zeros_like(self.global_model)
         self.momentum, self.block_lr, self.nesterov = momentum, block_lr, nesterov
 
+    def load(self, state: dict) -> None:
+        """The group's global model and block momentum (``state``: another trainer's), for a
+        trainer that joins it."""
+        self.global_model = torch.tensor(state["global_model"])  # copies
+        self.delta = torch.tensor(state["delta"])
+
     def update(self, mean: torch.Tensor) -> torch.Tensor:
         """One block update from the replicas' mean; returns where every replica moves to."""
         self.delta.mul_(self.momentum).add_(mean - self.global_model, alpha=self.block_lr)

@@ -9,11 +9,12 @@ the trainers that stay keep their processes.
   others' replicas; once it has drained, or overrun ``cluster.drain_grace_s`` (then its chunk
   goes back to the queue, as elsewhere), the group is formed again without it.
 - Forming: every trainer is asked to pause its rounds; the request rides in the next round's
-  all-reduce, so all stop after the same round (their training threads go on; foreground: the
-  thread due for a round waits). The leavers are released from the group and retired; the
-  members (staying and joining) join a new gloo group; the joiners start from a staying
-  trainer's replica (and BMUF's block state, the same on every trainer); every member's rounds
-  go on in the new group, whose mean is over its own size.
+  all-reduce, so all stop after the same round while their training goes on (foreground skips
+  its rounds meanwhile). The driver does not wait for that: each poll looks, and once all have
+  paused the leavers are released from the group and retired, the members (staying and
+  joining) join a new gloo group, the joiners start from a staying trainer's replica (and
+  BMUF's block state, the same on every trainer), and every member's rounds go on in the new
+  group, whose mean is over its own size.
 - A death (no notice) restarts the staying trainers from a live replica on a new group, as a
   fixed run does (their group broke with it); new workers are asked for.
 """
@@ -31,6 +32,8 @@ from recsync.distributed.spawn import form_group
 from recsync.distributed.status import LEFT
 
 LEFT_WAIT_S = 30  # a released leaver's training loop ends this fast (its threads are done)
+GROUP_WAIT_S = 300  # the new group's rounds' group: every member makes it (a joiner as it starts)
+TRAINING = ("running", "created")
 
 
 class RoundsRegroup(Regroup):
@@ -41,7 +44,10 @@ class RoundsRegroup(Regroup):
 
     def __init__(self, elastic):
         super().__init__(elastic)
-        self.kept: dict | None = None  # the last trainers' replica, where all left (_ended)
+        self.pausing: float | None = None  # when the trainers were asked to pause (unix)
+        self.slow_said = False
+        self.kept: tuple[int, dict] | None = None  # (rank, its replica): every trainer's
+        # rounds ended with chunks left (_ended); the new ones start from it
 
     def first(self, run, built: dict[int, dict], dense_state: dict | None) -> None:
         """The run's first trainers form the group and start."""
@@ -52,9 +58,8 @@ class RoundsRegroup(Regroup):
         self._log(run, 0, ranks, ranks, [], 0.0)
 
     def form(self, run) -> None:
-        """If workers wait to join, or leavers have drained or overrun their grace: pause every
-        trainer's rounds after the same one and form the group again (the next poll tries again
-        if a trainer finished or failed meanwhile)."""
+        """If workers wait to join, or leavers have drained or overrun their grace: ask every
+        trainer to pause its rounds; once all have (a later poll), form the group again."""
         el, actors = self.elastic, run.actors
         live = actors.live()
         try:
@@ -62,7 +67,7 @@ class RoundsRegroup(Regroup):
                                            timeout=30)))
         except ACTOR_GONE:
             return  # a death: the next poll's
-        if any(s["state"] not in ("running", "created") for s in stand.values()):
+        if any(s["state"] not in TRAINING for s in stand.values()):
             self._ended(run, live, stand)
             return
         now = time.time()
@@ -72,52 +77,47 @@ class RoundsRegroup(Regroup):
         joiners = self._answering(run, sorted(actors.waiting))
         leavers = drained + overran
         staying = [r for r in live if r not in leavers]  # leavers still draining included
-        if not (leavers or joiners) or not (staying or joiners or self.kept):
-            return  # nothing to do, or nobody to go on with: the leavers stay for now
-        begin = time.time()
-        paused = self._pause_rounds(run, live) if live else 0
-        if paused is None:
+        due = bool(leavers or joiners) and bool(staying or joiners)
+        if self.pausing is None:
+            if due and live:
+                self._ask(run, live, "pause")
+                self.pausing, self.slow_said = now, False
+            elif due:
+                self.pausing = now  # nobody to pause: the joiners start from the kept replica
+            else:
+                return
+        paused = {s["paused_after"] for s in stand.values()}
+        if None in paused:  # not yet (this poll's answers may predate the request)
+            if now - self.pausing > PAUSE_TIMEOUT_S and not self.slow_said:
+                self.slow_said = True
+                run.record.event(el.run_time(run, now), (
+                    f"elastic: the {actors.mode} trainers have not all paused their rounds "
+                    f"{now - self.pausing:.0f} s after they were asked (a round comes every "
+                    f"shadow.min_interval_s, or every shadow.foreground_every iterations)"))
+            return
+        if len(paused) > 1:
+            raise RunFailed(f"elastic: the {actors.mode} trainers paused their rounds after "
+                            f"different rounds {sorted(paused)}")
+        begin, self.pausing = self.pausing, None
+        if not due:  # a joiner went away meanwhile
+            self._ask(run, live, "resume")
             return
         try:
-            source = (staying or leavers or [None])[0]
-            state = (self.kept if source is None else self._replica(run, source)
-                     ) if joiners else None
+            source, state = self._source(run, staying or leavers) if joiners else (None, None)
             self._release(run, drained, overran)
             built = {r: actors.waiting.pop(r) for r in joiners}
             members = sorted(staying + joiners)
-            if members:
-                form_group(actors, members)
-            ray.get([actors.workers[r].rounds.remote("regroup") for r in staying], timeout=60)
-            if joiners:
+            form_group(actors, members)
+            refs = [actors.workers[r].rounds.remote("regroup") for r in staying]
+            if joiners:  # each makes the rounds' group as it starts, the others meanwhile
                 run.start_placed(joiners, state)
                 el.joined_now(run, built, joiners, source)
-                self.kept = None
+            ray.get(refs, timeout=GROUP_WAIT_S)
         except Exception as e:  # noqa: BLE001 - whatever broke, the trainers restart
             self._failed(run, e, staying + leavers)
             return
-        self._log(run, paused, members, joiners, leavers, time.time() - begin)
-
-    def _ended(self, run, live: list[int], stand: dict) -> None:
-        """A trainer's rounds ended: every trainer's did (each was done training or drained).
-        Where chunks are left (all were leavers, or one that overran its grace gave its chunk
-        back after the others ran out of data), they are retired, the replica of one kept for
-        the new workers asked for in their place, which train those chunks."""
-        el, actors = self.elastic, run.actors
-        if not all(stand[r]["state"] in (LEFT, "done") for r in live):
-            return  # the others' rounds end too; a failure is the policy's
-        if actors.chunks_left() == 0:
-            return  # the run is over
-        self.kept = self._replica(run, live[0])
-        for r in live:
-            if r in el.leaving:
-                el.retire_leaver(run, r)
-            else:
-                run.retire([r])
-                actors.workers[r] = None
-        run.record.event(el.run_time(run, time.time()), (
-            f"elastic: chunks left after every {actors.mode} trainer's rounds ended; new "
-            f"workers train them, from worker {live[0]}'s replica"))
-        self._log(run, 0, [], [], live, 0.0)
+        self._log(run, paused.pop() if paused else 0, members, joiners, leavers,
+                  time.time() - begin)
 
     def rebuild(self, run, source: int, dead: list[int]) -> str:
         """Workers ``dead`` died: the group they were in broke, so the others restart from
@@ -125,6 +125,7 @@ class RoundsRegroup(Regroup):
         among them are told again to leave; new workers are asked for. Returns the event's
         text."""
         el, actors = self.elastic, run.actors
+        self.pausing = None
         live = actors.live()
         survivors = [r for r in live if r not in dead]
         state = self._replica(run, source)
@@ -144,37 +145,43 @@ class RoundsRegroup(Regroup):
                 f"asked for up to the target ({el.target})")
 
     # -- the parts -------------------------------------------------------------------------
-    def _pause_rounds(self, run, ranks: list[int]) -> int | None:
-        """Ask trainers ``ranks`` to pause their rounds and wait until all have, after the same
-        round (returned). None, with their rounds going on, where one finished or failed
-        meanwhile, or died."""
-        actors = run.actors
-        workers = [actors.workers[r] for r in ranks]
-        deadline = time.time() + PAUSE_TIMEOUT_S
-        try:
-            ray.get([w.rounds.remote("pause") for w in workers], timeout=30)
-            while True:
-                stands = ray.get([w.rounds.remote() for w in workers], timeout=30)
-                if any(s["state"] not in ("running", "created") for s in stands):
-                    break  # the rounds ended (every trainer done), or a trainer failed
-                rounds = {s["paused_after"] for s in stands}
-                if None not in rounds:
-                    if len(rounds) != 1:
-                        raise RunFailed(f"elastic: the {actors.mode} trainers paused their "
-                                        f"rounds after different rounds {sorted(rounds)}")
-                    return rounds.pop()
-                if time.time() > deadline:
-                    raise RunFailed(f"elastic: the {actors.mode} trainers did not all pause "
-                                    f"their rounds within {PAUSE_TIMEOUT_S} s")
-                time.sleep(0.05)
-        except ACTOR_GONE:
-            pass  # a death: the next poll's
-        for w in workers:
+    def _ended(self, run, live: list[int], stand: dict) -> None:
+        """A trainer's rounds ended: every trainer's did (each was done training or drained).
+        Where chunks are left (all were leavers, or one that overran its grace gave its chunk
+        back after the others ran out of data), they are retired, the replica of one kept for
+        the new workers asked for in their place, which train those chunks."""
+        el, actors = self.elastic, run.actors
+        if not all(stand[r]["state"] in (LEFT, "done") for r in live):
+            return  # the others' rounds end too; a failure is the policy's
+        self.pausing = None
+        if actors.chunks_left() == 0:
+            return  # the run is over
+        self.kept = (live[0], self._replica(run, live[0]))
+        for r in live:
+            el.joined.pop(r, None)
+            if r in el.leaving:
+                el.retire_leaver(run, r)
+            else:
+                run.retire([r])
+                actors.workers[r] = None
+        run.record.event(el.run_time(run, time.time()), (
+            f"elastic: chunks left after every {actors.mode} trainer's rounds ended; new "
+            f"workers train them, from worker {live[0]}'s replica"))
+
+    def _ask(self, run, ranks: list[int], verb: str) -> None:
+        """Trainers ``ranks`` pause or resume their rounds (one that died: the next poll's)."""
+        for r in ranks:
             try:
-                ray.get(w.rounds.remote("resume"), timeout=30)
+                ray.get(run.actors.workers[r].rounds.remote(verb), timeout=30)
             except ACTOR_GONE:
                 pass
-        return None
+
+    def _source(self, run, ranks: list[int]) -> tuple[int, dict]:
+        """(rank, replica) that joiners start from: the first of ``ranks``, else the kept."""
+        if ranks:
+            return ranks[0], self._replica(run, ranks[0])
+        source, self.kept = self.kept, None
+        return source
 
     def _replica(self, run, source: int) -> dict:
         """``source``'s replica for trainers that join or restart: its parameters and BMUF's
@@ -183,17 +190,16 @@ class RoundsRegroup(Regroup):
         return {"params": state["params"], "optimizer": None, "bmuf": state.get("bmuf")}
 
     def _release(self, run, drained: list[int], overran: list[int]) -> None:
-        """The leavers leave the group (their rounds end) and are retired: the drained ones
-        once their training loop has ended, the ones that overran their grace at once (their
-        chunk goes back to the queue)."""
+        """The leavers leave the group (their rounds end) and are retired: the ones that overran
+        their grace at once (their chunk goes back to the queue), the drained ones once their
+        training loop has ended."""
         el, actors = self.elastic, run.actors
-        for r in drained + overran:
-            ray.get(actors.workers[r].rounds.remote("leave"), timeout=30)
+        for r in overran:
+            el.retire_leaver(run, r, stopped=True)
+        self._ask(run, drained, "leave")
         deadline = time.time() + LEFT_WAIT_S
         for r in drained:
             while (ray.get(actors.workers[r].rounds.remote(), timeout=30)["state"]
-                   in ("running", "created")) and time.time() < deadline:
+                   in TRAINING) and time.time() < deadline:
                 time.sleep(0.05)
             el.retire_leaver(run, r)
-        for r in overran:
-            el.retire_leaver(run, r, stopped=True)

@@ -120,6 +120,31 @@ def test_a_dead_worker_is_not_waited_for_and_a_new_one_joins(fake_ray, data, tmp
 
 
 @pytest.mark.parametrize("mode", ["shadow", "foreground"])
+def test_an_averaging_trainer_that_overruns_its_grace_leaves_the_group_and_gives_its_chunk_back(
+        fake_ray, data, tmp_path, mode):
+    """MA's rounds: a leaver still training after ``drain_grace_s`` is taken out of the group
+    (the others' rounds pause, then go on without it) and stopped; its chunk is trained again
+    by the others (``queue.released``), every chunk completed once."""
+    cfg = config(data, f'mode="{mode}"', 'shadow.algorithm="ma"', "cluster.workers=[1, 2]",
+                 "cluster.ps_shards=1", "data.chunk_rows=2048", "train.epochs=4",
+                 "network.latency_ms=2", "cluster.drain_grace_s=0.05",
+                 "faults.stragglers=[{worker=1, factor=30}]")  # its chunk takes seconds
+    out = tmp_path / "run"
+    out.mkdir()
+    thread, errors = _scaled(out, 2, [1])
+    summary = run(cfg, out)
+    thread.join(timeout=5)
+    assert not errors, errors
+    assert summary["status"] == "completed", summary["error"]
+    e, q = summary["elastic"], summary["queue"]
+    assert [(d["rank"], d["stopped"]) for d in e["drains"]] == [(1, True)]
+    assert [f["left"] for f in e["formations"]][-1] == [1]
+    assert q["released"] == 1 and q["completed_more_than_once"] == 0
+    assert q["completed_never"] == 0 and q["completed"] == q["chunks"]
+    assert summary["samples"] >= 4 * Dataset(data).rows("train")
+
+
+@pytest.mark.parametrize("mode", ["shadow", "foreground"])
 def test_a_shadow_trainer_joins_from_a_live_replica(fake_ray, data, tmp_path, mode):
     cfg = config(data, f'mode="{mode}"', 'shadow.algorithm="easgd"', "cluster.workers=[1, 2]",
                  "cluster.ps_shards=2", f"data.chunk_rows={2 * B}", "train.epochs=12",

@@ -158,10 +158,6 @@ def _in_threads(fns):
     return out
 
 
-def _two():
-    return None, 2  # (the group: the patched all_reduce's, the trainers in it)
-
-
 @pytest.fixture
 def thread_group(monkeypatch):
     import torch.distributed as dist
@@ -173,7 +169,7 @@ def thread_group(monkeypatch):
 def test_ma_round_gives_every_replica_the_mean_and_agrees_when_all_are_done(thread_group):
     a, b = _replica(seed=1), _replica(seed=2)
     mean = (a.vector() + b.vector()) / 2
-    sa, sb = AveragingSync(a, _two), AveragingSync(b, _two)
+    sa, sb = AveragingSync(a, None, 2), AveragingSync(b, None, 2)
     assert _in_threads([lambda: sa.round(False), lambda: sb.round(True)]) == [False, False]
     torch.testing.assert_close(a.vector(), mean)
     torch.testing.assert_close(b.vector(), mean)
@@ -186,7 +182,7 @@ def test_bmuf_round_moves_every_replica_to_the_global_model(thread_group):
     ba, bb = BMUF(start, 0.5), BMUF(start, 0.5)
     a.add_(torch.full_like(start, 1.0))  # trainer a trained by +1, b by +3
     b.add_(torch.full_like(start, 3.0))
-    sa, sb = AveragingSync(a, _two, ba), AveragingSync(b, _two, bb)
+    sa, sb = AveragingSync(a, None, 2, ba), AveragingSync(b, None, 2, bb)
     _in_threads([lambda: sa.round(False), lambda: sb.round(False)])
     torch.testing.assert_close(a.vector(), start + 2.0)  # delta = mean - w_g = 2
     torch.testing.assert_close(b.vector(), start + 2.0)
@@ -202,18 +198,14 @@ def test_a_formation_pauses_every_trainer_after_one_round_and_a_joiner_takes_bmu
     and the next round (a mean over three) leaves all three BMUF states equal."""
     import torch.distributed as dist
     monkeypatch.setattr(dist, "all_reduce", lambda buf, group: group.all_reduce(buf))
-    groups = {2: ThreadGroup(2), 3: ThreadGroup(3)}
-    size = [2]
-
-    def make_group():
-        return groups[size[0]], size[0]
-
     reps = [_replica(seed=s) for s in (1, 2)]
     start = reps[0].vector()
-    syncs = [AveragingSync(r, make_group, BMUF(start, 0.5)) for r in reps]
+    two = ThreadGroup(2)
+    syncs = [AveragingSync(r, two, 2, BMUF(start, 0.5)) for r in reps]
     syncs[0].request_pause()
     assert _in_threads([lambda s=s: s.round(False) for s in syncs]) == [False, False]
     assert [s.paused_after for s in syncs] == [1, 1]
+    assert [s.ready(wait=False) for s in syncs] == [False, False]  # a foreground round skips
     syncs[1].request_pause()  # asked once paused: nothing carried into a later round
     leaver = threading.Thread(target=lambda: syncs[1].round(True))  # waits while paused
     leaver.start()
@@ -223,21 +215,31 @@ def test_a_formation_pauses_every_trainer_after_one_round_and_a_joiner_takes_bmu
     leaver.join(timeout=5)
     assert not leaver.is_alive() and syncs[1].round(False) is True  # no rounds any more
 
-    size[0] = 3
+    three = ThreadGroup(3)
     joiners = [_replica(seed=s) for s in (3, 4)]
     bmufs = [BMUF(r.vector(), 0.5) for r in joiners]
     for b in bmufs:
         b.load(syncs[0].bmuf_state())
-    new = [AveragingSync(r, make_group, b) for r, b in zip(joiners, bmufs)]
-    syncs[0].regroup(new_group=True)
+    new = [AveragingSync(r, three, 3, b) for r, b in zip(joiners, bmufs)]
+    syncs[0].regroup(three, 3)
     members = [syncs[0], *new]
     assert _in_threads([lambda s=s: s.round(False) for s in members]) == [False] * 3
-    assert [s.paused_after for s in members] == [None] * 3 and syncs[0].trainers == 3
+    assert [s.paused_after for s in members] == [None] * 3
     for s in new:
         torch.testing.assert_close(s.bmuf.global_model, syncs[0].bmuf.global_model)
         torch.testing.assert_close(s.bmuf.delta, syncs[0].bmuf.delta)
     torch.testing.assert_close(joiners[0].vector(), reps[0].vector())
     assert _in_threads([lambda s=s: s.round(True) for s in members]) == [True] * 3
+
+
+def test_a_pause_asked_in_the_round_that_finds_everyone_done_does_not_pause(thread_group):
+    """That round ends the rounds: a trainer paused there would report a pause that no round
+    follows (the driver would form a group whose old members never come)."""
+    a, b = _replica(seed=1), _replica(seed=2)
+    sa, sb = AveragingSync(a, None, 2), AveragingSync(b, None, 2)
+    sa.request_pause()
+    assert _in_threads([lambda: sa.round(True), lambda: sb.round(True)]) == [True, True]
+    assert sa.paused_after is None and sb.paused_after is None
 
 
 # -- the Hogwild trainer ---------------------------------------------------------------------
@@ -300,8 +302,8 @@ def test_trainers_with_different_amounts_of_data_agree_on_the_last_round(thread_
     """Foreground MA on two trainers: one runs out of data long before the other, keeps
     answering rounds, and both stop after the same round (no collective left waiting)."""
     a, b = _replica(seed=1), _replica(seed=2)
-    ta = HogwildTrainer(_steps([7]), AveragingSync(a, _two), background=False, every=3)
-    tb = HogwildTrainer(_steps([31]), AveragingSync(b, _two), background=False, every=3)
+    ta = HogwildTrainer(_steps([7]), AveragingSync(a, None, 2), background=False, every=3)
+    tb = HogwildTrainer(_steps([31]), AveragingSync(b, None, 2), background=False, every=3)
     _in_threads([ta.run, tb.run])
     assert tb.stats.rounds == 10 and ta.stats.rounds == 2
     assert ta.stats.rounds + ta.stats.final_rounds == tb.stats.rounds + tb.stats.final_rounds

@@ -88,8 +88,9 @@ class ShadowWorker(WorkerMode):
                         sh.bmuf_nesterov)
             if self._bmuf_state is not None:  # a trainer joining: the group's block state
                 bmuf.load(self._bmuf_state)
+        group, trainers = averaging_group()
         with self._rounds_lock:
-            self.sync = AveragingSync(self.replica, averaging_group, bmuf)
+            self.sync = AveragingSync(self.replica, group, trainers, bmuf)
             if self._pause_asked:
                 self.sync.request_pause()
         return self.sync
@@ -97,25 +98,22 @@ class ShadowWorker(WorkerMode):
     def rounds(self, verb: str | None = None) -> dict:
         """An elastic run's formations of the averaging group (distributed/regroup_rounds.py):
         ``verb`` "pause" (after the next round), "regroup" (go on in the group this process
-        joined since), "resume" (in the same group: a formation called off) or "leave" (no
-        more rounds), then where the rounds stand: {"paused_after": the round every trainer
-        paused after, or None; "drained": whether this trainer's training threads are all
-        done}."""
+        joined since; the rounds' own group is made here, with every member's), "resume" (in
+        the same group) or "leave" (no more rounds); then where the rounds stand:
+        {"paused_after": the round every trainer paused after, or None; "drained": whether
+        this trainer's training threads are all done}."""
+        if verb not in (None, "pause", "regroup", "resume", "leave"):
+            raise ValueError(f"rounds: unknown verb {verb!r}")
+        group = averaging_group() if verb == "regroup" else (None, 0)
         with self._rounds_lock:
             sync = self.sync
-            if verb == "pause":
-                self._pause_asked = True
-                if sync is not None:
-                    sync.request_pause()
-            elif verb in ("regroup", "resume", "leave"):
-                self._pause_asked = False
-                if sync is not None:
-                    if verb == "leave":
-                        sync.leave()
-                    else:
-                        sync.regroup(verb == "regroup")
-            elif verb is not None:
-                raise ValueError(f"rounds: unknown verb {verb!r}")
+            self._pause_asked = verb == "pause" or (self._pause_asked and verb is None)
+            if sync is not None and verb == "pause":
+                sync.request_pause()
+            elif sync is not None and verb == "leave":
+                sync.leave()
+            elif sync is not None and verb in ("regroup", "resume"):
+                sync.regroup(*group)
         h = self.trainer
         return {"paused_after": None if sync is None else sync.paused_after,
                 "drained": h is not None and h.training_over()}

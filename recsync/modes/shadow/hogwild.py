@@ -126,7 +126,7 @@ class HogwildTrainer:
                     self._syncing += 1
             if due:
                 try:
-                    self._round(done=False)
+                    self._round(done=False, wait=False)
                 finally:
                     with self._cond:
                         self._syncing -= 1
@@ -145,8 +145,13 @@ class HogwildTrainer:
         while not self._abort.is_set() and not self._round(done=True):
             pass
 
-    def _round(self, done: bool) -> bool:
+    def _round(self, done: bool, wait: bool = True) -> bool:
+        """One round (``wait``: for the synchronizer to be ready; else, a foreground round
+        while an elastic run pauses the rounds, none: training goes on)."""
         with self._round_lock:
+            ready = getattr(self.sync, "ready", None)  # AveragingSync's pause
+            if ready is not None and not ready(wait):
+                return False
             begin = time.perf_counter()
             with self._cond:
                 iteration = self.iterations  # the iterations this round's replica holds

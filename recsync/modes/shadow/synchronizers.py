@@ -50,46 +50,50 @@ class ElasticSync:
 
 class AveragingSync:
     """MA (``bmuf`` None) or BMUF: all-reduce the replicas, a done flag and a pause flag on
-    ``group``.
+    ``group`` (of ``trainers``).
 
     An elastic run forms the group again when trainers join or leave
     (distributed/regroup_rounds.py): the driver asks for a pause (``request_pause``), the flag
     rides in the next round's all-reduce, and every trainer stops taking part in rounds after
-    that same round (``paused_after``); its training threads go on (foreground: the one due for
-    a round waits). Then each is released with a new group (``regroup``) or told that it left
-    it (``leave``: its rounds end)."""
+    that same round (``paused_after``; not where that round found every trainer done: their
+    rounds end there) while its training goes on. Then each is released into a new group
+    (``regroup``) or told that it left (``leave``: its rounds end)."""
 
-    def __init__(self, replica: DenseReplica, make_group, bmuf: BMUF | None = None):
-        """``make_group()``: (a group of the trainers, their number), made at the first round (every trainer
-        makes it, in the thread that runs its rounds) and again after a ``regroup``."""
-        self.replica, self.make_group, self.bmuf = replica, make_group, bmuf
-        self.group, self.trainers = None, 0
+    def __init__(self, replica: DenseReplica, group, trainers: int, bmuf: BMUF | None = None):
+        self.replica, self.group, self.trainers, self.bmuf = replica, group, trainers, bmuf
         self.rounds = 0  # rounds of the group now
         self.paused_after: int | None = None  # the round after which every trainer paused
         self._asked = False
         self._left = False
         self._cond = threading.Condition()
 
+    def ready(self, wait: bool = True) -> bool:
+        """Whether a round can run now (False: paused); ``wait``: until it can (released,
+        or left: its round then ends the rounds)."""
+        with self._cond:
+            if wait:
+                self._cond.wait_for(lambda: self.paused_after is None or self._left)
+            return self.paused_after is None or self._left
+
     def round(self, done: bool) -> bool:
         import torch.distributed as dist
+        self.ready()
         with self._cond:
-            self._cond.wait_for(lambda: self.paused_after is None or self._left)
             if self._left:
                 return True  # no more rounds for this trainer: it left the group
             asked = self._asked
-        if self.group is None:
-            self.group, self.trainers = self.make_group()
         snapshot = self.replica.vector()
         buf = torch.cat([snapshot, torch.tensor([float(done), float(asked)])])
         dist.all_reduce(buf, group=self.group)
         mean = mean_of(buf[:-2], self.trainers)
         target = mean if self.bmuf is None else self.bmuf.update(mean)
         self.replica.add_(target - snapshot)  # keeps the Hogwild updates made meanwhile
+        all_done = int(buf[-2].item()) == self.trainers
         with self._cond:
             self.rounds += 1
-            if buf[-1].item() > 0:  # someone was asked: everyone pauses after this round
+            if buf[-1].item() > 0 and not all_done:  # someone was asked: all pause now
                 self.paused_after, self._asked = self.rounds, False
-        return int(buf[-2].item()) == self.trainers
+        return all_done
 
     def request_pause(self) -> None:
         """Pause after the next round (the flag goes into its all-reduce)."""
@@ -97,29 +101,28 @@ class AveragingSync:
             if self.paused_after is None:
                 self._asked = True
 
-    def regroup(self, new_group: bool) -> None:
-        """Go on, in a group made again at the next round (``new_group``: this process joined
-        another since the pause), or in the same one (a formation called off)."""
+    def regroup(self, group, trainers: int) -> None:
+        """Go on, in ``group`` of ``trainers`` (this process joined it since the pause), or,
+        ``group`` None, in the same one (nobody joined or left)."""
         with self._cond:
-            if new_group:
-                self.group, self.rounds = None, 0
+            if group is not None:
+                self.group, self.trainers, self.rounds = group, trainers, 0
             self.paused_after, self._asked = None, False
             self._cond.notify_all()
 
     def leave(self) -> None:
-        """This trainer left the group: no more rounds (the ones waiting return at once)."""
+        """This trainer left the group: no more rounds (one waiting returns at once)."""
         with self._cond:
             self._left = True
             self._cond.notify_all()
 
     def bmuf_state(self) -> dict | None:
         """BMUF's global model and block momentum (the same on every trainer), for a trainer
-        that joins; None under MA."""
+        that joins (read while the rounds are paused); None under MA."""
         if self.bmuf is None:
             return None
-        with self._cond:
-            return {"global_model": self.bmuf.global_model.numpy().copy(),
-                    "delta": self.bmuf.delta.numpy().copy()}
+        return {"global_model": self.bmuf.global_model.numpy().copy(),
+                "delta": self.bmuf.delta.numpy().copy()}
 
 
 class CenterCopy(ApplyNow):

@@ -93,7 +93,9 @@ def test_scaled_2_4_2_completes_every_chunk_once_and_counts_every_sample(fake_ra
     assert {line["workers"] for line in _lines(out)} >= {2, 4}
     if mode in ("shadow", "foreground") and algorithm != "easgd":
         formed = [(len(f["members"]), len(f["joined"]), len(f["left"])) for f in e["formations"]]
-        assert formed == [(4, 4, 0), (2, 0, 2), (4, 2, 0), (2, 0, 2)], formed
+        # the first may be of the two built first, the other two joining at the next
+        assert formed[-3:] == [(2, 0, 2), (4, 2, 0), (2, 0, 2)], formed
+        assert formed[-4][0] == 4 and formed[0][1] == formed[0][0], formed
         assert not any(f["rebuilt"] for f in e["formations"])
         assert all(w["steps"] * B == w["samples"] for w in summary["per_worker"])  # each
         # trainer's own batch size (not a share of a global batch)

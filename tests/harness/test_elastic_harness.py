@@ -130,7 +130,8 @@ def test_an_averaging_trainer_that_overruns_its_grace_leaves_the_group_and_gives
     cfg = config(data, f'mode="{mode}"', 'shadow.algorithm="ma"', "cluster.workers=[1, 2]",
                  "cluster.ps_shards=1", "data.chunk_rows=2048", "train.epochs=4",
                  "network.latency_ms=2", "cluster.drain_grace_s=0.05",
-                 "faults.stragglers=[{worker=1, factor=30}]")  # its chunk takes seconds
+                 "shadow.foreground_every=1",  # the pause comes at its next iteration
+                 "faults.stragglers=[{worker=1, factor=200}]")  # its chunk takes ~30 s
     out = tmp_path / "run"
     out.mkdir()
     thread, errors = _scaled(out, 2, [1])

@@ -247,17 +247,15 @@ class Dataset:
         """
         size = batch_size if callable(batch_size) else (lambda: batch_size)
         if shuffle_seed is None:
-            while start < chunk.rows:
-                stop = min(start + size(), chunk.rows)
-                yield self.read(chunk, slice(start, stop))
-                start = stop
-            return
-        whole = self.read(chunk)  # one sequential read, then shuffle in memory
-        order = torch.from_numpy(np.random.default_rng(
-            [shuffle_seed, epoch, chunk.part, chunk.start]).permutation(chunk.rows))
+            rows = lambda a, b: self.read(chunk, slice(a, b))  # noqa: E731
+        else:
+            whole = self.read(chunk)  # one sequential read, then shuffle in memory
+            order = torch.from_numpy(np.random.default_rng(
+                [shuffle_seed, epoch, chunk.part, chunk.start]).permutation(chunk.rows))
+            rows = lambda a, b: whole.take(order[a:b])  # noqa: E731
         while start < chunk.rows:
             stop = min(start + size(), chunk.rows)
-            yield whole.take(order[start:stop])
+            yield rows(start, stop)
             start = stop
 
 

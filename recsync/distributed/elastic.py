@@ -79,7 +79,7 @@ class ElasticWorkers:
         (a warm start's, a job checkpoint's)."""
         self.leaving.clear()  # a resumed run's workers are all new
         self.joined.clear()
-        self._ask(run, [r for r, w in enumerate(run.actors.workers) if w is None][:self.target])
+        self.ask(run, [r for r, w in enumerate(run.actors.workers) if w is None][:self.target])
         deadline = time.time() + self.timeout_s
         built: dict[int, dict] = {}
         while len(built) < self.min:
@@ -123,7 +123,7 @@ class ElasticWorkers:
         if self.group is None:
             self._restart_if_work_left(run, statuses)
         self._join(run, run.actors.placed())
-        self._meet_target(run)
+        self.meet_target(run)
         if self.group is not None:
             self.group.form(run)
         self._watch_minimum(run, now)
@@ -147,7 +147,7 @@ class ElasticWorkers:
             self.leaving.pop(r, None)
             self.joined.pop(r, None)
         self.count_deaths(run, ranks)
-        self._meet_target(run)
+        self.meet_target(run)
         return (f"worker(s) {ranks} died; their chunks requeued; {len(self._live(run))} "
                 f"worker(s) train on, new ones asked for up to the target ({self.target})")
 
@@ -208,7 +208,7 @@ class ElasticWorkers:
             r for r, where in actors.waiting.items()  # built ones wait there
             if where.get("node_id", "").startswith(prefix))
         actors.cancel(again)
-        self._ask(run, again)
+        self.ask(run, again)
         self._tell_to_leave(run, ranks, f"node {prefix[:8]} drained")
         self.moving = True
         return ranks
@@ -252,7 +252,7 @@ class ElasticWorkers:
         stray = [r for r, where in built.items() if where.get("node_id") in self.drained_nodes]
         if stray:
             run.actors.cancel(stray)
-            self._ask(run, stray)
+            self.ask(run, stray)
         built = {r: where for r, where in built.items() if r not in stray}
         if not built:
             return
@@ -275,7 +275,7 @@ class ElasticWorkers:
             run.start_placed(ranks, state)
         except ACTOR_GONE:
             run.actors.cancel(ranks)
-            self._ask(run, ranks)
+            self.ask(run, ranks)
             return
         self.joined_now(run, built, ranks, live[0] if state is not None and live else None)
 
@@ -310,12 +310,6 @@ class ElasticWorkers:
                                                         f"workers train them")
 
     def meet_target(self, run) -> None:
-        self._meet_target(run)
-
-    def ask(self, run, ranks: list[int]) -> None:
-        self._ask(run, ranks)
-
-    def _meet_target(self, run) -> None:
         """Ask for workers on vacant ranks, or send workers away, so that the workers training
         and asked for number the target (leaving ones do not count)."""
         actors = run.actors
@@ -324,14 +318,14 @@ class ElasticWorkers:
         more = self.target - len(staying) - len(pending)
         if more > 0:
             vacant = [r for r, w in enumerate(actors.workers) if w is None][:more]
-            self._ask(run, vacant)
+            self.ask(run, vacant)
         elif more < 0:
             cancel = pending[::-1][:-more]
             actors.cancel(cancel)
             self._tell_to_leave(run, staying[::-1][:-more - len(cancel)],
                                 f"target {self.target}")
 
-    def _ask(self, run, ranks: list[int]) -> None:
+    def ask(self, run, ranks: list[int]) -> None:
         if ranks:
             run.actors.spawn_later(ranks)
             now = time.time()
@@ -376,8 +370,6 @@ class ElasticWorkers:
     @staticmethod
     def _t(run, unix: float) -> float:
         return run_time(run, unix)
-
-    run_time = _t
 
     def section(self) -> dict:
         """summary.json's ``elastic``."""

@@ -28,6 +28,7 @@ import ray
 from recsync.distributed.actions import restart_group
 from recsync.distributed.actors import ACTOR_GONE
 from recsync.distributed.errors import RunFailed
+from recsync.distributed.shard_move import run_time
 from recsync.distributed.spawn import form_group
 
 JOINER_CHECK_S = 2  # a built worker that does not answer this fast joins at a later formation
@@ -127,7 +128,7 @@ class Regroup:
                             f"answers") from error
         dead = [r for r in live if r not in answering]
         text = self.rebuild(run, sources[0], dead)
-        run.record.event(self.elastic.run_time(run, time.time()),
+        run.record.event(run_time(run, time.time()),
                          f"elastic: forming the group again failed ({type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}); {text}")
 
@@ -155,9 +156,8 @@ class Regroup:
 
     def _log(self, run, step: int, members: list[int], joined: list[int], left: list[int],
              pause_s: float, rebuilt: bool = False) -> None:
-        el = self.elastic
         now = time.time()
-        self.formations.append({"time_s": el.run_time(run, now), "step": step,
+        self.formations.append({"time_s": run_time(run, now), "step": step,
                                 "members": members, "joined": joined, "left": left,
                                 "pause_s": pause_s, "rebuilt": rebuilt})
         if len(self.formations) > 1 and not rebuilt:
@@ -165,7 +165,7 @@ class Regroup:
                     f"{len(members)} worker(s) {members}"
                     + (f", joined {joined}" if joined else "") + (f", left {left}" if left else "")
                     + f" ({pause_s:.1f} s)")
-            run.record.event(el.run_time(run, now), text)
+            run.record.event(run_time(run, now), text)
             print(text, flush=True)
 
 

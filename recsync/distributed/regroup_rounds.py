@@ -1,7 +1,8 @@
 """Elastic runs of shadow and foreground with MA or BMUF (``Mode.elastic_join`` is
 JOIN_REPLICA_GROUP): the trainers average their replicas in rounds over a gloo group of their
-own, and that group is formed again when trainers join or leave. Training never stops for it;
-the trainers that stay keep their processes.
+own, and that group is formed again when trainers join or leave. Training goes on while it is
+formed (in foreground a round still waits for every trainer of the group, a joiner's first
+round too); the trainers that stay keep their processes.
 
 - A worker Ray built for the run waits (``actors.waiting``) until the next formation.
 - A leaver drains as in every elastic mode (no new chunk, the ones it holds finished, its
@@ -28,6 +29,7 @@ import ray
 from recsync.distributed.actors import ACTOR_GONE, PAUSE_TIMEOUT_S
 from recsync.distributed.errors import RunFailed
 from recsync.distributed.regroup import Regroup
+from recsync.distributed.shard_move import run_time
 from recsync.distributed.spawn import form_group
 from recsync.distributed.status import LEFT
 
@@ -80,7 +82,7 @@ class RoundsRegroup(Regroup):
         due = bool(leavers or joiners) and bool(staying or joiners)
         if self.pausing is None:
             if due and live:
-                self._ask(run, live, "pause")
+                self._tell(run, live, "pause")
                 self.pausing, self.slow_said = now, False
             elif due:
                 self.pausing = now  # nobody to pause: the joiners start from the kept replica
@@ -90,7 +92,7 @@ class RoundsRegroup(Regroup):
         if None in paused:  # not yet (this poll's answers may predate the request)
             if now - self.pausing > PAUSE_TIMEOUT_S and not self.slow_said:
                 self.slow_said = True
-                run.record.event(el.run_time(run, now), (
+                run.record.event(run_time(run, now), (
                     f"elastic: the {actors.mode} trainers have not all paused their rounds "
                     f"{now - self.pausing:.0f} s after they were asked (a round comes every "
                     f"shadow.min_interval_s, or every shadow.foreground_every iterations)"))
@@ -100,7 +102,7 @@ class RoundsRegroup(Regroup):
                             f"different rounds {sorted(paused)}")
         begin, self.pausing = self.pausing, None
         if not due:  # a joiner went away meanwhile
-            self._ask(run, live, "resume")
+            self._tell(run, live, "resume")
             return
         try:
             source, state = self._source(run, staying or leavers) if joiners else (None, None)
@@ -164,11 +166,11 @@ class RoundsRegroup(Regroup):
             else:
                 run.retire([r])
                 actors.workers[r] = None
-        run.record.event(el.run_time(run, time.time()), (
+        run.record.event(run_time(run, time.time()), (
             f"elastic: chunks left after every {actors.mode} trainer's rounds ended; new "
             f"workers train them, from worker {live[0]}'s replica"))
 
-    def _ask(self, run, ranks: list[int], verb: str) -> None:
+    def _tell(self, run, ranks: list[int], verb: str) -> None:
         """Trainers ``ranks`` pause or resume their rounds (one that died: the next poll's)."""
         for r in ranks:
             try:
@@ -196,7 +198,7 @@ class RoundsRegroup(Regroup):
         el, actors = self.elastic, run.actors
         for r in overran:
             el.retire_leaver(run, r, stopped=True)
-        self._ask(run, drained, "leave")
+        self._tell(run, drained, "leave")
         deadline = time.time() + LEFT_WAIT_S
         for r in drained:
             while (ray.get(actors.workers[r].rounds.remote(), timeout=30)["state"]

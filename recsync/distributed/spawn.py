@@ -56,7 +56,7 @@ def form_group(actors, ranks: list[int]) -> None:
     sizes = (shares(global_batch(actors.cfg), n) if actors.facts.joins == JOIN_REGROUP
              else [None] * n)
     host, port = ray.get(actors.workers[ranks[0]].address.remote())
-    ray.get([actors.workers[r].join_group.remote(host, port, len(ranks), g, sizes[g])
+    ray.get([actors.workers[r].join_group.remote(host, port, n, g, sizes[g])
              for g, r in enumerate(ranks)])
 
 

@@ -257,8 +257,9 @@ class Mode(metaclass=Contract, abstract=True):
     @classmethod
     def elastic_join(cls, cfg) -> str | None:
         """What a worker joining an elastic run starts from (JOIN_AS_IS, JOIN_FROM_REPLICA,
-        JOIN_REGROUP), or None where the mode cannot change its number of workers during a run
-        at ``cfg``'s settings (a process group that only JOIN_REGROUP forms again)."""
+        JOIN_REPLICA_GROUP, JOIN_REGROUP), or None where the mode cannot change its number of
+        workers during a run at ``cfg``'s settings (default: a process group that only
+        JOIN_REGROUP forms again; Shadow says for its own group)."""
         if cls.needs_group(cfg) and cls.joins != JOIN_REGROUP:
             return None
         return cls.joins

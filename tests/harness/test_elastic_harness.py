@@ -53,6 +53,19 @@ def _scaled(out, start: int, steps: list[int]):
     return t, errors
 
 
+def _run_scaled(cfg, tmp_path, start: int, steps: list[int]):
+    """(summary, output folder) of a run of ``cfg`` scaled as ``_scaled`` says; it completed
+    and every request was seen through."""
+    out = tmp_path / "run"
+    out.mkdir()
+    thread, errors = _scaled(out, start, steps)
+    summary = run(cfg, out)
+    thread.join(timeout=5)
+    assert not errors, errors
+    assert summary["status"] == "completed", summary["error"]
+    return summary, out
+
+
 @pytest.mark.parametrize("mode,algorithm", [
     ("async", "easgd"), ("gba", "easgd"), ("eager", "easgd"), ("sync", "easgd"),
     ("hybrid", "easgd"), ("shadow", "easgd"), ("foreground", "easgd"), ("shadow", "ma"),
@@ -67,14 +80,8 @@ def test_scaled_2_4_2_completes_every_chunk_once_and_counts_every_sample(fake_ra
                  "cluster.workers=[2, 4]",
                  "cluster.ps_shards=2",
                  f"data.chunk_rows={2 * B}", "train.epochs=8", "network.latency_ms=2")
-    out = tmp_path / "run"
-    out.mkdir()
     # starts at the max (every worker can be placed here), then 2 -> 4 -> 2
-    thread, errors = _scaled(out, 4, [2, 4, 2])
-    summary = run(cfg, out)
-    thread.join(timeout=5)
-    assert not errors, errors
-    assert summary["status"] == "completed"
+    summary, out = _run_scaled(cfg, tmp_path, 4, [2, 4, 2])
     ds = Dataset(data)
     queue = summary["queue"]
     chunks = len(ds.chunks("train", 2 * B))
@@ -132,13 +139,7 @@ def test_an_averaging_trainer_that_overruns_its_grace_leaves_the_group_and_gives
                  "network.latency_ms=2", "cluster.drain_grace_s=0.05",
                  "shadow.foreground_every=1",  # the pause comes at its next iteration
                  "faults.stragglers=[{worker=1, factor=200}]")  # its chunk takes ~30 s
-    out = tmp_path / "run"
-    out.mkdir()
-    thread, errors = _scaled(out, 2, [1])
-    summary = run(cfg, out)
-    thread.join(timeout=5)
-    assert not errors, errors
-    assert summary["status"] == "completed", summary["error"]
+    summary, _ = _run_scaled(cfg, tmp_path, 2, [1])
     e, q = summary["elastic"], summary["queue"]
     assert [(d["rank"], d["stopped"]) for d in e["drains"]] == [(1, True)]
     assert [f["left"] for f in e["formations"]][-1] == [1]
@@ -152,13 +153,7 @@ def test_a_shadow_trainer_joins_from_a_live_replica(fake_ray, data, tmp_path, mo
     cfg = config(data, f'mode="{mode}"', 'shadow.algorithm="easgd"', "cluster.workers=[1, 2]",
                  "cluster.ps_shards=2", f"data.chunk_rows={2 * B}", "train.epochs=12",
                  'network.latency_ms=2')
-    out = tmp_path / "run"
-    out.mkdir()
-    thread, errors = _scaled(out, 2, [1, 2])
-    summary = run(cfg, out)
-    thread.join(timeout=5)
-    assert not errors, errors
-    assert summary["status"] == "completed"
+    summary, _ = _run_scaled(cfg, tmp_path, 2, [1, 2])
     late = summary["elastic"]["joins"][2:]  # after the first two
     assert [j["rank"] for j in late] == [1] and late[0]["from_replica"] == 0
     assert summary["queue"]["completed_more_than_once"] == 0
@@ -244,13 +239,7 @@ def test_a_sync_formation_that_fails_part_way_rebuilds_the_group(fake_ray, data,
     monkeypatch.setattr(regroup, "form_group", fails_once)
     cfg = config(data, 'mode="sync"', "cluster.workers=[2, 4]", "cluster.ps_shards=2",
                  f"data.chunk_rows={2 * B}", "train.epochs=8", "network.latency_ms=2")
-    out = tmp_path / "run"
-    out.mkdir()
-    thread, errors = _scaled(out, 4, [2])
-    summary = run(cfg, out)
-    thread.join(timeout=5)
-    assert not errors, errors
-    assert summary["status"] == "completed", summary["error"]
+    summary, out = _run_scaled(cfg, tmp_path, 4, [2])
     assert calls[-1] == [0, 1]  # then the rebuild formed the group of the two (actors.spawn)
     e = summary["elastic"]
     last = e["formations"][-1]

@@ -107,7 +107,8 @@ class ShadowWorker(WorkerMode):
         group = averaging_group() if verb == "regroup" else (None, 0)
         with self._rounds_lock:
             sync = self.sync
-            self._pause_asked = verb == "pause" or (self._pause_asked and verb is None)
+            if verb is not None:  # a pause asked before the rounds began holds till then
+                self._pause_asked = verb == "pause"
             if sync is not None and verb == "pause":
                 sync.request_pause()
             elif sync is not None and verb == "leave":

@@ -1,9 +1,28 @@
 """The runtime harness: recsync's real actors, queue, worker loop and modes on threads of this
 process, with Ray's transport faked (fake_ray.py). Runs take a second or two; no Ray."""
 
+import ast
+import functools
+import sys
+import threading
+
 import pytest
 
 from recsync.data.synthetic import SynthSpec, generate
+
+if sys.version_info < (3, 12):
+    # CPython 3.11 keeps the AST builder's recursion depth per interpreter, not per thread: two
+    # of the harness's threads parsing at once (numpy reading an .npz header with
+    # ast.literal_eval, a traceback being formatted) may fail with "SystemError: AST
+    # constructor recursion depth mismatch" (python/cpython#106905). One parse at a time.
+    _parse, _parsing = ast.parse, threading.RLock()
+
+    @functools.wraps(_parse)
+    def _one_parse_at_a_time(*args, **kwargs):
+        with _parsing:
+            return _parse(*args, **kwargs)
+
+    ast.parse = _one_parse_at_a_time
 
 
 @pytest.fixture

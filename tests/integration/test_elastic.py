@@ -19,7 +19,8 @@ from test_multinode import _processes_with, _train
 
 
 def _last(out) -> dict:
-    lines = [x for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+    """The last whole record of metrics.jsonl (one being written has no newline yet)."""
+    lines = [x for x in (out / "metrics.jsonl").read_text().split("\n")[:-1] if x]
     return json.loads(lines[-1]) if lines else {}
 
 
@@ -159,10 +160,12 @@ def _run_with_a_worker_preempted(cfg, out) -> dict:
 
 def _preempt_a_worker(out, told: list) -> None:
     """SIGTERM to one worker process of this run (made since it began: an earlier test's may
-    still be exiting) once the run trains, as a cloud's preemption notice."""
+    still be exiting) once both of its workers train, as a cloud's preemption notice (sent
+    while the second is still joining, the leave and the join may be one formation)."""
     since = time.time()
     deadline = since + 120
-    while not ((out / "metrics.jsonl").exists() and trained(out)):
+    while not ((out / "metrics.jsonl").exists() and trained(out)
+               and _last(out).get("workers") == 2):
         if time.time() > deadline:
             return
         time.sleep(0.2)

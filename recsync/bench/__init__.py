@@ -38,13 +38,16 @@ SCENARIOS = {
                "shard moved off a drained node of a 2-node loopback cluster; sync 4 -> 2 "
                "-> 4 against a fixed 4 (eval AUC, 3 seeds)",
     "simulated": "the SIMULATED cluster against the EMULATED runtime at 2 and 4 workers; sync, "
-                 "gba and async at 32-512 simulated workers with stragglers",
+                 "gba and async at 32-512 simulated workers with stragglers; shadow at 1-64 "
+                 "trainers",
+    "simulated_shadow": "scenario simulated's shadow part alone: SIMULATED shadow throughput "
+                        "at 1-64 trainers, S-* against FR-* at 64",
 }
 
 
 # Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
 SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense", "dynamic",
-          "simulated")
+          "simulated", "simulated_shadow")
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:

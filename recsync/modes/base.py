@@ -240,8 +240,7 @@ class Mode(metaclass=Contract, abstract=True):
     gpu_workers: ClassVar[bool] = False  # its workers can compute on a GPU
     # (recsync/cluster/device.py)
     joins: ClassVar[str | None] = None  # what a joining worker starts from (elastic_join)
-    simulated: ClassVar[bool] = True  # `recsync simulate` runs it (one training thread and
-    # no background thread per worker: recsync/simulation)
+    simulated: ClassVar[bool] = True  # `recsync simulate` runs it (recsync/simulation)
 
     @classmethod
     def needs_group(cls, cfg) -> bool:

@@ -29,6 +29,7 @@ from recsync.metrics.stats import distribution, merged_counts
 from recsync.model import loss as model_loss
 from recsync.model.compute import prepare
 from recsync.modes import MODES
+from recsync.modes.shadow import ShadowWorker
 from recsync.ps.build import make_core
 from recsync.run.driver import prepare_run_dir, resolved_for_data, write_outputs
 from recsync.run.local_run import build_local_model, eval_interval, periodic_split
@@ -36,6 +37,7 @@ from recsync.run.preflight import preflight
 from recsync.simulation.client import SimClient, SimGroup
 from recsync.simulation.clock import Clock, on_one_core
 from recsync.simulation.output import SimRecord, console_lines, simulated_summary
+from recsync.simulation.rounds import SimRounds
 from recsync.simulation.shards import InstantShard, SimShard
 from recsync.simulation.timing import MEASURED, Speeds, Timing
 from recsync.simulation.workers import SimWorker
@@ -59,6 +61,8 @@ def refusal(cfg: RunConfig) -> str | None:
         (cfg.train.patience > 0, "train.patience (early stopping)"),
         (bool(cfg.train.init_from), "train.init_from (warm start)"),
         (cfg.cluster.worker_gpus > 0, "cluster.worker_gpus"),
+        (cfg.mode in ("shadow", "foreground") and cfg.shadow.hogwild_threads > 1,
+         "shadow.hogwild_threads > 1 (one training thread per trainer)"),
         (cfg.emulation.cores_per_worker > 0 or cfg.emulation.cores_per_shard > 0,
          "emulation (the simulator models time itself)"),
     ]
@@ -91,7 +95,7 @@ def measure_sides(cfg: RunConfig, ds, timing: Timing) -> tuple[float, float]:
     probe = override(cfg, **{"cluster.workers": 1, "train.max_steps": CALIBRATION_STEPS})
     cluster = Cluster(probe, ds, replace(timing, speeds=Speeds()))
     worker = cluster.workers[0]
-    cluster.clock.spawn(worker.run, "calibration")
+    cluster.start()
     cluster.clock.run(until=cluster.done)
     sides = worker.real_sides_s[2:] or worker.real_sides_s
     return (max(0.0, statistics.median(p for p, _ in sides)),
@@ -122,6 +126,18 @@ class Cluster:
             self.workers.append(SimWorker(rank, cfg, self.facts, replica, self.plan, ds,
                                           self.shards, self.queue, self.clock, timing,
                                           self.speeds, self.group))
+        self.rounds = []  # modes shadow and foreground: each trainer's rounds
+        for w in self.workers:
+            if isinstance(w.mode, ShadowWorker):
+                w.rounds = SimRounds(w, self.group)
+                self.rounds.append(w.rounds)
+
+    def start(self) -> None:
+        """Every worker's process (and shadow thread) starts now."""
+        for w in self.workers:
+            self.clock.spawn(w.run, f"worker {w.rank}")
+            if w.rounds is not None and w.rounds.background and not w.rounds.ended:
+                self.clock.spawn(w.rounds.shadow_loop, f"shadow {w.rank}")
 
     def lookup(self) -> SimClient:
         """A client whose pulls read the shards at once, at no simulated cost (evaluations)."""
@@ -139,7 +155,8 @@ class Cluster:
         return self.dense_model
 
     def done(self) -> bool:
-        return all(w.finished_at is not None for w in self.workers)
+        return (all(w.finished_at is not None for w in self.workers)
+                and all(r.ended for r in self.rounds))
 
 
 class Watch:
@@ -271,8 +288,7 @@ def simulate(cfg: RunConfig, out: str | Path, *, timing: Timing | None = None,
     try:
         watch = Watch(cluster, log, record)
         with on_one_core():  # the workers' threads hand control to each other
-            for w in cluster.workers:
-                cluster.clock.spawn(w.run, f"worker {w.rank}")
+            cluster.start()
             cluster.clock.run(until=cluster.done)  # then only the next line is left
         record.sim_end_s = cluster.clock.now  # the last worker's end
         record.stop()

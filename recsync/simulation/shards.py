@@ -33,6 +33,7 @@ class SimShard:
         self._channel_free: dict = {}  # caller -> when its last call arrives here
         self.pull = SimpleNamespace(remote=self._pull)
         self.push = SimpleNamespace(remote=self._push)
+        self.call = SimpleNamespace(remote=self._rule_call)
 
     def _pull(self, ids, min_version: int = 0, read_only: bool = False,
               dense: str = "vector") -> Future:
@@ -52,6 +53,14 @@ class SimShard:
             return result
 
         return self._call((ids, grads, dense_grad), self.timing.push_service_s(rows), serve)
+
+    def _rule_call(self, verb: str, *args) -> Future:
+        """A verb of the mode's rule (EASGD's ``exchange``), served in a push's fixed time
+        per call (its arithmetic on the dense vector is not modelled)."""
+        method = getattr(self.core.rule, verb, None)
+        if verb.startswith("_") or not callable(method):
+            raise ValueError(f"the rule of mode {self.core.mode!r} has no verb {verb!r}")
+        return self._call(args, self.timing.push_call_s, lambda: method(self.core, *args))
 
     def _call(self, payload, service_s: float, serve, min_version: int = 0) -> Future:
         future = Future(self.clock)

@@ -44,6 +44,7 @@ class SimWorker:
         self.taken: list = []
         self.finished_at: float | None = None
         self.on_step = lambda: None  # told after each step with a batch (periodic evaluations)
+        self.rounds = None  # modes shadow and foreground: the trainer's rounds (rounds.py)
         # per step: this thread's real CPU before and after its compute (what Timing's
         # pull_side_s and push_side_s model; run.measure_sides takes their medians)
         self.real_sides_s: list[tuple[float, float]] = []
@@ -63,8 +64,8 @@ class SimWorker:
 
     @staticmethod
     def _no_second_client():
-        raise ValueError("the simulator runs one training thread per worker (modes with "
-                         "Hogwild threads are not simulated)")
+        raise ValueError("the simulator runs one training thread per worker "
+                         "(shadow.hogwild_threads > 1 is not simulated)")
 
     def factor(self) -> float:
         """How many times slower than the measured step this worker computes now: its speed
@@ -128,9 +129,13 @@ class SimWorker:
             if loss == STOP:
                 self.mode.finish(0)
                 self.finished_at = self.clock.now
+                if self.rounds is not None:
+                    self.rounds.final_rounds()
                 return
             self._record(batch, loss, self.clock.now - begin)
             check_loss(loss, step=self.steps, mode=self.cfg.mode, who=f"worker {self.rank}")
+            if self.rounds is not None:
+                self.rounds.stepped()
             if finished is not None:
                 self.queue.done(self.rank, *finished)
 

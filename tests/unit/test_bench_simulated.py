@@ -5,6 +5,7 @@ simulations given the real runs' compute per step."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,10 +26,12 @@ def _metrics(out_dir, speed: float) -> None:
 
 def _summary(cfg, name: str, speed: float) -> dict:
     seed = cfg.train.seed
+    better = {"gba": 0.0005, "shadow": 0.001}.get(cfg.mode, 0.0)
     return {"mode": cfg.mode, "samples": 100_000, "wall_s": 60.0, "train_s": 50.0,
             "samples_per_s": speed, "summary_samples_per_s": speed,
-            "eval": {"auc": 0.80 + 0.001 * seed + (0.0005 if cfg.mode == "gba" else 0.0),
+            "eval": {"auc": 0.80 + 0.001 * seed + better,
                      "logloss": 0.45, "rows": 1000, "bayes_auc": 0.81},
+            "shadow": {"syncs": [3] * cfg.cluster.workers},
             "staleness": {"mean": 1.0 if cfg.mode != "sync" else 0.0, "p99": 2, "max": 3},
             "per_worker": [{"rank": r, "steps": 10} for r in range(cfg.cluster.workers)]}
 
@@ -45,11 +48,15 @@ SIMULATED = []
 
 
 def fake_simulate(cfg, out_dir, timing, overwrite):
-    """Sync runs at the slowest worker's pace, gba and async at the mean's."""
-    SIMULATED.append((cfg.mode, cfg.cluster.workers, timing))
-    factors = timing.speeds.schedule(cfg.cluster.workers).initial()
+    """Sync runs at the slowest worker's pace, gba and async at the mean's; shadow's trainers
+    at 95% of linear scaling (100% with free shards)."""
+    n = cfg.cluster.workers
+    SIMULATED.append((cfg.mode, n, timing))
+    factors = timing.speeds.schedule(n).initial()
     speed = 1100.0 * (1 / max(factors) if cfg.mode == "sync"
                       else sum(1 / f for f in factors) / len(factors))
+    if cfg.mode == "shadow" and cfg.train.max_steps:  # the throughput arms
+        speed *= n * (1.0 if n == 1 or timing.pull_call_s == 0 else 0.95)
     if timing.paced:  # half the worker's own CPU hidden behind its waits
         batch = cfg.train.batch_size
         speed = batch / (batch / speed + 0.5 * (timing.pull_side_s + timing.push_side_s))
@@ -57,8 +64,8 @@ def fake_simulate(cfg, out_dir, timing, overwrite):
             speed *= 1.1
     _metrics(out_dir, speed)
     return {**_summary(cfg, "", speed),
-            "simulated": {"real_wall_s": 7.0 * cfg.cluster.workers,
-                          "simulated_train_s": 50.0}}
+            "simulated": {"real_wall_s": 7.0 * n, "simulated_train_s": 50.0,
+                          "shard_busy_frac": [0.5] * cfg.cluster.ps_shards}}
 
 
 @pytest.fixture
@@ -69,7 +76,8 @@ def fakes(monkeypatch):
     monkeypatch.setattr(scenario, "simulate", fake_simulate)
     monkeypatch.setattr(scenario, "measure_compute_s", lambda cfg, ds: 0.02)
     monkeypatch.setattr(scenario, "measure_sides", lambda cfg, ds, timing: (0.001, 0.003))
-    monkeypatch.setattr(scenario, "Dataset", lambda path: None)
+    monkeypatch.setattr(scenario, "Dataset",
+                        lambda path: SimpleNamespace(rows=lambda split: 1_000_000))
     monkeypatch.setattr(scenario, "PARALLEL", 1)  # the fakes live in this process only
 
 
@@ -81,7 +89,9 @@ def test_the_scenario_writes_the_ratios_the_issue_names(fakes, tmp_path):
     assert r["gba_vs_sync_speed_128"] == pytest.approx(r["ideal_speed_ratio_128"])
     assert r["gba_vs_sync_speed_128"] > 2.4
     assert r["gba_minus_sync_auc_128"] == pytest.approx(0.0005)
-    assert r["shadow_64_vs_1_efficiency"] is None
+    assert r["shadow_64_vs_1_efficiency"] == pytest.approx(0.95)
+    assert r["shadow_64_vs_1_efficiency_free_shards"] == pytest.approx(1.0)
+    assert r["S-ma_minus_FR-ma_auc"] == pytest.approx(0.001)
     assert r["wall_s_512"] == pytest.approx(7.0 * 512)
     written = json.loads((tmp_path / "results.json").read_text())
     assert set(written["ratios"]) >= {"validation_speed_error_max", "gba_vs_sync_speed_128",
@@ -92,8 +102,10 @@ def test_the_scenario_writes_the_ratios_the_issue_names(fakes, tmp_path):
 
 def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     run_scenario("simulated", tmp_path, scale=1.0, seeds=1)
-    small = [(m, n, t) for m, n, t in SIMULATED if n in scenario.VALIDATION_WORKERS]
-    calibrations = [(m, t) for m, n, t in SIMULATED if n == 1]
+    shadow = [(m, n, t) for m, n, t in SIMULATED if m in ("shadow", "foreground")]
+    others = [x for x in SIMULATED if x not in shadow]
+    small = [(m, n, t) for m, n, t in others if n in scenario.VALIDATION_WORKERS]
+    calibrations = [(m, t) for m, n, t in others if n == 1]
     assert sorted(m for m, _ in calibrations) == sorted(
         scenario.VALIDATION_MODES * (1 + scenario.CALIBRATION_ROUNDS))
     assert all(t.compute_s == COMPUTE_S and t.paced for _, t in calibrations)
@@ -111,9 +123,14 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     assert all(t.pull_side_s == pytest.approx(0.25 * 2 * (real_step - sim_step), rel=1e-3)
                and t.push_side_s == pytest.approx(0.75 * 2 * (real_step - sim_step), rel=1e-3)
                and t.paced for _, _, t in small)
-    scaled = [t for _, n, t in SIMULATED if n not in (1, *scenario.VALIDATION_WORKERS)]
+    scaled = [t for _, n, t in others if n not in (1, *scenario.VALIDATION_WORKERS)]
     assert scaled and all(t.compute_s == 0.02 and (t.pull_side_s, t.push_side_s)
                           == (0.001, 0.003) for t in scaled)
+    # shadow's arms: the costs measured here; half of the throughput arms with free shards
+    assert all(t.compute_s == 0.02 and (t.pull_side_s, t.push_side_s) == (0.001, 0.003)
+               for _, _, t in shadow)
+    free = [n for m, n, t in shadow if t.pull_call_s == t.push_call_s == t.pull_s_per_row == 0]
+    assert sorted(free) == [1, 4, 16, 64]
     # every seed at 128 workers; 32 and 512 once
     two = run_scenario("simulated", tmp_path / "two", scale=1.0, seeds=2)
     assert len(two["arms"]["gba_128"]["auc_seeds"]) == 2

@@ -261,9 +261,10 @@ def test_eager_overlaps_its_pull_with_compute_on_the_simulated_clock(data, tmp_p
 
 
 @pytest.mark.parametrize("mode", ["shadow", "foreground"])
-def test_a_mode_the_simulator_cannot_run_is_refused_by_name(data, tmp_path, mode):
-    with pytest.raises(ValueError, match=f"mode '{mode}' is not simulated"):
-        simulate(config(data, mode, 2), tmp_path / "out", timing=free_network())
+def test_what_the_simulator_cannot_run_is_refused_by_name(data, tmp_path, mode):
+    cfg = config(data, mode, 2, **{"shadow.hogwild_threads": 2})
+    with pytest.raises(ValueError, match=r"does not model shadow.hogwild_threads > 1"):
+        simulate(cfg, tmp_path / "out", timing=free_network())
     assert not (tmp_path / "out").exists()
 
 
@@ -293,8 +294,9 @@ def test_the_command_prints_simulated_and_real_times(data, tmp_path):
     assert "real wall time of this process" in result.output
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["simulated"]["speed_factors"]["slower_than_1"] == 1
-    refused = CliRunner().invoke(main, [*args, "--set", 'mode="shadow"', "--out",
+    refused = CliRunner().invoke(main, [*args, "--set", 'mode="shadow"', "--set",
+                                        "shadow.hogwild_threads=2", "--out",
                                         str(tmp_path / "no")])
     assert refused.exit_code != 0
-    assert "mode 'shadow' is not simulated yet" in refused.output
+    assert "does not model shadow.hogwild_threads > 1" in refused.output
     assert not (tmp_path / "no").exists()

@@ -74,23 +74,31 @@ class ShadowWorker(WorkerMode):
                                                               background=self.background))
         self.trainer.run()
 
-    def _synchronizer(self):
+    def _synchronizer(self, simulated=None):
+        """The rounds' synchronizer (None: algorithm none). ``simulated``: (the simulator's
+        group, its wait for a shard's answer), in place of a gloo group and ray.get
+        (simulation/rounds.py)."""
         cfg = self.ctx.cfg
         sh, trainers = cfg.shadow, cfg.cluster.workers
         if sh.algorithm == "none":
             return None
         if sh.algorithm == "easgd":
             return ElasticSync(self.replica, self.ctx.shards, sh.alpha(trainers),
-                               survive_shard_restarts=cfg.recovery.kind != "none")
+                               survive_shard_restarts=cfg.recovery.kind != "none",
+                               **({} if simulated is None else {"get": simulated[1]}))
         bmuf = None
         if sh.algorithm == "bmuf":
             bmuf = BMUF(self.replica.vector(), sh.momentum(trainers), sh.bmuf_lr,
                         sh.bmuf_nesterov)
             if self._bmuf_state is not None:  # a trainer joining: the group's block state
                 bmuf.load(self._bmuf_state)
-        group, trainers = averaging_group()
+        if simulated is None:
+            group, trainers = averaging_group()
+            all_reduce = None
+        else:
+            group, trainers, all_reduce = None, simulated[0].size, simulated[0].all_reduce
         with self._rounds_lock:
-            self.sync = AveragingSync(self.replica, group, trainers, bmuf)
+            self.sync = AveragingSync(self.replica, group, trainers, bmuf, all_reduce)
             if self._pause_asked:
                 self.sync.request_pause()
         return self.sync
@@ -143,7 +151,6 @@ class ForegroundWorker(ShadowWorker):
 class Shadow(Mode):
     name = "shadow"
     joins = JOIN_FROM_REPLICA
-    simulated = False  # Hogwild threads and a shadow thread: not on the simulated clock yet
     worker = ShadowWorker
     worker_death = FROM_REPLICA
     summary_key = "shadow"

@@ -26,19 +26,20 @@ class ElasticSync:
     move the vector three times). Needs no agreement between trainers: each stops when done."""
 
     def __init__(self, replica: DenseReplica, shards: list, alpha: float,
-                 survive_shard_restarts: bool = False):
+                 survive_shard_restarts: bool = False, get=None):
         """``shards``: the worker's list of shard processes (read at every round: a standby
         that took shard 0 over replaces it there); ``survive_shard_restarts`` (partial
         recovery): a round whose shard died is skipped (the shard comes back with its center
-        from its last checkpoint)."""
+        from its last checkpoint); ``get``: waits for a call's answer (None: ray.get; the
+        simulator's shards answer on its clock)."""
         self.replica, self.shards, self.alpha = replica, shards, alpha
-        self.survive_shard_restarts = survive_shard_restarts
+        self.survive_shard_restarts, self.get = survive_shard_restarts, get
         self.skipped = 0
 
     def round(self, done: bool) -> bool:
         try:
-            d = ray.get(self.shards[0].call.remote("exchange", self.replica.vector().numpy(),
-                                                   self.alpha))
+            d = (self.get or ray.get)(self.shards[0].call.remote(
+                "exchange", self.replica.vector().numpy(), self.alpha))
         except ray.exceptions.RayActorError:
             if not self.survive_shard_restarts:
                 raise
@@ -57,10 +58,15 @@ class AveragingSync:
     rides in the next round's all-reduce, and every trainer stops taking part in rounds after
     that same round (``paused_after``; not where that round found every trainer done: their
     rounds end there) while its training goes on. Then each is released into a new group
-    (``regroup``) or told that it left (``leave``: its rounds end)."""
+    (``regroup``) or told that it left (``leave``: its rounds end).
 
-    def __init__(self, replica: DenseReplica, group, trainers: int, bmuf: BMUF | None = None):
+    ``all_reduce(tensor)``: sums in place over the group (None: torch.distributed's on
+    ``group``; the simulator gives its own)."""
+
+    def __init__(self, replica: DenseReplica, group, trainers: int, bmuf: BMUF | None = None,
+                 all_reduce=None):
         self.replica, self.group, self.trainers, self.bmuf = replica, group, trainers, bmuf
+        self._all_reduce = all_reduce
         self.rounds = 0  # rounds of the group now
         self.paused_after: int | None = None  # the round after which every trainer paused
         self._asked = False
@@ -76,7 +82,6 @@ class AveragingSync:
             return self.paused_after is None or self._left
 
     def round(self, done: bool) -> bool:
-        import torch.distributed as dist
         self.ready()
         with self._cond:
             if self._left:
@@ -84,7 +89,11 @@ class AveragingSync:
             asked = self._asked
         snapshot = self.replica.vector()
         buf = torch.cat([snapshot, torch.tensor([float(done), float(asked)])])
-        dist.all_reduce(buf, group=self.group)
+        if self._all_reduce is not None:
+            self._all_reduce(buf)
+        else:
+            import torch.distributed as dist
+            dist.all_reduce(buf, group=self.group)
         mean = mean_of(buf[:-2], self.trainers)
         target = mean if self.bmuf is None else self.bmuf.update(mean)
         self.replica.add_(target - snapshot)  # keeps the Hogwild updates made meanwhile

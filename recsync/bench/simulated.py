@@ -108,7 +108,8 @@ def simulate_arm(cfg: RunConfig, out_dir: Path, name: str, timing: Timing,
                 "window_s": summary["train_s"], "window_samples": summary["samples"],
                 "window_start_s": 0.0, "first_step_done_s": 0.0}
     s = summary["simulated"]
-    print(f"  {name}: SIMULATED {rate['samples_per_s']:,.0f} samples/s after warm-up; "
+    over = "after warm-up" if steady else "over the run"
+    print(f"  {name}: SIMULATED {rate['samples_per_s']:,.0f} samples/s {over}; "
           f"real wall {s['real_wall_s']:.1f} s", flush=True)
     return {**summary, "summary_samples_per_s": summary["samples_per_s"], **rate,
             "out_dir": str(out_dir), "cpu": None, "memory": None}

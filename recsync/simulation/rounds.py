@@ -36,7 +36,7 @@ class SimRounds:
         self.background = mode.background
         sh = worker.cfg.shadow
         self.every, self.min_interval_s = sh.foreground_every, sh.min_interval_s
-        self.sync = mode._synchronizer((group, worker.clock.wait))
+        self.sync = mode.make_synchronizer(sim_group=group, get=worker.clock.wait)
         self.stats = SyncStats()
         self.iterations = 0
         self.started_s = worker.clock.now

@@ -67,36 +67,35 @@ class ShadowWorker(WorkerMode):
 
     def run(self, steps) -> None:
         sh = self.ctx.cfg.shadow
-        self.trainer = HogwildTrainer(steps, self._synchronizer(), background=self.background,
+        self.trainer = HogwildTrainer(steps, self.make_synchronizer(), background=self.background,
                                       every=sh.foreground_every,
                                       min_interval_s=sh.min_interval_s,
                                       paced=functools.partial(self.ctx.paced,
                                                               background=self.background))
         self.trainer.run()
 
-    def _synchronizer(self, simulated=None):
-        """The rounds' synchronizer (None: algorithm none). ``simulated``: (the simulator's
-        group, its wait for a shard's answer), in place of a gloo group and ray.get
-        (simulation/rounds.py)."""
+    def make_synchronizer(self, sim_group=None, get=None):
+        """The rounds' synchronizer (None: algorithm none). MA and BMUF all-reduce over a gloo
+        group made here, or over ``sim_group`` (the simulator's: simulation/rounds.py); EASGD
+        waits for shard 0's answer with ``get`` (None: ray.get)."""
         cfg = self.ctx.cfg
         sh, trainers = cfg.shadow, cfg.cluster.workers
         if sh.algorithm == "none":
             return None
         if sh.algorithm == "easgd":
             return ElasticSync(self.replica, self.ctx.shards, sh.alpha(trainers),
-                               survive_shard_restarts=cfg.recovery.kind != "none",
-                               **({} if simulated is None else {"get": simulated[1]}))
+                               survive_shard_restarts=cfg.recovery.kind != "none", get=get)
         bmuf = None
         if sh.algorithm == "bmuf":
             bmuf = BMUF(self.replica.vector(), sh.momentum(trainers), sh.bmuf_lr,
                         sh.bmuf_nesterov)
             if self._bmuf_state is not None:  # a trainer joining: the group's block state
                 bmuf.load(self._bmuf_state)
-        if simulated is None:
+        if sim_group is None:
             group, trainers = averaging_group()
             all_reduce = None
         else:
-            group, trainers, all_reduce = None, simulated[0].size, simulated[0].all_reduce
+            group, trainers, all_reduce = None, sim_group.size, sim_group.all_reduce
         with self._rounds_lock:
             self.sync = AveragingSync(self.replica, group, trainers, bmuf, all_reduce)
             if self._pause_asked:

@@ -145,7 +145,11 @@ def map_ordered(fn, args: list[tuple], processes: int):
     started = ctx.Value("i", 0)
     with ProcessPoolExecutor(processes, mp_context=ctx, initializer=_own_core,
                              initargs=(started,)) as pool:
-        yield from (f.result() for f in [pool.submit(fn, *a) for a in args])
+        futures = [pool.submit(fn, *a) for a in args]
+        try:
+            yield from (f.result() for f in futures)
+        finally:  # a failed arm ends the scenario now, not after every arm still queued
+            pool.shutdown(cancel_futures=True)
 
 
 def _own_core(started) -> None:

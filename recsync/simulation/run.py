@@ -193,7 +193,8 @@ class Watch:
         run's last line (and a rate measured up to it) includes up to a poll's wait."""
         end = self.c.clock.now
         if self.last_s < end or self.record.samples < self.samples:
-            self.c.clock.advance(math.ceil(end / LINE_EVERY_S - 1e-9) * LINE_EVERY_S)
+            tick = math.ceil(end / LINE_EVERY_S - 1e-9) * LINE_EVERY_S
+            self.c.clock.advance(max(end, tick))  # (an end a rounding error past a tick)
             self.line()
 
     def tick(self) -> None:

@@ -232,6 +232,16 @@ def test_the_last_line_is_written_at_the_watch_loops_next_tick(data, tmp_path):
     assert lines[-1]["samples"] == ROWS
 
 
+def test_an_end_a_rounding_error_past_a_tick_is_the_last_lines_time(data, tmp_path):
+    """Twenty steps of 0.1 s end at 2.0000000000000004 s (floating point), past the tick at
+    2.0 that the last line would take: the line is written at the end itself."""
+    cfg = recsync.override(config(data, "async", 1), **{"train.max_steps": 20,
+                                                        "train.eval_every_samples": 10**12})
+    s = simulate(cfg, tmp_path / "out", timing=free_network(compute_s=0.1))
+    last = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert s["train_s"] > 2.0 and last["time_s"] == s["train_s"] and last["samples"] == 20 * BATCH
+
+
 def test_the_same_run_twice_gives_the_same_updates(data, tmp_path):
     # (both costs given: measured ones would differ from run to run)
     timing = Timing(compute_s=0.004, pull_side_s=0.001, push_side_s=0.001,

@@ -34,6 +34,9 @@ TRAINERS = (1, 4, 16, 64)
 STEPS = 200  # per trainer, in the throughput arms
 THROUGHPUT_BATCH = 512
 QUALITY_TRAINERS = 64
+# one pass at --scale 1: about 98 steps per trainer, 3 minutes of real time per run here
+# (2026-11-27: docs/benchmarks/2026-11-27-simulated-shadow.md)
+QUALITY_ROWS = 200_000
 ALGORITHMS = ("ma", "easgd", "bmuf")
 FREE_SHARDS = {"pull_s_per_row": 0.0, "push_s_per_row": 0.0, "pull_call_s": 0.0,
                "push_call_s": 0.0}
@@ -53,8 +56,7 @@ def shadow_config(data: Path, mode: str, trainers: int, batch: int, algorithm: s
 
 def arms_at_scale(out: Path, scale: float, seeds: int) -> tuple[dict, dict]:
     """(seeded entries by arm, the figures the ratios and report read)."""
-    data = em.make_data(out / "data", max(100_000, round(sim.SCALE_ROWS * scale)),
-                        sim.EVAL_ROWS)
+    data = em.make_data(out / "data", max(100_000, round(QUALITY_ROWS * scale)), sim.EVAL_ROWS)
     ds = sim.Dataset(data)  # (through the scenario module: its test fakes it)
     configs: dict[str, RunConfig] = {}
     timings: dict[str, Timing] = {}

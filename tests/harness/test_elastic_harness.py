@@ -142,7 +142,9 @@ def test_an_averaging_trainer_that_overruns_its_grace_leaves_the_group_and_gives
     summary, _ = _run_scaled(cfg, tmp_path, 2, [1])
     e, q = summary["elastic"], summary["queue"]
     assert [(d["rank"], d["stopped"]) for d in e["drains"]] == [(1, True)]
-    assert [f["left"] for f in e["formations"]][-1] == [1]
+    # it left in one formation (a later one may start a new trainer from the replica kept,
+    # when the other's rounds ended before the chunk given back was trained)
+    assert [f["left"] for f in e["formations"] if f["left"]] == [[1]]
     assert q["released"] == 1 and q["completed_more_than_once"] == 0
     assert q["completed_never"] == 0 and q["completed"] == q["chunks"]
     assert summary["samples"] >= 4 * Dataset(data).rows("train")

@@ -248,6 +248,12 @@ class Mode(metaclass=Contract, abstract=True):
         return False
 
     @classmethod
+    def not_simulated(cls, cfg) -> str | None:
+        """A setting of ``cfg`` that `recsync simulate` does not model for this mode (named in
+        its refusal), or None."""
+        return None
+
+    @classmethod
     def quiet_when_paused(cls, cfg) -> bool:
         """Whether a pause of every worker (after a step) stops every call to the shards, so
         that a shard's checkpoint then holds everything (a planned shard move)."""

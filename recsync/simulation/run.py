@@ -53,6 +53,7 @@ def refusal(cfg: RunConfig) -> str | None:
     if cfg.mode not in simulated:
         return (f"mode {cfg.mode!r} is not simulated yet (the simulator runs "
                 f"{', '.join(simulated)})")
+    mode_setting = MODES[cfg.mode].not_simulated(cfg)  # e.g. shadow's Hogwild threads
     unsupported = [
         (cfg.switching.enabled, "switching.enabled (mode switches)"),
         (cfg.recovery.kind != "none" or cfg.recovery.checkpoint_every_s > 0
@@ -61,8 +62,7 @@ def refusal(cfg: RunConfig) -> str | None:
         (cfg.train.patience > 0, "train.patience (early stopping)"),
         (bool(cfg.train.init_from), "train.init_from (warm start)"),
         (cfg.cluster.worker_gpus > 0, "cluster.worker_gpus"),
-        (cfg.mode in ("shadow", "foreground") and cfg.shadow.hogwild_threads > 1,
-         "shadow.hogwild_threads > 1 (one training thread per trainer)"),
+        (mode_setting is not None, mode_setting),
         (cfg.emulation.cores_per_worker > 0 or cfg.emulation.cores_per_shard > 0,
          "emulation (the simulator models time itself)"),
     ]

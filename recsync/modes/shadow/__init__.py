@@ -165,6 +165,13 @@ class Shadow(Mode):
         return JOIN_REPLICA_GROUP if cls.needs_group(cfg) else JOIN_FROM_REPLICA
 
     @classmethod
+    def not_simulated(cls, cfg) -> str | None:
+        """The simulator runs one training thread per trainer (simulation/rounds.py)."""
+        if cfg.shadow.hogwild_threads > 1:
+            return "shadow.hogwild_threads > 1 (one training thread per trainer)"
+        return None
+
+    @classmethod
     def quiet_when_paused(cls, cfg) -> bool:
         """Not with Hogwild threads (a worker pauses when one of them does), with background
         EASGD rounds (their exchanges with shard 0 go on), nor with rounds inside training

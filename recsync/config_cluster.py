@@ -34,6 +34,11 @@ class ClusterConfig(Section):
     keep_ray_logs: bool = False
     """keep the embedded Ray instance's session folder (its logs, under /tmp/ray) after the
     run; by default it is removed at exit"""
+    transport: Literal["direct", "ray"] = "direct"
+    """how workers' pulls and pushes reach the shards: "direct", a TCP connection of each
+    worker to each shard on a port of the shard's node that the OS picks (a call costs a
+    fraction of a Ray actor call's: docs/design.md); "ray", as Ray actor calls (for clusters
+    whose nodes reach each other only on Ray's own ports). Every other call goes through Ray"""
     push_window: int = Field(2, ge=1)
     """async: pushes a worker may have in flight before it waits for the oldest"""
     worker_cpus: float = Field(0.0, ge=0)

@@ -4,9 +4,12 @@ One shard of 26 tables x 1M rows (x ``--scale``) x dim 16, row-wise Adagrad, mod
 (``ApplyNow``), built by ps/build.py as a run builds it. Every row is touched before timing, so
 lazy initialisation is checked but never run (the steady state of a long run). At 256, 2,048 and
 16,384 unique ids per table per call (sorted int64, as PSClient sends them; new random ids every
-call, the same sequence on every path), three paths:
+call, the same sequence on every path), these paths:
 
-- ``ray``: one PSShard actor on an embedded Ray instance, called as PSClient calls it:
+- ``direct``: one PSShard actor on an embedded Ray instance, called over its direct data path
+  (``cluster.transport = "direct"``, the default; ps/channel.py) as PSClient calls it, each call
+  waited for before the next: the path a worker's pulls and pushes take in a run.
+- ``ray``: the same actor called as Ray actor calls (``cluster.transport = "ray"``):
   ``pull.remote(ids, 0)`` and ``push.remote(ids, grads, None, meta)`` with one int64 array and
   one float32 [n, 16] array per table; each call is waited for (``ray.get``) before the next.
   Timed: serialisation both ways, the object store for arguments over Ray's inline limit, the
@@ -53,7 +56,8 @@ WARMUP_CALLS = 3
 TOUCH_IDS = 65_536  # ids per table of each pull that touches every row before timing
 SEED = 0
 PUSH_META = {"version_read": 0, "lr_scale": 1.0, "sampled": None}  # what PSClient adds (async)
-PATHS = ("raw", "core", "ray", "ray_echo")
+PATHS = ("raw", "core", "direct", "ray", "ray_echo")
+WORKER_PATH = "direct"  # the path of cluster.transport's default: what the ray_vs_core_* ratios read
 Call = Callable[[list[np.ndarray], list[np.ndarray]], object]
 
 
@@ -200,13 +204,14 @@ class _Echo:
 
 
 def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
-    """The ``ray`` points, on an embedded Ray instance (loopback, no dashboard) shut down after;
-    and facts: the shard process's torch threads, a call without arrays (ms, median), Ray's
-    version."""
+    """The ``direct``, ``ray`` and ``ray_echo`` points, on an embedded Ray instance (loopback,
+    no dashboard) shut down after; and facts: the shard process's torch threads, a call without
+    arrays (ms, median), Ray's version."""
     import ray
 
     from recsync.bench.overhead import embedded_ray
     from recsync.cluster.ray_session import ray_session
+    from recsync.ps.channel import ShardChannel
     from recsync.ps.shard import PSShard
     RayEcho = ray.remote(num_cpus=0)(_Echo)  # noqa: N806 (an actor class)
     cfg = shard_config()
@@ -220,7 +225,14 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
             ray.get(shard.where.remote())
             if k >= warmup:
                 noop.append(time.perf_counter() - begin)
-        points = measure_path("ray", {
+        channel = ShardChannel(ray.get(shard.channel.remote()))
+        points = measure_path("direct", {
+            "pull": lambda ids, grads: channel.call("pull", ids, 0).result(),
+            "push": lambda ids, grads: channel.call("push", ids, grads, None,
+                                                    PUSH_META).result()},
+            rows, calls, warmup)
+        channel.close()
+        points += measure_path("ray", {
             "pull": lambda ids, grads: ray.get(shard.pull.remote(ids, 0)),
             "push": lambda ids, grads: ray.get(shard.push.remote(ids, grads, None, PUSH_META))},
             rows, calls, warmup)
@@ -242,11 +254,15 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
     saturation curve's part (ps_saturation.result_part) where there is one."""
     from recsync.bench.report import _table  # here: the shard's process imports this module
     at = {(p["path"], p["op"], p["ids_per_table"]): p for p in points}
-    ratios = {f"ray_vs_core_{op}_{n}": (at["ray", op, n]["rows_per_s"]
+    ratios = {f"ray_vs_core_{op}_{n}": (at[WORKER_PATH, op, n]["rows_per_s"]
                                          / at["core", op, n]["rows_per_s"])
               for op in ("pull", "push") for n in IDS_PER_TABLE}
-    ratios["pull_ms_256"] = at["ray", "pull", 256]["ms_per_call"]
-    ratios["push_ms_256"] = at["ray", "push", 256]["ms_per_call"]
+    ratios.update({f"ray_call_vs_core_{op}_{n}": (at["ray", op, n]["rows_per_s"]
+                                                  / at["core", op, n]["rows_per_s"])
+                   for op in ("pull", "push") for n in IDS_PER_TABLE})
+    ratios["pull_ms_256"] = at[WORKER_PATH, "pull", 256]["ms_per_call"]
+    ratios["push_ms_256"] = at[WORKER_PATH, "push", 256]["ms_per_call"]
+    ratios["ray_call_pull_ms_256"] = at["ray", "pull", 256]["ms_per_call"]
     for op in ("pull", "push"):
         ratios[f"transport_share_{op}_2048"] = (at["ray_echo", op, 2048]["ms_per_call"]
                                                 / at["ray", op, 2048]["ms_per_call"])
@@ -262,7 +278,8 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
         return "" if p is None else f"{p['rows_per_s'] / 1e6:.2f} ({p['ms_per_call']:.2f} ms)"
 
     header = ["op", "unique ids per table (rows per call)", "raw torch", "ShardCore in process",
-              "PSShard via Ray", "Ray transport only (echo)", "raw index_add_ (no state)"]
+              "PSShard, direct path", "PSShard via Ray calls", "Ray transport only (echo)",
+              "raw index_add_ (no state)"]
     table = [[op, f"{n:,} ({NUM_TABLES * n:,})",
               *(cell(path, op, n) for path in (*PATHS, "raw_index_add"))]
              for op in ("pull", "push") for n in IDS_PER_TABLE]
@@ -272,7 +289,13 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
         f"(milliseconds per call), medians of {calls} calls after {WARMUP_CALLS} warm-up calls "
         f"per point; one call = one pull or push of all {NUM_TABLES} tables.\n\n"
         + _table(header, table) + "\n\n"
-        "What each path times: **PSShard via Ray**: `ray.get(shard.pull.remote(ids, 0))` and "
+        "What each path times: **PSShard, direct path** (`cluster.transport = \"direct\"`, the "
+        "default, the path of a worker's pulls and pushes in a run; the `ray_vs_core_*` and "
+        "`pull_ms_256` ratios read it): the same calls over the shard's own TCP connection "
+        "(ps/channel.py), `channel.call(\"pull\", ids, 0).result()`: pickling with the arrays "
+        "out of band, loopback TCP, the actor's event loop and ShardCore's work. "
+        "**PSShard via Ray calls** (`cluster.transport = \"ray\"`; ratios `ray_call_vs_core_*`): "
+        "`ray.get(shard.pull.remote(ids, 0))` and "
         "`ray.get(shard.push.remote(ids, grads, None, meta))` from this process (the driver) to "
         "one PSShard actor, the arguments PSClient sends (one int64 array of sorted unique ids "
         "and one float32 [n, 16] gradient array per table, no dense part), each call waited "

@@ -8,6 +8,7 @@ vector if a shard holds it; a push carries the mode's own fields (``meta``) to t
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ import torch
 from recsync.embedding.lookup import LookupPlan, PulledBatch
 from recsync.embedding.sharding import split_by_shard
 from recsync.embedding.spec import TableSpec
+from recsync.ps.channel import ShardChannel, ShardGone
+
+SHARD_GONE = (ray.exceptions.RayActorError, ShardGone)  # a shard's process ended
 
 
 @dataclass
@@ -65,7 +69,8 @@ class PSClient:
 
     def __init__(self, shards: list, plan: LookupPlan | list[int], dense_shard: int | None = None,
                  push_window: int = 2, survive_shard_restarts: bool = False,
-                 ssu_rate: float = 0.0, seed: int = 0, directory=None):
+                 ssu_rate: float = 0.0, seed: int = 0, directory=None,
+                 transport: str = "ray"):
         """``survive_shard_restarts`` (full or partial recovery): a pull from a shard that died
         waits for its new process (a standby that took it over, from ``directory``, the run's
         ShardDirectory; without one, Ray's restart of it), which reloaded its last checkpoint,
@@ -74,7 +79,9 @@ class PSClient:
         reports them).
         ``dense_shard``: the shard that holds the dense parameters, if any. ``ssu_rate`` (CPR-SSU):
         each push marks the rows touched by this share of its batch's samples (drawn with
-        ``seed``), which the shards record for their partial checkpoints."""
+        ``seed``), which the shards record for their partial checkpoints. ``transport``
+        (``cluster.transport``): "direct", pulls and pushes over a connection to each shard
+        (ps/channel.py; ``close`` ends them), or "ray", as Ray actor calls."""
         if not isinstance(plan, LookupPlan):  # a list of dims: single-hot, one table each
             plan = LookupPlan.single_hot([TableSpec(f"t{i}", 1, d) for i, d in enumerate(plan)])
         self.shards, self.plan, self.dims = shards, plan, plan.dims
@@ -88,6 +95,53 @@ class PSClient:
         self._dense_ref = None  # the last push that asked for the dense vector back
         self.seen_versions: list[int] = []  # per shard, the newest version any answer carried
         self.device = torch.device("cpu")  # a GPU worker's: pulled rows go there
+        self.transport = transport
+        self._channels: dict[int, tuple[object, ShardChannel]] = {}  # shard -> (handle, ...)
+        self._retired: list[ShardChannel] = []  # to shards replaced, with calls in flight
+
+    # -- the transport -----------------------------------------------------------------------
+    def _send(self, shard: int, verb: str, *args):
+        """Call ``verb`` (pull or push) of a shard: a Ray ref, or a Future of its channel's.
+        Never raises for a shard that is gone: waiting for the answer does (SHARD_GONE)."""
+        handle = self.shards[shard]
+        if self.transport == "ray":
+            return getattr(handle, verb).remote(*args)
+        known = self._channels.get(shard)
+        if known is None or known[0] is not handle or known[1].broken is not None:
+            if known is not None:
+                self._retire(known[1])
+            try:
+                known = (handle, ShardChannel(ray.get(handle.channel.remote())))
+            except (*SHARD_GONE, OSError) as e:
+                failed: concurrent.futures.Future = concurrent.futures.Future()
+                failed.set_exception(e if isinstance(e, SHARD_GONE) else ShardGone(str(e)))
+                return failed
+            self._channels[shard] = known
+        return known[1].call(verb, *args)
+
+    def _retire(self, channel: ShardChannel) -> None:
+        """A channel to a shard's former process: closed once no call waits on it."""
+        self._retired.append(channel)
+        for c in [c for c in self._retired if not c.pending()]:
+            c.close()
+            self._retired.remove(c)
+
+    @staticmethod
+    def _get(ref):
+        return ref.result() if isinstance(ref, concurrent.futures.Future) else ray.get(ref)
+
+    @staticmethod
+    def _ready(ref) -> bool:
+        if isinstance(ref, concurrent.futures.Future):
+            return ref.done()
+        return bool(ray.wait([ref], num_returns=1, timeout=0)[0])
+
+    def close(self) -> None:
+        """End this client's connections to the shards (waits for nothing in flight)."""
+        for channel in [c for _, c in self._channels.values()] + self._retired:
+            channel.close()
+        self._channels.clear()
+        self._retired.clear()
 
     def pull(self, batch, min_version: int = 0, read_only: bool = False) -> PulledBatch:
         """Rows for a batch's ids (data/reader.py Batch). Blocks until every shard answered.
@@ -110,22 +164,22 @@ class PSClient:
         routing = ShardRouting([split_by_shard(u, len(self.shards)) for u in ids],
                                len(self.shards))
         routing.shard_ids = routing.by_shard(ids)
-        refs = [s.pull.remote(routing.shard_ids[i], min_version, read_only, dense)
-                for i, s in enumerate(self.shards)]
+        refs = [self._send(i, "pull", routing.shard_ids[i], min_version, read_only, dense)
+                for i in range(len(self.shards))]
         return PendingPull(batch, tables, routing, refs, min_version, read_only, dense)
 
     def _answers(self, pending: PendingPull) -> list:
         if not self.survive_shard_restarts:
-            return ray.get(pending.refs)
+            return [self._get(r) for r in pending.refs]
         ids = [u for u, _ in pending.tables]
         answers = []
         for i, ref in enumerate(pending.refs):
             deadline = time.monotonic() + SHARD_RESTART_TIMEOUT_S
             while True:
                 try:
-                    answers.append(ray.get(ref))
+                    answers.append(self._get(ref))
                     break
-                except ray.exceptions.RayActorError:
+                except SHARD_GONE:
                     if time.monotonic() > deadline:
                         raise
                     if self.directory is not None:  # a standby takes over: ask it
@@ -133,9 +187,8 @@ class PSClient:
                                                  timeout=SHARD_RESTART_TIMEOUT_S)
                     else:
                         time.sleep(0.2)  # Ray is restarting the shard: ask the new one
-                    ref = self.shards[i].pull.remote(pending.routing.ids_for(ids, i),
-                                                     pending.min_version, pending.read_only,
-                                                     pending.dense)
+                    ref = self._send(i, "pull", pending.routing.ids_for(ids, i),
+                                     pending.min_version, pending.read_only, pending.dense)
         return answers
 
     def _wait_push(self, ref):
@@ -143,8 +196,8 @@ class PSClient:
         is lost if recovery is on (None), and counted once (``dense_after_push`` then reads
         the vector afresh instead of waiting for it again)."""
         try:
-            return ray.get(ref)
-        except ray.exceptions.RayActorError:
+            return self._get(ref)
+        except SHARD_GONE:
             if not self.survive_shard_restarts:
                 raise
             self.lost_pushes += 1
@@ -185,11 +238,11 @@ class PSClient:
     def _arrived_version(self, ref) -> int:
         """The version in a pull answer if it has arrived, else -1 (also if its shard died:
         ``complete`` asks again)."""
-        if not ray.wait([ref], num_returns=1, timeout=0)[0]:
+        if not self._ready(ref):
             return -1
         try:
-            return ray.get(ref)[2]
-        except ray.exceptions.RayActorError:
+            return self._get(ref)[2]
+        except SHARD_GONE:
             return -1
 
     def _see(self, versions: list[int]) -> None:
@@ -220,7 +273,7 @@ class PSClient:
         sampled = None if pulled is None else self._sampled(pulled)
         if pulled is not None:
             ids_by, grads_by = self._by_shard(pulled, scale)
-        for s, shard in enumerate(self.shards):
+        for s in range(len(self.shards)):
             dense = None
             if s == self.dense_shard and dense_grad is not None:
                 dense = dense_grad * scale if scale != 1.0 else dense_grad
@@ -237,7 +290,7 @@ class PSClient:
                     shard_meta["read_dense"] = True
                 if dense_lr_scale is not None:
                     shard_meta["dense_lr_scale"] = dense_lr_scale
-            ref = shard.push.remote(ids, grads, dense, shard_meta)
+            ref = self._send(s, "push", ids, grads, dense, shard_meta)
             if shard_meta.get("read_dense"):
                 self._dense_ref = ref
             self._in_flight.append(ref)
@@ -255,8 +308,8 @@ class PSClient:
             tables = [(empty, empty) for _ in self.dims]
             routing = ShardRouting([split_by_shard(empty, len(self.shards)) for _ in self.dims],
                                    len(self.shards))
-            refs = [s.pull.remote(routing.ids_for([empty] * len(self.dims), i), 0, True)
-                    for i, s in enumerate(self.shards)]
+            refs = [self._send(i, "pull", routing.ids_for([empty] * len(self.dims), i), 0, True)
+                    for i in range(len(self.shards))]
             pending = PendingPull(None, tables, routing, refs, read_only=True)
             answer = self._answers(pending)[self.dense_shard]
         _, dense, version = answer

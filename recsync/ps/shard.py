@@ -19,6 +19,7 @@ from recsync.checkpoint.writer import CheckpointWriter
 from recsync.cluster import storage
 from recsync.cluster.emulation import EmulatedMachine, RequestPacer, idle_cores_async
 from recsync.cluster.placement import where
+from recsync.ps.channel import ChannelServer
 from recsync.ps.core import ShardCore
 from recsync.run.signals import ignore_interrupts
 
@@ -66,6 +67,7 @@ class PSShard:
         self.ready_unix = time.time()
         self.first_pull_unix: float | None = None  # since it started, or since a rollback
         self.node = where()  # this process's node: the run lists each actor's
+        self._channel: ChannelServer | None = None
 
     async def take_over(self, build_core, checkpoint_dir: str) -> dict:
         """A warm standby becomes the shard whose core ``build_core`` builds, from that
@@ -145,6 +147,15 @@ class PSShard:
         version = self.core.version if self.core is not None else None
         return {**self.node, "restored": self.restored, "version": version,
                 "ready_unix": self.ready_unix, "first_pull_unix": self.first_pull_unix}
+
+    async def channel(self) -> dict:
+        """The address and key of this process's direct data path (ps/channel.py), which
+        serves ``pull`` and ``push`` as these methods do; started at the first ask."""
+        if self._channel is None:
+            self._channel = ChannelServer({"pull": self.pull, "push": self.push},
+                                          asyncio.get_running_loop(),
+                                          ray.util.get_node_ip_address())
+        return self._channel.address
 
     async def where(self) -> dict:
         """This process's node and pid (a standby's too)."""

@@ -234,7 +234,8 @@ class Worker:
         client = PSClient(self.shards, self.plan, push_window=self.cfg.cluster.push_window,
                           survive_shard_restarts=r.kind != "none", directory=self.directory,
                           ssu_rate=r.ssu_rate if r.rows == "ssu" else 0.0,
-                          seed=hash((self.cfg.train.seed, self.rank, len(self.clients))) % 2**32)
+                          seed=hash((self.cfg.train.seed, self.rank, len(self.clients))) % 2**32,
+                          transport=self.cfg.cluster.transport)
         client.device = self.device
         self.clients.append(client)
         return client

@@ -24,7 +24,8 @@ def test_a_run_under_kills_is_accounted_from_its_summary(fake_ray, data, tmp_pat
     cfg = load_config(None, [
         f"data.path={json.dumps(str(data))}", "model.embedding_dim=4", "model.bottom_mlp=[8]",
         "model.top_mlp=[8]", f"train.batch_size={B}", "output.progress=false",
-        "output.plot=false", 'mode="async"', "cluster.workers=2", "cluster.ps_shards=2",
+        "output.plot=false", 'cluster.transport="ray"', 'mode="async"', "cluster.workers=2",
+        "cluster.ps_shards=2",
         f"data.chunk_rows={4 * B}", "train.epochs=8", 'recovery.kind="partial"',
         "recovery.checkpoint_every_s=1.0", f"faults.kills={kills}"])
     summary = run(cfg, tmp_path / "run")

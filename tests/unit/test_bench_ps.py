@@ -15,13 +15,14 @@ from recsync.bench import ps, run_scenario
 from recsync.embedding.row_optim import RowAdagrad
 from test_bench_ps_saturation import PROBE, fake_arm  # tests/unit is on the path
 
+DIRECT_MS = 3.0  # every fake call over the shard's direct path (a worker's)
 RAY_MS = 10.0  # every fake Ray call
 ECHO_MS = 4.0  # every fake call to the echo actor (Ray's transport alone)
 
 
 def _fake_ray(rows, calls, warmup):
     points = [ps.point(path, op, n, [ms / 1e3] * calls)
-              for path, ms in (("ray", RAY_MS), ("ray_echo", ECHO_MS))
+              for path, ms in (("direct", DIRECT_MS), ("ray", RAY_MS), ("ray_echo", ECHO_MS))
               for n in ps.IDS_PER_TABLE for op in ("pull", "push")]
     return points, {"torch_threads": 1, "noop_ms": 0.5, "ray": "test"}
 
@@ -50,10 +51,14 @@ def test_scenario_ps_times_every_path_op_and_size_and_writes_the_ratios_checks_r
         assert p["ms_min"] <= p["ms_per_call"] <= p["ms_max"]
     ratios = r["ratios"]
     for op in ("pull", "push"):
+        # the path a worker's calls take (cluster.transport's default), and Ray actor calls
         assert ratios[f"ray_vs_core_{op}_2048"] == pytest.approx(
+            at["core", op, 2048]["ms_per_call"] / DIRECT_MS)
+        assert ratios[f"ray_call_vs_core_{op}_2048"] == pytest.approx(
             at["core", op, 2048]["ms_per_call"] / RAY_MS)
         assert ratios[f"transport_share_{op}_2048"] == pytest.approx(ECHO_MS / RAY_MS)
-    assert ratios["pull_ms_256"] == pytest.approx(RAY_MS)
+    assert ratios["pull_ms_256"] == pytest.approx(DIRECT_MS)
+    assert ratios["ray_call_pull_ms_256"] == pytest.approx(RAY_MS)
     assert set(r["arms"]) == set(ps.PATHS) | {f"async_{n}w" for n in ps.saturation.WORKERS}
     assert ratios["workers_per_shard_at_90pct"] == 8
     assert r["arms"]["ray"]["pull_ms_per_call"]["256"] == pytest.approx(RAY_MS)
@@ -61,7 +66,7 @@ def test_scenario_ps_times_every_path_op_and_size_and_writes_the_ratios_checks_r
     assert written["ratios"]["ray_vs_core_push_2048"] == pytest.approx(
         ratios["ray_vs_core_push_2048"])
     report = (tmp_path / "report.md").read_text()
-    assert "PSShard via Ray" in report and "16,384 (425,984)" in report
+    assert "PSShard, direct path" in report and "PSShard via Ray calls" in report and "16,384 (425,984)" in report
     assert "EMULATED" in report and "saturation.png" in report
     assert (tmp_path / "saturation.png").exists()
 

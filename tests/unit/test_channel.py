@@ -1,0 +1,150 @@
+"""The shards' direct data path (ps/channel.py): messages, answers, errors, the key, and what a
+client sees when the shard's process goes away. A real server on loopback, with its handlers on
+an asyncio loop in a thread as in a PSShard actor; no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from recsync.ps.channel import (KEY_BYTES, ChannelServer, ShardChannel, ShardGone, encode,
+                                read_message, send_parts)
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+
+
+class Handlers:
+    """A pull that waits for a version (as PSShard's does), a push that raises the version."""
+
+    def __init__(self):
+        self.version = 0
+        self.changed: asyncio.Event | None = None
+        self.pushed: list = []
+
+    async def pull(self, ids, min_version=0):
+        while self.version < min_version:
+            self.changed = self.changed or asyncio.Event()
+            await self.changed.wait()
+            self.changed = None
+        return [np.full((len(i), 4), float(len(i)), np.float32) for i in ids], None, self.version
+
+    async def push(self, ids, grads, dense, meta):
+        if meta.get("fail"):
+            raise ValueError("bad push: " + meta["fail"])
+        self.pushed.append((ids, grads, dense, meta))
+        self.version += 1
+        if self.changed is not None:
+            self.changed.set()
+        return self.version
+
+    def table(self):
+        return {"pull": self.pull, "push": self.push}
+
+
+def served(loop, handlers):
+    return ChannelServer(handlers.table(), loop, "127.0.0.1")
+
+
+def test_a_pull_and_a_push_carry_arrays_both_ways_unchanged(loop):
+    h = Handlers()
+    server = served(loop, h)
+    client = ShardChannel(server.address)
+    ids = [np.arange(n, dtype=np.int64) * 7 for n in (3, 0, 1000)]
+    rows, dense, version = client.call("pull", ids).result(timeout=10)
+    assert [r.shape for r in rows] == [(3, 4), (0, 4), (1000, 4)]
+    assert rows[2][999, 3] == 1000.0 and version == 0
+    grads = [np.random.default_rng(0).random((len(i), 4), dtype=np.float32) for i in ids]
+    dense_grad = np.linspace(0, 1, 33, dtype=np.float32)
+    assert client.call("push", ids, grads, dense_grad, {"step": 5}).result(timeout=10) == 1
+    got_ids, got_grads, got_dense, meta = h.pushed[0]
+    for a, b in zip(got_ids + got_grads + [got_dense], ids + grads + [dense_grad]):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+        assert a.flags.writeable  # a shard may update what it receives in place
+    assert meta == {"step": 5}
+    client.close()
+    server.close()
+
+
+def test_arrays_arrive_aligned_for_their_type():
+    a, b = np.arange(3, dtype=np.int8), np.arange(5, dtype=np.float64)
+    left, right = socket.socketpair()
+    send_parts(left, encode(9, (a, b)))
+    request_id, (x, y) = read_message(right)
+    assert request_id == 9 and np.array_equal(x, a) and np.array_equal(y, b)
+    assert y.ctypes.data % 8 == 0
+    left.close()
+    right.close()
+
+
+def test_a_pull_waiting_for_a_version_does_not_hold_up_a_push_sent_after_it(loop):
+    h = Handlers()
+    server = served(loop, h)
+    client = ShardChannel(server.address)
+    ids = [np.arange(2, dtype=np.int64)]
+    waiting = client.call("pull", ids, 1)
+    time.sleep(0.2)
+    assert not waiting.done()
+    client.call("push", ids, [np.zeros((2, 4), np.float32)], None, {}).result(timeout=10)
+    assert waiting.result(timeout=10)[2] == 1
+    client.close()
+    server.close()
+
+
+def test_a_shards_error_is_raised_by_the_callers_result_and_the_channel_goes_on(loop):
+    h = Handlers()
+    server = served(loop, h)
+    client = ShardChannel(server.address)
+    ids = [np.arange(2, dtype=np.int64)]
+    with pytest.raises(ValueError, match="bad push: nan"):
+        client.call("push", ids, [np.zeros((2, 4), np.float32)], None,
+                    {"fail": "nan"}).result(timeout=10)
+    with pytest.raises(ValueError, match="no channel verb 'die'"):
+        client.call("die").result(timeout=10)
+    assert client.call("pull", ids).result(timeout=10)[2] == 0
+    client.close()
+    server.close()
+
+
+def test_a_connection_without_the_key_is_closed_before_anything_is_read(loop):
+    h = Handlers()
+    server = served(loop, h)
+    wrong = dict(server.address, key=bytes(KEY_BYTES))
+    client = ShardChannel(wrong)
+    future = client.call("push", [np.arange(1, dtype=np.int64)],
+                         [np.zeros((1, 4), np.float32)], None, {})
+    with pytest.raises(ShardGone):
+        future.result(timeout=10)
+    assert h.pushed == [] and server.refused == 1
+    client.close()
+    server.close()
+
+
+def test_calls_in_flight_fail_with_shard_gone_when_the_shards_side_closes(loop):
+    """A shard's process that ends closes its connections: every call waiting on one fails with
+    ShardGone (the client then asks for the shard's new process), and so does the next call."""
+    h = Handlers()
+    server = served(loop, h)
+    client = ShardChannel(server.address)
+    waiting = client.call("pull", [np.arange(2, dtype=np.int64)], 5)  # never served
+    time.sleep(0.2)
+    server.close()  # as a process that ends closes its connections
+    with pytest.raises(ShardGone):
+        waiting.result(timeout=10)
+    with pytest.raises(ShardGone):
+        client.call("pull", [np.arange(1, dtype=np.int64)]).result(timeout=10)
+    client.close()
+    server.close()
+

@@ -226,6 +226,13 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
             if k >= warmup:
                 noop.append(time.perf_counter() - begin)
         channel = ShardChannel(ray.get(shard.channel.remote()))
+        empty = [np.empty(0, np.int64)] * NUM_TABLES
+        direct_noop = []
+        for k in range(warmup + calls):
+            begin = time.perf_counter()
+            channel.call("pull", empty, 0).result()
+            if k >= warmup:
+                direct_noop.append(time.perf_counter() - begin)
         points = measure_path("direct", {
             "pull": lambda ids, grads: channel.call("pull", ids, 0).result(),
             "push": lambda ids, grads: channel.call("push", ids, grads, None,
@@ -244,6 +251,7 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
             rows, calls, warmup)
         ray.kill(echo)
     return points, {"torch_threads": threads, "noop_ms": statistics.median(noop) * 1e3,
+                    "direct_noop_ms": statistics.median(direct_noop) * 1e3,
                     "ray": ray.__version__}
 
 
@@ -327,6 +335,8 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
              "the shard's process (Ray's); the in-process paths used as many"],
             ["Ray call without arrays (ms)", facts["noop_ms"],
              "PSShard.where round trip, median: Ray's fixed cost per call"],
+            ["direct call without rows (ms)", facts.get("direct_noop_ms"),
+             "a pull of no ids over the direct path, median: its fixed cost per call"],
             ["Ray version", facts["ray"], "the embedded instance (loopback, no dashboard)"],
             ["1-minute load average before", load, "the machine should be idle"],
         ], **sat.get("tables", {})},

@@ -24,7 +24,8 @@ def _fake_ray(rows, calls, warmup):
     points = [ps.point(path, op, n, [ms / 1e3] * calls)
               for path, ms in (("direct", DIRECT_MS), ("ray", RAY_MS), ("ray_echo", ECHO_MS))
               for n in ps.IDS_PER_TABLE for op in ("pull", "push")]
-    return points, {"torch_threads": 1, "noop_ms": 0.5, "ray": "test"}
+    return points, {"torch_threads": 1, "noop_ms": 0.5, "direct_noop_ms": 0.2,
+                    "ray": "test"}
 
 
 def _fake_curve(out, scale):

@@ -43,7 +43,8 @@ def shard_time(cfg, data: Path, calls: int) -> dict:
     params = list(model.dense_model.parameters())
     with ov.embedded_ray(), ray_session(cfg.cluster):
         shard = PSShard.remote(build, cores=cfg.emulation.cores_per_shard)
-        client = PSClient([shard], model.plan, dense_shard=0, push_window=1)
+        client = PSClient([shard], model.plan, dense_shard=0, push_window=1,
+                          transport=cfg.cluster.transport)
         client.pull(first)  # waits for the shard to be built
         pacing = [ray.get(shard.stats.remote())["pacing"]]
         for b in batches:
@@ -65,6 +66,7 @@ def shard_time(cfg, data: Path, calls: int) -> dict:
         pacing.append(ray.get(shard.stats.remote())["pacing"])
         time.sleep(IDLE_S)  # what the shard's process uses while it serves nothing
         pacing.append(ray.get(shard.stats.remote())["pacing"])
+        client.close()
         ray.kill(shard)
     pushes = [([u.numpy() for u in p.ids], [g.numpy() for g in p.row_grads()], p.dense_grad)
               for p in pulled]

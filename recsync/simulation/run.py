@@ -263,7 +263,7 @@ def simulate(cfg: RunConfig, out: str | Path, *, timing: Timing | None = None,
     if why is not None:
         raise ValueError(f"recsync simulate: {why}")
     out = Path(out)
-    timing = timing or Timing()
+    timing = (timing or Timing()).on(cfg.cluster.transport)
     if cfg.network.enabled:
         timing = timing.with_network(cfg.network.latency_ms, cfg.network.ms_per_mb)
     ds = preflight(cfg, out)

@@ -1,17 +1,19 @@
 """The model of time of a simulated cluster: what a worker's step costs, how fast each worker
 is, and what a message and a shard's work take. Plain data and arithmetic, no clock.
 
-Defaults are measurements of this project (docs/benchmarks/2026-11-26-ps.md, `recsync bench
-ps`, one PS shard through Ray on a 2-core VM): a Ray call that carries no arrays took 1.07 ms
-there and back (so 0.535 ms one way); a pull of 6,656 rows took 4.82 ms and of 53,248 rows
-12.92 ms, a push 6.67 and 19.09 ms (row-wise Adagrad), all including Ray's object store. A
-line through the two sizes gives each call a fixed cost (Ray's handling of a call in the
-shard's process: arguments, answer, event loop, its threads; less the round trip of a call
-without arrays, modelled as latency) and a cost per row. A shard's time is mostly the fixed
-part at a worker's usual call (a few thousand rows or less): the EMULATED runs of scenario
-`simulated` measured 2.9-4.9 ms of the shard process's CPU per call of about 3,500 rows,
-where ShardCore's own work is under 1 ms. The bandwidth between machines is not measured here:
-10 Gbit/s is a common NIC, and a setting.
+Defaults are measurements of this project's `recsync bench ps` (one PS shard on a 2-core VM),
+for the transport of the config (``cluster.transport``, ``Timing.on``). The direct path (the
+default; docs/benchmarks/2026-11-27-ps-direct.md): a pull of no ids took 0.49 ms there and back;
+a pull of 6,656 rows 1.67 ms and of 53,248 rows 5.36 ms, a push 3.57 and 11.16 ms (row-wise
+Adagrad). Ray actor calls (docs/benchmarks/2026-11-26-ps.md): a call without arrays 1.07 ms;
+a pull 4.82 and 12.92 ms, a push 6.67 and 19.09 ms, with Ray's object store. A line through the
+two sizes gives each call a fixed cost (the handling of a call in the shard's process:
+arguments, answer, event loop, ShardCore's per-call work; less the round trip of a call without
+arrays, modelled as latency) and a cost per row. With Ray's calls a shard's time is mostly the
+fixed part at a worker's usual call (a few thousand rows or less): the EMULATED runs of
+scenario `simulated` measured 2.9-4.9 ms of the shard process's CPU per call of about 3,500
+rows, where ShardCore's own work is under 1 ms. The bandwidth between machines is not measured
+here: 10 Gbit/s is a common NIC, and a setting.
 """
 
 from __future__ import annotations
@@ -23,22 +25,35 @@ from pathlib import Path
 
 import numpy as np
 
-RAY_CALL_S = 1.072e-3  # bench ps: PSShard.where round trip, median
-RAY_CALL_ONE_WAY_S = RAY_CALL_S / 2
-# bench ps, PSShard via Ray: (rows per call, ms) of a pull and a push at 256 and 2,048 ids x 26
-PULL_POINTS, PUSH_POINTS = ((6_656, 4.82e-3), (53_248, 12.92e-3)), ((6_656, 6.67e-3),
-                                                                   (53_248, 19.09e-3))
+# bench ps: (a call without rows' round trip s, (rows per call, s) of a pull and of a push at 256
+# and 2,048 ids x 26 tables), per transport
+MEASURED_CALLS = {
+    "direct": (0.4875e-3, ((6_656, 1.666e-3), (53_248, 5.360e-3)),
+               ((6_656, 3.567e-3), (53_248, 11.162e-3))),
+    "ray": (1.072e-3, ((6_656, 4.82e-3), (53_248, 12.92e-3)),
+            ((6_656, 6.67e-3), (53_248, 19.09e-3))),
+}
 
 
-def _line(points) -> tuple[float, float]:
+def _line(points, bare_s: float) -> tuple[float, float]:
     """(fixed s per call less a bare call's round trip, s per row) through two (rows, s)."""
     (r0, s0), (r1, s1) = points
     per_row = (s1 - s0) / (r1 - r0)
-    return s0 - r0 * per_row - RAY_CALL_S, per_row
+    return s0 - r0 * per_row - bare_s, per_row
 
 
-PULL_CALL_S, PULL_S_PER_ROW = _line(PULL_POINTS)  # 2.59 ms, 0.174 us
-PUSH_CALL_S, PUSH_S_PER_ROW = _line(PUSH_POINTS)  # 3.83 ms, 0.267 us
+def call_costs(transport: str) -> dict[str, float]:
+    """Timing's fields for a transport's measured calls."""
+    bare_s, pulls, pushes = MEASURED_CALLS[transport]
+    pull_call_s, pull_s_per_row = _line(pulls, bare_s)
+    push_call_s, push_s_per_row = _line(pushes, bare_s)
+    return {"latency_s": bare_s / 2, "pull_call_s": pull_call_s,
+            "pull_s_per_row": pull_s_per_row, "push_call_s": push_call_s,
+            "push_s_per_row": push_s_per_row}
+
+
+DIRECT = call_costs("direct")  # pull 0.65 ms + 0.079 us/row, push 1.99 ms + 0.163 us/row
+RAY = call_costs("ray")  # pull 2.59 ms + 0.174 us/row, push 3.83 ms + 0.267 us/row
 BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 # A gloo all-reduce of the 1.9 MB dense vector between two processes took 2.3 ms
 # (docs/benchmarks/2026-11-22-shadow.md); under the ring model at BYTES_PER_S, 2 messages of
@@ -142,17 +157,19 @@ class Timing:
     from the work queue is one round trip. An all-reduce of b bytes among n workers is a ring:
     2 (n - 1) messages of b / n bytes one after another, each ``collective_latency_s`` plus
     its bytes at ``bytes_per_s``. A shard's service of a call also takes ``pull_call_s`` or
-    ``push_call_s`` whatever its rows (Ray's handling of the call in the shard's process)."""
+    ``push_call_s`` whatever its rows (the handling of the call in the shard's process). The
+    defaults are the direct path's (``cluster.transport``'s default); ``on("ray")`` gives Ray
+    calls' costs."""
 
     compute_s: float | None = None
     pull_side_s: float | None = None
     push_side_s: float | None = None
-    latency_s: float = RAY_CALL_ONE_WAY_S
+    latency_s: float = DIRECT["latency_s"]
     bytes_per_s: float = BYTES_PER_S
-    pull_s_per_row: float = PULL_S_PER_ROW
-    push_s_per_row: float = PUSH_S_PER_ROW
-    pull_call_s: float = PULL_CALL_S
-    push_call_s: float = PUSH_CALL_S
+    pull_s_per_row: float = DIRECT["pull_s_per_row"]
+    push_s_per_row: float = DIRECT["push_s_per_row"]
+    pull_call_s: float = DIRECT["pull_call_s"]
+    push_call_s: float = DIRECT["push_call_s"]
     collective_latency_s: float = COLLECTIVE_LATENCY_S
     # the worker's own CPU as the EMULATED runtime paces it (cluster/emulation.py StepPacer):
     # each section of a step (up to the compute; after it) lasts at least its CPU x factor,
@@ -174,6 +191,15 @@ class Timing:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"timing.{name} = {value}: must be >= 0 (or None: measured)")
+
+    def on(self, transport: str) -> Timing:
+        """These costs for ``cluster.transport``: with "ray", each call cost still at its
+        direct-path default becomes Ray calls' measured one (a cost set by hand stays)."""
+        if transport == "direct":
+            return self
+        from dataclasses import replace
+        costs = call_costs(transport)
+        return replace(self, **{k: v for k, v in costs.items() if getattr(self, k) == DIRECT[k]})
 
     def message_s(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bytes_per_s

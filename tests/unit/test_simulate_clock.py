@@ -115,6 +115,20 @@ def test_bad_timing_values_are_refused_naming_the_field():
         Speeds(kind="stragglers", low=0.5)
 
 
+def test_call_costs_follow_the_configs_transport_and_keep_costs_set_by_hand():
+    """A simulated run models the calls its config would make: the direct path's measured
+    costs by default, Ray calls' (each dearer) with cluster.transport = "ray"."""
+    from recsync.simulation.timing import DIRECT, RAY
+    direct = Timing()
+    assert direct.on("direct") is direct
+    assert direct.pull_service_s(6_656) + 2 * direct.latency_s == pytest.approx(1.666e-3)
+    on_ray = direct.on("ray")
+    assert on_ray.pull_service_s(53_248) + 2 * on_ray.latency_s == pytest.approx(12.92e-3)
+    for name in DIRECT:
+        assert getattr(on_ray, name) == RAY[name] > DIRECT[name]
+    assert Timing(latency_s=0.01).on("ray").latency_s == 0.01  # --latency-ms stays
+
+
 def test_on_one_core_holds_the_thread_and_its_new_threads_to_one_core_then_restores():
     import os
     import threading

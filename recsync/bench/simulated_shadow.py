@@ -6,10 +6,10 @@ thread each against a fixed number of PS shards.
   ``shadow.min_interval_s`` apart) at ``TRAINERS`` trainers, ``STEPS`` steps each; samples/s
   over the whole run (simulated seconds); efficiency(N) = samples/s(N) / (N x samples/s(1)),
   ratio ``shadow_64_vs_1_efficiency``. Once with the model of time measured for the shards
-  (`bench ps`: most of a call is Ray's fixed cost per call, which every shard pays for every
-  trainer's step however many shards there are), and once with shards that cost nothing
-  (``free_shards``): what the rounds alone leave of linear scaling. The shards' busy fraction
-  of each arm says which limits it.
+  (`bench ps`, for the config's `cluster.transport`: a fixed cost per call, which every shard
+  pays for every trainer's step however many shards there are), and once with shards that
+  cost nothing (``free_shards``): what the rounds alone leave of linear scaling. The shards'
+  busy fraction of each arm says which limits it.
 - Quality: S-MA, S-EASGD, S-BMUF (mode shadow) against FR-MA, FR-EASGD, FR-BMUF (mode
   foreground, a round every ``shadow.foreground_every`` steps) at ``QUALITY_TRAINERS`` trainers,
   one pass over the same data, every seed: S-* - FR-* eval AUC paired by seed, with 95%

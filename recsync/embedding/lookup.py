@@ -219,5 +219,4 @@ class LocalLookup:
         """Apply the row gradients collected by ``pulled`` after ``loss.backward()``."""
         if not pulled.has_grads:
             return
-        for t, (ids, grads) in enumerate(zip(pulled.ids, pulled.row_grads())):
-            self.store.push(t, ids, grads)
+        self.store.push_tables(list(pulled.ids), pulled.row_grads())

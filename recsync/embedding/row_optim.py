@@ -4,7 +4,9 @@ Each optimizer keeps ``state_dim`` float32 numbers of state per row (0 for SGD, 
 Adagrad) so that the owner of the rows (a local store or a PS shard) can allocate, snapshot and
 restore state without knowing the rule. ``apply`` is pure arithmetic on gathered rows, easy to
 test against a hand computation; ``apply_to_table`` updates rows in place inside a whole table,
-in the cheapest way the rule allows (it must equal gather, ``apply``, scatter).
+in the cheapest way the rule allows (it must equal gather, ``apply``, scatter), and
+``apply_to_tables`` the rows of several tables of one call at once (the same result as one
+``apply_to_table`` per table: a push of 26 tables was mostly the rule's per-table op calls).
 
 ``weight_decay`` is L2 on the rows an update touches, as parameter servers apply it: the
 gradient becomes grads + weight_decay * rows before the rule (rows no batch touches do not
@@ -44,6 +46,11 @@ class RowSGD:
             grads = decayed(grads, weights.index_select(0, local), self.weight_decay)
         weights.index_add_(0, local, grads, alpha=-self.lr * lr_scale)
 
+    def apply_to_tables(self, parts: list[tuple], lr_scale: float = 1.0) -> None:
+        """``apply_to_table`` for each (weights, state, local, grads) of ``parts``."""
+        for weights, state, local, grads in parts:
+            self.apply_to_table(weights, state, local, grads, lr_scale)
+
 
 @dataclass(frozen=True)
 class RowAdagrad:
@@ -73,6 +80,21 @@ class RowAdagrad:
         self.apply(rows, row_state, grads, lr_scale)
         weights.index_copy_(0, local, rows)
         state.index_copy_(0, local, row_state)
+
+    def apply_to_tables(self, parts: list[tuple], lr_scale: float = 1.0) -> None:
+        """``apply_to_table`` for each (weights, state, local, grads) of ``parts`` (unique
+        rows per table; tables of one row width): the rows of every table gathered into one
+        tensor, the rule applied once, each table's rows written back."""
+        if len(parts) == 1:
+            self.apply_to_table(*parts[0], lr_scale)
+            return
+        rows = torch.cat([w.index_select(0, i) for w, _, i, _ in parts])
+        row_state = torch.cat([s.index_select(0, i) for _, s, i, _ in parts])
+        self.apply(rows, row_state, torch.cat([g for _, _, _, g in parts]), lr_scale)
+        sizes = [len(i) for _, _, i, _ in parts]
+        for (w, s, i, _), r, rs in zip(parts, rows.split(sizes), row_state.split(sizes)):
+            w.index_copy_(0, i, r)
+            s.index_copy_(0, i, rs)
 
 
 ROW_OPTIMIZERS = {"sgd": RowSGD, "adagrad": RowAdagrad}

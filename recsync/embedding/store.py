@@ -103,6 +103,25 @@ class EmbeddingStore:
         self.optimizer.apply_to_table(self.weights[table], self.state[table], local, grads,
                                       lr_scale)
 
+    def push_tables(self, ids: list[torch.Tensor], grads: list[torch.Tensor],
+                    lr_scale: float = 1.0) -> None:
+        """``push`` of every table t with ``ids[t]``, ``grads[t]`` (empty: none), the fixed
+        tables of one row width updated together (``apply_to_tables``)."""
+        by_dim: dict[int, list[tuple]] = {}
+        for table, (i, g) in enumerate(zip(ids, grads)):
+            if not len(i):
+                continue
+            if table in self.dynamic:
+                self.push(table, i, g, lr_scale)
+                continue
+            local = self._ensure_initialized(table, i)
+            if self.copying is not None:
+                self.copying.before_write(table, local)
+            by_dim.setdefault(self.tables[table].dim, []).append(
+                (self.weights[table], self.state[table], local, g))
+        for parts in by_dim.values():
+            self.optimizer.apply_to_tables(parts, lr_scale)
+
     def snapshot(self, rows: list[torch.Tensor] | None = None, *,
                  checkpoint: bool = True) -> dict[str, np.ndarray]:
         """Copies of every touched row, its optimizer state and its local index, per table

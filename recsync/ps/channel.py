@@ -165,6 +165,10 @@ class ChannelServer:
 
     def close(self) -> None:
         """Stop listening and end every connection (their clients see ShardGone)."""
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept (Linux)
+        except OSError:
+            pass
         self.listener.close()
         for sock in list(self._open):
             try:

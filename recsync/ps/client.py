@@ -109,12 +109,20 @@ class PSClient:
         known = self._channels.get(shard)
         if known is None or known[0] is not handle or known[1].broken is not None:
             if known is not None:
-                self._retire(known[1])
+                self._retire(self._channels.pop(shard)[1])
+            failed: concurrent.futures.Future = concurrent.futures.Future()
             try:
-                known = (handle, ShardChannel(ray.get(handle.channel.remote())))
-            except (*SHARD_GONE, OSError) as e:
-                failed: concurrent.futures.Future = concurrent.futures.Future()
-                failed.set_exception(e if isinstance(e, SHARD_GONE) else ShardGone(str(e)))
+                address = ray.get(handle.channel.remote())
+            except SHARD_GONE as e:
+                failed.set_exception(e)
+                return failed
+            try:
+                known = (handle, ShardChannel(address))
+            except OSError as e:
+                failed.set_exception(ShardGone(
+                    f"cannot reach PS shard {shard}'s data port {address['host']}:"
+                    f"{address['port']} ({e}); where nodes reach each other only on Ray's "
+                    f"ports, set cluster.transport = \"ray\""))
                 return failed
             self._channels[shard] = known
         return known[1].call(verb, *args)

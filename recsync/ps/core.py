@@ -188,9 +188,8 @@ class ShardCore:
 
     def _apply(self, ids, grads, dense_grad, lr_scale: float,
                dense_lr_scale: float | None = None) -> None:
-        for t, (i, g) in enumerate(zip(ids, grads)):
-            if len(i):
-                self.store.push(t, read_only_tensor(i), read_only_tensor(g), lr_scale)
+        self.store.push_tables([read_only_tensor(i) for i in ids],
+                               [read_only_tensor(g) for g in grads], lr_scale)
         if dense_grad is not None:
             self.dense.apply(as_tensor(dense_grad),
                              lr_scale if dense_lr_scale is None else dense_lr_scale)

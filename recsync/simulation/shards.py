@@ -4,7 +4,7 @@ behind an object shaped like a shard's Ray handle (``shard.pull.remote(...)``,
 
 A call is a message (``Timing.message_s`` of its arrays' bytes) to the shard (one caller's
 calls arrive in the order they were sent), which serves one call at a time in the order they
-arrive (``Timing.pull_service_s``, ``push_service_s``: a fixed cost per call, Ray's handling of
+arrive (``Timing.pull_service_s``, ``push_service_s``: a fixed cost per call, the handling of
 it in the shard's process, and a cost per row); the core's own method runs when the service
 ends, so a pull reads the rows as every push served before it left them, and the answer
 travels back. A sync pull that asks for ``min_version`` waits at the shard until the core has

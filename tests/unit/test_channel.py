@@ -148,3 +148,85 @@ def test_calls_in_flight_fail_with_shard_gone_when_the_shards_side_closes(loop):
     client.close()
     server.close()
 
+
+
+# -- PSClient over the direct path ---------------------------------------------------------
+def direct_shards(loop, cores):
+    """Handles as PSClient sees them: ``channel.remote()`` gives each core's server address
+    (``ray.get`` patched to the identity), the core's pull and push served as PSShard serves
+    them."""
+    from types import SimpleNamespace
+
+    def serve(c):
+        async def pull(ids, min_version=0, read_only=False, dense="vector"):
+            return c.pull(ids, read_only, dense)
+
+        async def push(ids, grads, dense_grad, meta):
+            return c.push(ids, grads, dense_grad, meta)
+        return ChannelServer({"pull": pull, "push": push}, loop, "127.0.0.1")
+    servers = [serve(c) for c in cores]
+    handles = [SimpleNamespace(channel=SimpleNamespace(remote=lambda s=s: s.address))
+               for s in servers]
+    return handles, servers
+
+
+def test_ps_client_over_the_direct_path_equals_a_local_store(loop, monkeypatch):
+    import torch
+    from fake_ps import patch_ray_get
+    from test_ps_core import LR, SCALE, SEED, TABLES, core
+
+    from recsync.embedding.lookup import LocalLookup
+    from recsync.embedding.row_optim import RowSGD
+    from recsync.embedding.store import EmbeddingStore
+    from recsync.ps.client import PSClient
+    patch_ray_get(monkeypatch)
+    cores = [core(shard=s, num_shards=3) for s in range(3)]
+    handles, servers = direct_shards(loop, cores)
+    client = PSClient(handles, [t.dim for t in TABLES], push_window=2, transport="direct")
+    local = LocalLookup(EmbeddingStore(TABLES, RowSGD(lr=LR), seed=SEED, init_scale=SCALE))
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(3):
+        sparse = torch.stack([torch.randint(0, t.rows, (12,), generator=gen) for t in TABLES], 1)
+        remote, here = client.pull(sparse, min_version=0), local.pull(sparse)
+        torch.testing.assert_close(remote.embeddings(), here.embeddings(), rtol=1e-5, atol=1e-6)
+        weights = torch.randn(12, len(TABLES), 4, generator=gen)
+        for p in (remote, here):
+            (p.embeddings().stacked * weights).sum().backward()
+        client.push(remote)
+        client.flush()
+        local.push(here)
+    assert sum(c.version for c in cores) == 9
+    assert [s.connections for s in servers] == [1, 1, 1]  # one connection per shard, kept
+    client.close()
+    for s in servers:
+        s.close()
+
+
+def test_a_push_lost_with_its_shard_is_counted_and_the_client_reconnects_to_the_new_one(
+        loop, monkeypatch):
+    """Partial recovery: the shard's process ends (its connections close) with a push in
+    flight; the push is counted lost, and the next pull goes to the shard's new process."""
+    import torch
+    from fake_ps import patch_ray_get
+    from test_ps_core import TABLES, core
+
+    from recsync.ps.client import PSClient
+    patch_ray_get(monkeypatch)
+    old = core(shard=0, num_shards=1)
+    handles, servers = direct_shards(loop, [old])
+    client = PSClient(handles, [t.dim for t in TABLES], push_window=4, transport="direct",
+                      survive_shard_restarts=True)
+    sparse = torch.stack([torch.arange(6), torch.arange(6)], 1)
+    pulled = client.pull(sparse)
+    (pulled.embeddings().stacked.sum()).backward()
+    servers[0].close()  # the process ends before the push arrives
+    client.push(pulled)
+    client.flush()
+    assert client.lost_pushes == 1
+    new = core(shard=0, num_shards=1)  # Ray restarted it from its checkpoint
+    new_handles, new_servers = direct_shards(loop, [new])
+    client.shards[0] = new_handles[0]
+    assert client.pull(sparse).versions == [0]
+    assert new_servers[0].connections == 1
+    client.close()
+    new_servers[0].close()

@@ -365,6 +365,39 @@ def test_apply_to_table_equals_gather_apply_scatter(opt):
     assert torch.equal(weights[untouched], w2[untouched])
 
 
+@pytest.mark.parametrize("opt", [RowSGD(lr=0.3, weight_decay=0.01),
+                                 RowAdagrad(lr=0.3, weight_decay=0.01)])
+def test_a_push_of_all_tables_at_once_equals_one_push_per_table(opt):
+    """push_tables (a shard's push: the tables of one row width updated together) leaves every
+    table as a push per table does, with tables of two widths, an empty one, rows touched for
+    the first time and a checkpoint copy in progress (the rows it still needs saved first)."""
+    tables = [TableSpec("a", 30, 4), TableSpec("b", 20, 8), TableSpec("c", 25, 4),
+              TableSpec("d", 10, 4)]
+    fused, one_by_one = (EmbeddingStore(tables, opt, seed=5, shard=1, num_shards=2)
+                         for _ in range(2))
+    gen = torch.Generator().manual_seed(4)
+    for store in (fused, one_by_one):  # some rows touched before, some not
+        store.pull(0, ids(1, 3, 5))
+    copy = fused.begin_copy()
+    before = fused.snapshot(checkpoint=False)
+    for step in range(3):
+        push_ids = [ids(1, 3, 7, 29), ids(5, 9, 11), ids(3, 23), ids()]
+        grads = [torch.randn(len(i), t.dim, generator=gen) for i, t in zip(push_ids, tables)]
+        fused.push_tables(push_ids, grads, lr_scale=0.5)
+        for t, (i, g) in enumerate(zip(push_ids, grads)):
+            if len(i):
+                one_by_one.push(t, i, g, lr_scale=0.5)
+    for t in range(len(tables)):
+        held = fused.initialized[t]  # (rows never touched hold no value yet)
+        assert torch.equal(held, one_by_one.initialized[t])
+        assert torch.allclose(fused.weights[t][held], one_by_one.weights[t][held], atol=1e-6)
+        assert torch.allclose(fused.state[t][held], one_by_one.state[t][held], atol=1e-6)
+    copied = copy.run()  # the copy holds the rows as they were when it began
+    fused.copying = None
+    for key, value in before.items():
+        assert (copied[key] == value).all(), key
+
+
 @pytest.mark.parametrize("shards", [1, 2, 3, 8])
 def test_split_by_shard_gives_each_shards_positions_in_ascending_order(shards):
     ids = torch.randint(0, 1000, (257,), generator=torch.Generator().manual_seed(shards))

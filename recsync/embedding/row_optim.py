@@ -19,6 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
+# rows of several tables updated at once (RowAdagrad.apply_to_tables): fusing saves the rule's
+# per-table op calls, fusing more than this made a push slower (its working set leaves the
+# cache): A/B at 64 to 16,384 ids x 26 tables, 2026-11-27 (docs/benchmarks/2026-11-27-ps-direct.md)
+FUSED_ROWS = 16_384
+
 
 def decayed(grads: torch.Tensor, rows: torch.Tensor, weight_decay: float) -> torch.Tensor:
     """grads + weight_decay * rows (a new tensor; ``grads`` itself when there is no decay)."""
@@ -83,16 +88,31 @@ class RowAdagrad:
 
     def apply_to_tables(self, parts: list[tuple], lr_scale: float = 1.0) -> None:
         """``apply_to_table`` for each (weights, state, local, grads) of ``parts`` (unique
-        rows per table; tables of one row width): the rows of every table gathered into one
-        tensor, the rule applied once, each table's rows written back."""
-        if len(parts) == 1:
-            self.apply_to_table(*parts[0], lr_scale)
-            return
-        rows = torch.cat([w.index_select(0, i) for w, _, i, _ in parts])
-        row_state = torch.cat([s.index_select(0, i) for _, s, i, _ in parts])
-        self.apply(rows, row_state, torch.cat([g for _, _, _, g in parts]), lr_scale)
+        rows per table; tables of one row width): consecutive tables' rows gathered into one
+        tensor of at most ``FUSED_ROWS`` rows (more: table by table, as their working set then
+        leaves the cache), the rule applied once to it, each table's rows written back."""
+        group: list[tuple] = []
+        for part in parts + [None]:
+            if part is not None and sum(len(p[2]) for p in group) + len(part[2]) <= FUSED_ROWS:
+                group.append(part)
+                continue
+            if len(group) == 1:
+                self.apply_to_table(*group[0], lr_scale)
+            elif group:
+                self._apply_fused(group, lr_scale)
+            group = [part] if part is not None else []
+
+    def _apply_fused(self, parts: list[tuple], lr_scale: float) -> None:
         sizes = [len(i) for _, _, i, _ in parts]
-        for (w, s, i, _), r, rs in zip(parts, rows.split(sizes), row_state.split(sizes)):
+        first = parts[0]
+        rows = first[0].new_empty((sum(sizes), first[0].shape[1]))
+        row_state = first[1].new_empty((sum(sizes), first[1].shape[1]))
+        row_views, state_views = rows.split(sizes), row_state.split(sizes)
+        for (w, s, i, _), r, rs in zip(parts, row_views, state_views):  # gathered in place
+            torch.index_select(w, 0, i, out=r)
+            torch.index_select(s, 0, i, out=rs)
+        self.apply(rows, row_state, torch.cat([g for _, _, _, g in parts]), lr_scale)
+        for (w, s, i, _), r, rs in zip(parts, row_views, state_views):
             w.index_copy_(0, i, r)
             s.index_copy_(0, i, rs)
 

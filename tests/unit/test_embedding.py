@@ -365,14 +365,17 @@ def test_apply_to_table_equals_gather_apply_scatter(opt):
     assert torch.equal(weights[untouched], w2[untouched])
 
 
+@pytest.mark.parametrize("fused_rows", [16_384, 4])  # 4: groups of one and of two tables
 @pytest.mark.parametrize("opt", [RowSGD(lr=0.3, weight_decay=0.01),
                                  RowAdagrad(lr=0.3, weight_decay=0.01)])
-def test_a_push_of_all_tables_at_once_equals_one_push_per_table(opt):
+def test_a_push_of_all_tables_at_once_equals_one_push_per_table(opt, fused_rows, monkeypatch):
     """push_tables (a shard's push: the tables of one row width updated together) leaves every
     table as a push per table does, with tables of two widths, an empty one, rows touched for
     the first time and a checkpoint copy in progress (the rows it still needs saved first)."""
+    import recsync.embedding.row_optim as row_optim
+    monkeypatch.setattr(row_optim, "FUSED_ROWS", fused_rows)
     tables = [TableSpec("a", 30, 4), TableSpec("b", 20, 8), TableSpec("c", 25, 4),
-              TableSpec("d", 10, 4)]
+              TableSpec("d", 10, 4), TableSpec("e", 12, 4)]
     fused, one_by_one = (EmbeddingStore(tables, opt, seed=5, shard=1, num_shards=2)
                          for _ in range(2))
     gen = torch.Generator().manual_seed(4)
@@ -381,7 +384,7 @@ def test_a_push_of_all_tables_at_once_equals_one_push_per_table(opt):
     copy = fused.begin_copy()
     before = fused.snapshot(checkpoint=False)
     for step in range(3):
-        push_ids = [ids(1, 3, 7, 29), ids(5, 9, 11), ids(3, 23), ids()]
+        push_ids = [ids(1, 3, 7, 29), ids(5, 9, 11), ids(3, 23), ids(), ids(1)]
         grads = [torch.randn(len(i), t.dim, generator=gen) for i, t in zip(push_ids, tables)]
         fused.push_tables(push_ids, grads, lr_scale=0.5)
         for t, (i, g) in enumerate(zip(push_ids, grads)):

@@ -152,13 +152,19 @@ class ChannelServer:
             while True:
                 request_id, (verb, args) = read_message(sock)
                 handler = self.handlers.get(verb)
-                if handler is None:
-                    answers.put((request_id, None, ValueError(f"no channel verb {verb!r}")))
+                try:
+                    if handler is None:
+                        raise ValueError(f"no channel verb {verb!r}")
+                    call = handler(*args)
+                except (ValueError, TypeError) as e:  # answered as the call's error
+                    answers.put((request_id, None, e))
                     continue
-                future = asyncio.run_coroutine_threadsafe(handler(*args), self.loop)
+                future = asyncio.run_coroutine_threadsafe(call, self.loop)
                 future.add_done_callback(lambda f, r=request_id: answers.put((r, f, None)))
         except (ShardGone, OSError):
             pass  # the client went away
+        except Exception:  # noqa: BLE001 - a message that is not one: the connection ends,
+            pass  # and the client sees its calls fail (ShardGone) instead of waiting for ever
         finally:
             self._open.discard(sock)
             answers.put(None)  # the writer closes the socket

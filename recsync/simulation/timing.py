@@ -3,8 +3,8 @@ is, and what a message and a shard's work take. Plain data and arithmetic, no cl
 
 Defaults are measurements of this project's `recsync bench ps` (one PS shard on a 2-core VM),
 for the transport of the config (``cluster.transport``, ``Timing.on``). The direct path (the
-default; docs/benchmarks/2026-11-27-ps-direct.md): a pull of no ids took 0.49 ms there and back;
-a pull of 6,656 rows 1.67 ms and of 53,248 rows 5.36 ms, a push 3.57 and 11.16 ms (row-wise
+default; docs/benchmarks/2026-11-27-ps-direct.md): a pull of no ids took 0.50 ms there and back;
+a pull of 6,656 rows 1.71 ms and of 53,248 rows 5.33 ms, a push 2.79 and 11.23 ms (row-wise
 Adagrad). Ray actor calls (docs/benchmarks/2026-11-26-ps.md): a call without arrays 1.07 ms;
 a pull 4.82 and 12.92 ms, a push 6.67 and 19.09 ms, with Ray's object store. A line through the
 two sizes gives each call a fixed cost (the handling of a call in the shard's process:
@@ -28,8 +28,8 @@ import numpy as np
 # bench ps: (a call without rows' round trip s, (rows per call, s) of a pull and of a push at 256
 # and 2,048 ids x 26 tables), per transport
 MEASURED_CALLS = {
-    "direct": (0.4875e-3, ((6_656, 1.666e-3), (53_248, 5.360e-3)),
-               ((6_656, 3.567e-3), (53_248, 11.162e-3))),
+    "direct": (0.4997e-3, ((6_656, 1.706e-3), (53_248, 5.333e-3)),
+               ((6_656, 2.789e-3), (53_248, 11.228e-3))),
     "ray": (1.072e-3, ((6_656, 4.82e-3), (53_248, 12.92e-3)),
             ((6_656, 6.67e-3), (53_248, 19.09e-3))),
 }
@@ -52,7 +52,7 @@ def call_costs(transport: str) -> dict[str, float]:
             "push_s_per_row": push_s_per_row}
 
 
-DIRECT = call_costs("direct")  # pull 0.65 ms + 0.079 us/row, push 1.99 ms + 0.163 us/row
+DIRECT = call_costs("direct")  # pull 0.69 ms + 0.078 us/row, push 1.08 ms + 0.181 us/row
 RAY = call_costs("ray")  # pull 2.59 ms + 0.174 us/row, push 3.83 ms + 0.267 us/row
 BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 # A gloo all-reduce of the 1.9 MB dense vector between two processes took 2.3 ms

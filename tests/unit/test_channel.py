@@ -113,6 +113,8 @@ def test_a_shards_error_is_raised_by_the_callers_result_and_the_channel_goes_on(
                     {"fail": "nan"}).result(timeout=10)
     with pytest.raises(ValueError, match="no channel verb 'die'"):
         client.call("die").result(timeout=10)
+    with pytest.raises(TypeError):
+        client.call("pull").result(timeout=10)  # arguments the verb does not take
     assert client.call("pull", ids).result(timeout=10)[2] == 0
     client.close()
     server.close()

@@ -121,7 +121,7 @@ def test_call_costs_follow_the_configs_transport_and_keep_costs_set_by_hand():
     from recsync.simulation.timing import DIRECT, RAY
     direct = Timing()
     assert direct.on("direct") is direct
-    assert direct.pull_service_s(6_656) + 2 * direct.latency_s == pytest.approx(1.666e-3)
+    assert direct.pull_service_s(6_656) + 2 * direct.latency_s == pytest.approx(1.706e-3)
     on_ray = direct.on("ray")
     assert on_ray.pull_service_s(53_248) + 2 * on_ray.latency_s == pytest.approx(12.92e-3)
     for name in DIRECT:

@@ -4,7 +4,7 @@ travel over a TCP connection of its own to each shard instead of as Ray actor ca
 Why: a Ray call to an actor costs 4-6 ms on a 2-core machine before any work is done (issue 32,
 docs/benchmarks/2026-11-26-issue32-evening.md), more than a shard's own work for a batch. Here a
 call is one message each way: a header, pickle protocol 5 with every array out of band, and the
-arrays back to back (8-byte aligned), read with one receive into one buffer whose views become
+arrays back to back (8-byte aligned), received in place into one buffer whose views become
 the arrays: no copies on either side. Ray still places the shards, restarts them and carries
 every other call; a client learns a shard's address and key through a Ray call (``PSShard.
 channel``).

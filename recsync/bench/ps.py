@@ -203,6 +203,17 @@ class _Echo:
         return 0
 
 
+def call_times(call, warmup: int, calls: int) -> list[float]:
+    """Seconds of each of ``calls`` calls after ``warmup`` untimed ones."""
+    times = []
+    for k in range(warmup + calls):
+        begin = time.perf_counter()
+        call()
+        if k >= warmup:
+            times.append(time.perf_counter() - begin)
+    return times
+
+
 def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
     """The ``direct``, ``ray`` and ``ray_echo`` points, on an embedded Ray instance (loopback,
     no dashboard) shut down after; and facts: the shard process's torch threads, a call without
@@ -219,20 +230,11 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
         # a task with no CPUs, as the shard: Ray gives its process the same thread settings
         threads = ray.get(ray.remote(num_cpus=0)(torch_threads).remote())
         shard = PSShard.remote(functools.partial(touched_core, table_specs(rows), cfg))
-        noop = []
-        for k in range(warmup + calls):  # the first waits for the shard to be built
-            begin = time.perf_counter()
-            ray.get(shard.where.remote())
-            if k >= warmup:
-                noop.append(time.perf_counter() - begin)
+        # the first call waits for the shard to be built
+        noop = call_times(lambda: ray.get(shard.where.remote()), warmup, calls)
         channel = ShardChannel(ray.get(shard.channel.remote()))
         empty = [np.empty(0, np.int64)] * NUM_TABLES
-        direct_noop = []
-        for k in range(warmup + calls):
-            begin = time.perf_counter()
-            channel.call("pull", empty, 0).result()
-            if k >= warmup:
-                direct_noop.append(time.perf_counter() - begin)
+        direct_noop = call_times(lambda: channel.call("pull", empty, 0).result(), warmup, calls)
         points = measure_path("direct", {
             "pull": lambda ids, grads: channel.call("pull", ids, 0).result(),
             "push": lambda ids, grads: channel.call("push", ids, grads, None,

@@ -91,16 +91,19 @@ class RowAdagrad:
         rows per table; tables of one row width): consecutive tables' rows gathered into one
         tensor of at most ``FUSED_ROWS`` rows (more: table by table, as their working set then
         leaves the cache), the rule applied once to it, each table's rows written back."""
-        group: list[tuple] = []
-        for part in parts + [None]:
-            if part is not None and sum(len(p[2]) for p in group) + len(part[2]) <= FUSED_ROWS:
-                group.append(part)
-                continue
+        groups: list[list[tuple]] = []
+        rows = FUSED_ROWS + 1  # in the last group
+        for part in parts:
+            if rows + len(part[2]) > FUSED_ROWS:
+                groups.append([])
+                rows = 0
+            groups[-1].append(part)
+            rows += len(part[2])
+        for group in groups:
             if len(group) == 1:
                 self.apply_to_table(*group[0], lr_scale)
-            elif group:
+            else:
                 self._apply_fused(group, lr_scale)
-            group = [part] if part is not None else []
 
     def _apply_fused(self, parts: list[tuple], lr_scale: float) -> None:
         sizes = [len(i) for _, _, i, _ in parts]

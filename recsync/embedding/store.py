@@ -96,12 +96,16 @@ class EmbeddingStore:
         """
         if table in self.dynamic:
             return self.dynamic[table].push(ids, grads, lr_scale, self.copying)
+        self.optimizer.apply_to_table(self.weights[table], self.state[table],
+                                      self._writable(table, ids), grads, lr_scale)
+
+    def _writable(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        """The local rows of ``ids`` in a fixed table, initialised, about to be written (a
+        checkpoint copy in progress saves those it still needs first)."""
         local = self._ensure_initialized(table, ids)
-        copying = self.copying
-        if copying is not None:
-            copying.before_write(table, local)
-        self.optimizer.apply_to_table(self.weights[table], self.state[table], local, grads,
-                                      lr_scale)
+        if self.copying is not None:
+            self.copying.before_write(table, local)
+        return local
 
     def push_tables(self, ids: list[torch.Tensor], grads: list[torch.Tensor],
                     lr_scale: float = 1.0) -> None:
@@ -114,11 +118,8 @@ class EmbeddingStore:
             if table in self.dynamic:
                 self.push(table, i, g, lr_scale)
                 continue
-            local = self._ensure_initialized(table, i)
-            if self.copying is not None:
-                self.copying.before_write(table, local)
             by_dim.setdefault(self.tables[table].dim, []).append(
-                (self.weights[table], self.state[table], local, g))
+                (self.weights[table], self.state[table], self._writable(table, i), g))
         for parts in by_dim.values():
             self.optimizer.apply_to_tables(parts, lr_scale)
 

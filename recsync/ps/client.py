@@ -61,6 +61,13 @@ class PendingPull:
     dense: str = "vector"  # what of the dense parameters comes with it (ShardCore.pull)
 
 
+def _failed(error: BaseException) -> concurrent.futures.Future:
+    """A call's answer that is ``error``: raised where it is waited for, as a Ray ref's."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_exception(error)
+    return future
+
+
 SHARD_RESTART_TIMEOUT_S = 120  # partial recovery: how long a pull waits for a shard to return
 
 
@@ -110,20 +117,17 @@ class PSClient:
         if known is None or known[0] is not handle or known[1].broken is not None:
             if known is not None:
                 self._retire(self._channels.pop(shard)[1])
-            failed: concurrent.futures.Future = concurrent.futures.Future()
             try:
                 address = ray.get(handle.channel.remote())
             except SHARD_GONE as e:
-                failed.set_exception(e)
-                return failed
+                return _failed(e)
             try:
                 known = (handle, ShardChannel(address))
             except OSError as e:
-                failed.set_exception(ShardGone(
+                return _failed(ShardGone(
                     f"cannot reach PS shard {shard}'s data port {address['host']}:"
                     f"{address['port']} ({e}); where nodes reach each other only on Ray's "
                     f"ports, set cluster.transport = \"ray\""))
-                return failed
             self._channels[shard] = known
         return known[1].call(verb, *args)
 

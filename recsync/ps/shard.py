@@ -153,8 +153,7 @@ class PSShard:
         serves ``pull`` and ``push`` as these methods do; started at the first ask."""
         if self._channel is None:
             self._channel = ChannelServer({"pull": self.pull, "push": self.push},
-                                          asyncio.get_running_loop(),
-                                          ray.util.get_node_ip_address())
+                                          asyncio.get_running_loop(), self.node["node_ip"])
         return self._channel.address
 
     async def where(self) -> dict:

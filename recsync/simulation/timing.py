@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -197,7 +197,6 @@ class Timing:
         direct-path default becomes Ray calls' measured one (a cost set by hand stays)."""
         if transport == "direct":
             return self
-        from dataclasses import replace
         costs = call_costs(transport)
         return replace(self, **{k: v for k, v in costs.items() if getattr(self, k) == DIRECT[k]})
 
@@ -219,7 +218,6 @@ class Timing:
     def with_network(self, latency_ms: float, ms_per_mb: float) -> Timing:
         """These costs plus the config's EMULATED network delay (``network.latency_ms``, half
         each way, and ``network.ms_per_mb``), as the shards add it to every call."""
-        from dataclasses import replace
         per_byte = ms_per_mb / 1e3 / 2**20
         return replace(self, latency_s=self.latency_s + latency_ms / 2e3,
                        bytes_per_s=1.0 / (1.0 / self.bytes_per_s + per_byte))

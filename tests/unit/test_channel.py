@@ -58,10 +58,19 @@ def served(loop, handlers):
     return ChannelServer(handlers.table(), loop, "127.0.0.1")
 
 
-def test_a_pull_and_a_push_carry_arrays_both_ways_unchanged(loop):
+@pytest.fixture
+def channel(loop):
+    """(handlers, their server, a client connected to it), closed after the test."""
     h = Handlers()
     server = served(loop, h)
     client = ShardChannel(server.address)
+    yield h, server, client
+    client.close()
+    server.close()
+
+
+def test_a_pull_and_a_push_carry_arrays_both_ways_unchanged(channel):
+    h, _, client = channel
     ids = [np.arange(n, dtype=np.int64) * 7 for n in (3, 0, 1000)]
     rows, dense, version = client.call("pull", ids).result(timeout=10)
     assert [r.shape for r in rows] == [(3, 4), (0, 4), (1000, 4)]
@@ -74,8 +83,6 @@ def test_a_pull_and_a_push_carry_arrays_both_ways_unchanged(loop):
         assert a.dtype == b.dtype and np.array_equal(a, b)
         assert a.flags.writeable  # a shard may update what it receives in place
     assert meta == {"step": 5}
-    client.close()
-    server.close()
 
 
 def test_arrays_arrive_aligned_for_their_type():
@@ -89,24 +96,18 @@ def test_arrays_arrive_aligned_for_their_type():
     right.close()
 
 
-def test_a_pull_waiting_for_a_version_does_not_hold_up_a_push_sent_after_it(loop):
-    h = Handlers()
-    server = served(loop, h)
-    client = ShardChannel(server.address)
+def test_a_pull_waiting_for_a_version_does_not_hold_up_a_push_sent_after_it(channel):
+    _, _, client = channel
     ids = [np.arange(2, dtype=np.int64)]
     waiting = client.call("pull", ids, 1)
     time.sleep(0.2)
     assert not waiting.done()
     client.call("push", ids, [np.zeros((2, 4), np.float32)], None, {}).result(timeout=10)
     assert waiting.result(timeout=10)[2] == 1
-    client.close()
-    server.close()
 
 
-def test_a_shards_error_is_raised_by_the_callers_result_and_the_channel_goes_on(loop):
-    h = Handlers()
-    server = served(loop, h)
-    client = ShardChannel(server.address)
+def test_a_shards_error_is_raised_by_the_callers_result_and_the_channel_goes_on(channel):
+    _, _, client = channel
     ids = [np.arange(2, dtype=np.int64)]
     with pytest.raises(ValueError, match="bad push: nan"):
         client.call("push", ids, [np.zeros((2, 4), np.float32)], None,
@@ -116,8 +117,6 @@ def test_a_shards_error_is_raised_by_the_callers_result_and_the_channel_goes_on(
     with pytest.raises(TypeError):
         client.call("pull").result(timeout=10)  # arguments the verb does not take
     assert client.call("pull", ids).result(timeout=10)[2] == 0
-    client.close()
-    server.close()
 
 
 def test_a_connection_without_the_key_is_closed_before_anything_is_read(loop):

@@ -29,6 +29,7 @@ arm sync_1w_gpu_fp32 mode=\"sync\" cluster.workers=1 cluster.ps_shards=2 train.d
 arm sync_1w_gpu_bf16 mode=\"sync\" cluster.workers=1 cluster.ps_shards=2 train.dense_precision=\"bfloat16\" cluster.worker_gpus=1
 arm async_4w_cpu mode=\"async\" cluster.workers=4 cluster.ps_shards=4
 arm async_4w_gpu mode=\"async\" cluster.workers=4 cluster.ps_shards=4 cluster.worker_gpus=0.25
+arm async_4w_gpu_raycalls mode=\"async\" cluster.workers=4 cluster.ps_shards=4 cluster.worker_gpus=0.25 cluster.transport=\"ray\"
 $py - "$out/runs" <<'PY' | tee "$out/gpu_bench.md"
 import json, sys
 from pathlib import Path

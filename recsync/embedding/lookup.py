@@ -212,8 +212,8 @@ class LocalLookup:
         """Rows for a batch's ids; each table's ids are deduplicated first. ``read_only``: an
         evaluation's pull (EmbeddingStore.pull's ``admit`` False)."""
         tables = self.plan.dedup(batch)
-        return self.plan.fuse(batch, tables, [self.store.pull(t, ids, admit=not read_only)
-                                              for t, (ids, _) in enumerate(tables)])
+        return self.plan.fuse(batch, tables, self.store.pull_tables(
+            [ids for ids, _ in tables], admit=not read_only))
 
     def push(self, pulled: PulledBatch) -> None:
         """Apply the row gradients collected by ``pulled`` after ``loss.backward()``."""

@@ -17,6 +17,8 @@ and ``initialized`` then index slots, and snapshots add each saved slot's id (``
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -66,13 +68,20 @@ class EmbeddingStore:
         self.dynamic = {i: DynamicTable(t, i, optimizer, seed=seed, init_scale=init_scale,
                                         initial_rows=initial_rows)
                         for i, t in enumerate(tables) if t.dynamic is not None}
-        self.weights = [self.dynamic[i].weights if i in self.dynamic else torch.empty(n, t.dim)
-                        for i, (n, t) in enumerate(zip(local_rows, tables))]
-        self.state = [self.dynamic[i].state if i in self.dynamic
-                      else torch.empty(n, optimizer.state_dim) for i, n in enumerate(local_rows)]
-        self.initialized = [self.dynamic[i].live if i in self.dynamic
-                            else torch.zeros(n, dtype=torch.bool)
-                            for i, n in enumerate(local_rows)]
+        # a fixed table's weights, state and flags are views of one storage per row width,
+        # so that a pull reads every table of one width in one gather (pull_tables)
+        self._widths: dict[int, _Width] = {}
+        for t, (n, spec) in enumerate(zip(local_rows, tables)):
+            if t not in self.dynamic:
+                self._widths.setdefault(spec.dim, _Width(spec.dim)).add(t, n)
+        views = {t: v for width in self._widths.values()
+                 for t, v in width.allocate(optimizer.state_dim).items()}
+        self.weights = [self.dynamic[t].weights if t in self.dynamic else views[t][0]
+                        for t in range(len(tables))]
+        self.state = [self.dynamic[t].state if t in self.dynamic else views[t][1]
+                      for t in range(len(tables))]
+        self.initialized = [self.dynamic[t].live if t in self.dynamic else views[t][2]
+                            for t in range(len(tables))]
         self.copying: RowsCopy | None = None  # a background copy in progress (begin_copy)
 
     def pull(self, table: int, ids: torch.Tensor, *, admit: bool = True) -> torch.Tensor:
@@ -86,6 +95,30 @@ class EmbeddingStore:
             return self.dynamic[table].pull(ids, self.copying, admit)
         local = self._ensure_initialized(table, ids)
         return self.weights[table].index_select(0, local)
+
+    def pull_tables(self, ids: list[torch.Tensor], *, admit: bool = True) -> list[torch.Tensor]:
+        """``pull`` of every table t's ``ids[t]`` (empty: none), as ``pull_arrays``."""
+        return [torch.from_numpy(r) for r in self.pull_arrays([i.numpy() for i in ids],
+                                                                admit=admit)]
+
+    def pull_arrays(self, ids: list[np.ndarray], *, admit: bool = True) -> list[np.ndarray]:
+        """``pull`` of every table t's ``ids[t]`` (int64 arrays, may be read-only; empty:
+        none), in and out as arrays. The fixed tables of one row width are read in one gather
+        from their one storage: per-table op overhead was most of a small pull's time."""
+        out: list[np.ndarray | None] = [None] * len(ids)
+        for t in self.dynamic:
+            out[t] = self.pull(t, torch.from_numpy(_writable_copy(ids[t])), admit=admit).numpy()
+        for width in self._widths.values():
+            parts = [ids[t] for t in width.numbers]
+            flat, bounds = width.rows_of(parts, self.num_shards)
+            if not width.initialized_np.take(flat).all():
+                for t, i in zip(width.numbers, parts):  # once per row, off the steady state
+                    self._ensure_initialized(t, torch.from_numpy(_writable_copy(i)))
+            # numpy's take: a third faster than index_select on rows scattered over GBs
+            rows = width.weights_np.take(flat, axis=0)
+            for t, start, end in zip(width.numbers, bounds, bounds[1:]):
+                out[t] = rows[start:end]
+        return out
 
     def push(self, table: int, ids: torch.Tensor, grads: torch.Tensor,
              lr_scale: float = 1.0) -> None:
@@ -238,3 +271,51 @@ class EmbeddingStore:
             self.state[table].index_fill_(0, new_local, self.optimizer.initial_state)
             self.initialized[table].index_fill_(0, new_local, True)
         return local
+
+
+def _writable_copy(a: np.ndarray) -> np.ndarray:
+    """``a``, copied if read-only (torch warns on a tensor over read-only memory)."""
+    return a if a.flags.writeable else a.copy()
+
+
+class _Width:
+    """The fixed tables of one row width: one storage each for their rows, optimizer state
+    and initialised flags, table t's rows at ``base[t]`` onwards."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self.numbers: list[int] = []  # table numbers, in order
+        self.base: dict[int, int] = {}
+        self.rows = 0
+
+    def add(self, table: int, rows: int) -> None:
+        self.numbers.append(table)
+        self.base[table] = self.rows
+        self.rows += rows
+
+    def allocate(self, state_dim: int) -> dict[int, tuple[torch.Tensor, ...]]:
+        """Allocate the storages (``torch.empty``: untouched pages take no memory); per table,
+        its (weights, state, initialized) views."""
+        self.weights = torch.empty(self.rows, self.dim)
+        self.state = torch.empty(self.rows, state_dim)
+        self.initialized = torch.zeros(self.rows, dtype=torch.bool)
+        self.weights_np, self.initialized_np = self.weights.numpy(), self.initialized.numpy()
+        self.starts = np.array([self.base[t] for t in self.numbers], dtype=np.int64)
+        self.sizes = np.diff([*self.starts, self.rows]).astype(np.uint64)  # local rows
+        ends = [self.base[t] for t in self.numbers[1:]] + [self.rows]
+        return {t: tuple(x[self.base[t]:end] for x in (self.weights, self.state, self.initialized))
+                for t, end in zip(self.numbers, ends)}
+
+    def rows_of(self, parts: list[np.ndarray], num_shards: int) -> tuple[np.ndarray, list]:
+        """Indices into the storages of the global ids of each of this width's tables
+        (``parts``, in table order), and where each table's part begins and ends."""
+        lengths = [len(i) for i in parts]
+        flat = np.concatenate(parts)
+        if num_shards > 1:
+            flat = flat // num_shards
+        # (one table's bad id must not read its neighbour's rows: unsigned, negatives fail too)
+        if not (flat.view(np.uint64) < np.repeat(self.sizes, lengths)).all():
+            bad, n = next((t, n) for t, i, n in zip(self.numbers, parts, self.sizes)
+                          if not ((i // num_shards).view(np.uint64) < n).all())
+            raise IndexError(f"table {bad}: an id outside the {n} rows this store holds of it")
+        return flat + np.repeat(self.starts, lengths), [0, *itertools.accumulate(lengths)]

@@ -71,9 +71,7 @@ class ShardCore:
         (left out), "with_state" ((vector, a copy of its optimizer's state_dict): eager applies
         its own update to them, modes/eager.py)."""
         self.pulls += 1
-        rows = [self.store.pull(t, read_only_tensor(i), admit=not read_only).numpy()
-                if len(i) else np.empty((0, self.store.tables[t].dim), np.float32)
-                for t, i in enumerate(ids)]  # (a table with no id here: nothing to read)
+        rows = self.store.pull_arrays(ids, admit=not read_only)
         part = None if dense == "none" else self.dense_vector()
         if dense == "with_state" and part is not None:
             part = (part, copy.deepcopy(self.dense.optimizer.state_dict()))

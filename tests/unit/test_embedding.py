@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -399,6 +400,47 @@ def test_a_push_of_all_tables_at_once_equals_one_push_per_table(opt, fused_rows,
     fused.copying = None
     for key, value in before.items():
         assert (copied[key] == value).all(), key
+
+
+@pytest.mark.parametrize("shard,shards", [(0, 1), (1, 3)])
+def test_a_pull_of_all_tables_at_once_equals_one_pull_per_table(shard, shards):
+    """pull_tables / pull_arrays (one gather per row width over the tables' one storage) give
+    each table the rows a pull of that table alone gives, with two widths, a dynamic table
+    between fixed ones, an empty table, repeated ids, first touches and read-only ids (as Ray
+    hands them over); the rows are copies."""
+    from recsync.embedding.spec import DynamicSpec
+    tables = [TableSpec("a", 30, 4), TableSpec("b", 20, 8),
+              TableSpec("d", 2, 4, dynamic=DynamicSpec(16, 1, "lfu", 0)), TableSpec("c", 25, 4),
+              TableSpec("e", 12, 4)]
+    fused, one_by_one = (EmbeddingStore(tables, RowAdagrad(lr=0.1), seed=5, shard=shard,
+                                        num_shards=shards) for _ in range(2))
+    owned = [torch.arange(t.rows)[torch.arange(t.rows) % shards == shard] for t in tables]
+    for store in (fused, one_by_one):
+        store.pull(0, owned[0][:3])  # some rows touched before
+    pull_ids = [owned[0][[0, 2, 5, 2]], owned[1][[1, 4]], ids(7, 10**12, 7), ids(),
+                owned[4][[3, 0]]]
+    arrays = [i.numpy().copy() for i in pull_ids]
+    for a in arrays:
+        a.setflags(write=False)
+    got = fused.pull_arrays(arrays)
+    for t, i in enumerate(pull_ids):
+        want = one_by_one.pull(t, i) if len(i) else torch.empty(0, tables[t].dim)
+        assert got[t].dtype == np.float32 and got[t].shape == tuple(want.shape), t
+        assert np.array_equal(got[t], want.numpy()), t
+    for t in range(len(tables)):
+        assert torch.equal(fused.initialized[t], one_by_one.initialized[t]), t
+    again = fused.pull_tables(pull_ids)
+    got[0][:] = 9.0  # a copy: writing it changes neither the store nor a later pull
+    assert torch.equal(again[0], fused.pull(0, pull_ids[0])) and not (again[0] == 9.0).any()
+
+
+def test_a_pull_of_all_tables_refuses_an_id_outside_its_table():
+    """An id beyond its table must not read the next table's rows of the shared storage."""
+    s = EmbeddingStore([TableSpec("a", 10, 4), TableSpec("b", 10, 4)], RowSGD(lr=0.1))
+    with pytest.raises(IndexError, match="table 0"):
+        s.pull_arrays([np.array([3, 10]), np.array([1])])
+    with pytest.raises(IndexError, match="table 1"):
+        s.pull_arrays([np.array([3]), np.array([-1])])
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 8])

@@ -106,6 +106,36 @@ def test_a_pull_waiting_for_a_version_does_not_hold_up_a_push_sent_after_it(chan
     assert waiting.result(timeout=10)[2] == 1
 
 
+def test_answers_sent_at_once_never_cut_into_one_the_writer_thread_is_sending():
+    """A large answer leaves from the writer thread, slowly (the client reads slowly); small
+    answers that finish meanwhile queue behind it instead of being sent at once: every
+    message arrives whole, in the order the calls finished."""
+    import concurrent.futures
+
+    from recsync.ps.channel import INLINE_BYTES, _Outbox
+    for _ in range(3):  # (a cut needs an answer to finish mid-send: three tries to meet one)
+        left, right = socket.socketpair()
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        outbox, got = _Outbox(left), []
+
+        def read_slowly():
+            while len(got) < 101:
+                got.append(read_message(right))
+                time.sleep(0.001)
+        reader = threading.Thread(target=read_slowly)
+        reader.start()
+        for k in range(101):
+            done = concurrent.futures.Future()
+            done.set_result(np.full(4 * INLINE_BYTES if k == 0 else 16, k, np.float32))
+            outbox.answer(k, future=done)
+            time.sleep(0.0005)
+        reader.join(timeout=30)
+        assert [request_id for request_id, _ in got] == list(range(101))
+        assert all(ok and (value == k).all() for k, (_, (ok, value)) in enumerate(got))
+        outbox.end()
+        right.close()
+
+
 def test_a_shards_error_is_raised_by_the_callers_result_and_the_channel_goes_on(channel):
     _, _, client = channel
     ids = [np.arange(2, dtype=np.int64)]

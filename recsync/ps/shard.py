@@ -19,7 +19,7 @@ from recsync.checkpoint.writer import CheckpointWriter
 from recsync.cluster import storage
 from recsync.cluster.emulation import EmulatedMachine, RequestPacer, idle_cores_async
 from recsync.cluster.placement import where
-from recsync.ps.channel import ChannelServer
+from recsync.ps.channel_server import ChannelServer
 from recsync.ps.core import ShardCore
 from recsync.run.signals import ignore_interrupts
 

@@ -1,4 +1,4 @@
-"""The shards' direct data path (ps/channel.py): messages, answers, errors, the key, and what a
+"""The shards' direct data path (ps/channel.py, ps/channel_server.py): messages, answers, errors, the key, and what a
 client sees when the shard's process goes away. A real server on loopback, with its handlers on
 an asyncio loop in a thread as in a PSShard actor; no Ray."""
 
@@ -12,8 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from recsync.ps.channel import (KEY_BYTES, ChannelServer, ShardChannel, ShardGone, encode,
-                                read_message, send_parts)
+from recsync.ps.channel import (KEY_BYTES, ShardChannel, ShardGone, encode, read_message,
+                                send_parts)
+from recsync.ps.channel_server import ChannelServer
 
 
 @pytest.fixture
@@ -106,16 +107,39 @@ def test_a_pull_waiting_for_a_version_does_not_hold_up_a_push_sent_after_it(chan
     assert waiting.result(timeout=10)[2] == 1
 
 
+def test_a_client_that_does_not_read_holds_up_neither_the_shard_nor_its_own_answers(loop):
+    """Answers of several MB each to a client that reads nothing for a while: the shard's loop
+    serves another client meanwhile, and the slow client then gets every answer whole."""
+    async def echo(n, fill):
+        return np.full(n, fill, np.float32)
+    server = ChannelServer({"echo": echo}, loop, "127.0.0.1")
+    slow = socket.create_connection((server.address["host"], server.address["port"]))
+    slow.sendall(server.address["key"])
+    sizes = [1 << 20, 3, 1 << 19, 1, 1 << 20, 7] * 4  # floats: 4 MB answers among small ones
+    for k, n in enumerate(sizes):
+        send_parts(slow, encode(k, ("echo", (n, float(k)))))
+    other = ShardChannel(server.address)
+    for k in range(20):  # while the slow client's answers wait for it
+        assert other.call("echo", 2, float(k)).result(timeout=10)[1] == k
+    got = dict(read_message(slow) for _ in sizes)
+    assert sorted(got) == list(range(len(sizes)))
+    for k, n in enumerate(sizes):
+        ok, value = got[k]
+        assert ok and value.shape == (n,) and (value == k).all(), k
+    other.close()
+    slow.close()
+    server.close()
+
+
 def test_answers_sent_at_once_never_cut_into_one_the_writer_thread_is_sending():
     """A large answer leaves from the writer thread, slowly (the client reads slowly); small
     answers that finish meanwhile queue behind it instead of being sent at once: every
     message arrives whole, in the order the calls finished."""
-    import concurrent.futures
-
-    from recsync.ps.channel import INLINE_BYTES, _Outbox
+    from recsync.ps.channel_server import INLINE_BYTES, _Outbox
     for _ in range(3):  # (a cut needs an answer to finish mid-send: three tries to meet one)
         left, right = socket.socketpair()
         left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        left.setblocking(False)  # as the shard's loop has it
         outbox, got = _Outbox(left), []
 
         def read_slowly():
@@ -125,14 +149,14 @@ def test_answers_sent_at_once_never_cut_into_one_the_writer_thread_is_sending():
         reader = threading.Thread(target=read_slowly)
         reader.start()
         for k in range(101):
-            done = concurrent.futures.Future()
-            done.set_result(np.full(4 * INLINE_BYTES if k == 0 else 16, k, np.float32))
-            outbox.answer(k, future=done)
+            value = np.full(4 * INLINE_BYTES if k == 0 else 16, k, np.float32)
+            outbox.send(encode(k, (True, value)))
             time.sleep(0.0005)
         reader.join(timeout=30)
         assert [request_id for request_id, _ in got] == list(range(101))
         assert all(ok and (value == k).all() for k, (_, (ok, value)) in enumerate(got))
         outbox.end()
+        left.close()
         right.close()
 
 

@@ -106,8 +106,9 @@ class EmbeddingStore:
         none), in and out as arrays. The fixed tables of one row width are read in one gather
         from their one storage: per-table op overhead was most of a small pull's time."""
         out: list[np.ndarray | None] = [None] * len(ids)
-        for t in self.dynamic:
-            out[t] = self.pull(t, torch.from_numpy(_writable_copy(ids[t])), admit=admit).numpy()
+        for t in self.dynamic:  # (a table with no id here: nothing to read, nothing touched)
+            out[t] = (self.pull(t, torch.from_numpy(_writable_copy(ids[t])), admit=admit).numpy()
+                      if len(ids[t]) else np.empty((0, self.tables[t].dim), np.float32))
         for width in self._widths.values():
             parts = [ids[t] for t in width.numbers]
             flat, bounds = width.rows_of(parts, self.num_shards)
@@ -301,21 +302,21 @@ class _Width:
         self.initialized = torch.zeros(self.rows, dtype=torch.bool)
         self.weights_np, self.initialized_np = self.weights.numpy(), self.initialized.numpy()
         self.starts = np.array([self.base[t] for t in self.numbers], dtype=np.int64)
-        self.sizes = np.diff([*self.starts, self.rows]).astype(np.uint64)  # local rows
-        ends = [self.base[t] for t in self.numbers[1:]] + [self.rows]
-        return {t: tuple(x[self.base[t]:end] for x in (self.weights, self.state, self.initialized))
-                for t, end in zip(self.numbers, ends)}
+        ends = [*self.starts[1:], self.rows]
+        self.sizes = (ends - self.starts).astype(np.uint64)  # each table's local rows
+        return {t: tuple(x[start:end] for x in (self.weights, self.state, self.initialized))
+                for t, start, end in zip(self.numbers, self.starts, ends)}
 
     def rows_of(self, parts: list[np.ndarray], num_shards: int) -> tuple[np.ndarray, list]:
         """Indices into the storages of the global ids of each of this width's tables
         (``parts``, in table order), and where each table's part begins and ends."""
         lengths = [len(i) for i in parts]
-        flat = np.concatenate(parts)
+        flat = np.concatenate(parts).astype(np.int64, copy=False)
         if num_shards > 1:
             flat = flat // num_shards
         # (one table's bad id must not read its neighbour's rows: unsigned, negatives fail too)
         if not (flat.view(np.uint64) < np.repeat(self.sizes, lengths)).all():
             bad, n = next((t, n) for t, i, n in zip(self.numbers, parts, self.sizes)
-                          if not ((i // num_shards).view(np.uint64) < n).all())
+                          if not ((i.astype(np.int64) // num_shards).view(np.uint64) < n).all())
             raise IndexError(f"table {bad}: an id outside the {n} rows this store holds of it")
         return flat + np.repeat(self.starts, lengths), [0, *itertools.accumulate(lengths)]

@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 
 # bench ps: (a call without rows' round trip s, (rows per call, s) of a pull and of a push at 256
-# and 2,048 ids x 26 tables), per transport
+# and 2,048 ids x 26 tables), per transport (docs/benchmarks/2026-11-27-ps-direct.md: "direct"
+# from the evening's run ps3, "ray" from 2026-11-26)
 MEASURED_CALLS = {
-    "direct": (0.4997e-3, ((6_656, 1.706e-3), (53_248, 5.333e-3)),
-               ((6_656, 2.789e-3), (53_248, 11.228e-3))),
+    "direct": (0.4166e-3, ((6_656, 0.976e-3), (53_248, 3.070e-3)),
+               ((6_656, 2.372e-3), (53_248, 9.228e-3))),
     "ray": (1.072e-3, ((6_656, 4.82e-3), (53_248, 12.92e-3)),
             ((6_656, 6.67e-3), (53_248, 19.09e-3))),
 }
@@ -52,7 +53,7 @@ def call_costs(transport: str) -> dict[str, float]:
             "push_s_per_row": push_s_per_row}
 
 
-DIRECT = call_costs("direct")  # pull 0.69 ms + 0.078 us/row, push 1.08 ms + 0.181 us/row
+DIRECT = call_costs("direct")  # pull 0.26 ms + 0.045 us/row, push 0.98 ms + 0.147 us/row
 RAY = call_costs("ray")  # pull 2.59 ms + 0.174 us/row, push 3.83 ms + 0.267 us/row
 BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 # A gloo all-reduce of the 1.9 MB dense vector between two processes took 2.3 ms

@@ -118,12 +118,14 @@ def test_bad_timing_values_are_refused_naming_the_field():
 def test_call_costs_follow_the_configs_transport_and_keep_costs_set_by_hand():
     """A simulated run models the calls its config would make: the direct path's measured
     costs by default, Ray calls' (each dearer) with cluster.transport = "ray"."""
-    from recsync.simulation.timing import DIRECT, RAY
+    from recsync.simulation.timing import DIRECT, MEASURED_CALLS, RAY
     direct = Timing()
     assert direct.on("direct") is direct
-    assert direct.pull_service_s(6_656) + 2 * direct.latency_s == pytest.approx(1.706e-3)
+    (rows, measured_s), _ = MEASURED_CALLS["direct"][1]  # bench ps's pull of 256 ids x 26
+    assert direct.pull_service_s(rows) + 2 * direct.latency_s == pytest.approx(measured_s)
     on_ray = direct.on("ray")
-    assert on_ray.pull_service_s(53_248) + 2 * on_ray.latency_s == pytest.approx(12.92e-3)
+    _, (rows, measured_s) = MEASURED_CALLS["ray"][2]  # and Ray calls' push of 2,048 ids x 26
+    assert on_ray.push_service_s(rows) + 2 * on_ray.latency_s == pytest.approx(measured_s)
     for name in DIRECT:
         assert getattr(on_ray, name) == RAY[name] > DIRECT[name]
     assert Timing(latency_s=0.01).on("ray").latency_s == 0.01  # --latency-ms stays

@@ -293,7 +293,11 @@ class PSShard:
 
     async def stats(self) -> dict:
         return {**self.core.stats(), "pid": os.getpid(),  # the process serving it at the end
-                "pacing": self.pacer.machine.totals() if self.pacer is not None else None}
+                "pacing": self.pacer.machine.totals() if self.pacer is not None else None,
+                # the direct data path of this process: clients served, connections refused
+                # for want of the key (None: no client asked for it)
+                "channel": None if self._channel is None else {
+                    "connections": self._channel.connections, "refused": self._channel.refused}}
 
     async def staleness(self) -> dict[int, int]:
         """{staleness: gradients} applied so far (cheap: the watch loop asks every poll)."""

@@ -58,7 +58,7 @@ def build_summary(cfg, ds, record, result: dict, status: str, error: str | None)
                              if cfg.network.enabled and distributed else None),
         "per_worker": per_worker(result),
         "per_shard": [{k: st.get(k) for k in ("version", "pulls", "pushes", "rows_touched",
-                                              "samples_applied", "pid")}
+                                              "samples_applied", "pid", "channel")}
                       for st in shards],
         "dynamic_tables": dynamic_tables([st.get("dynamic", {}) for st in shards]
                                          or [result.get("dynamic", {})]),

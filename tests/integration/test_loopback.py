@@ -7,6 +7,7 @@ recsync.cluster.ray_session, cluster.keep_ray_logs included).
 Run: .venv/bin/pytest -q tests/integration/test_loopback.py
 """
 
+import json
 import os
 import time
 from pathlib import Path
@@ -78,6 +79,10 @@ def test_an_embedded_sync_run_listens_on_loopback_only_and_leaves_nothing(data, 
     finally:
         output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0 and "completed" in output, output[-2000:]
+    # each shard's direct data path served both workers and refused no one
+    per_shard = json.loads((out / "summary.json").read_text())["per_shard"]
+    assert per_shard and all(s["channel"] == {"connections": 2, "refused": 0}
+                             for s in per_shard), per_shard
     outside = {k: v for k, v in listening.items() if not is_loopback(k[1])}
     assert outside == {}, f"listening beyond loopback: {outside}"
     by_name: dict[str, int] = {}

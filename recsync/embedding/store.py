@@ -18,6 +18,7 @@ and ``initialized`` then index slots, and snapshots add each saved slot's id (``
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ class EmbeddingStore:
                                         initial_rows=initial_rows)
                         for i, t in enumerate(tables) if t.dynamic is not None}
         # a fixed table's weights, state and flags are views of one storage per row width,
-        # so that a pull reads every table of one width in one gather (pull_tables)
+        # so that a pull reads every table of one width in one gather (pull_arrays)
         self._widths: dict[int, _Width] = {}
         for t, (n, spec) in enumerate(zip(local_rows, tables)):
             if t not in self.dynamic:
@@ -107,14 +108,14 @@ class EmbeddingStore:
         from their one storage: per-table op overhead was most of a small pull's time."""
         out: list[np.ndarray | None] = [None] * len(ids)
         for t in self.dynamic:  # (a table with no id here: nothing to read, nothing touched)
-            out[t] = (self.pull(t, torch.from_numpy(_writable_copy(ids[t])), admit=admit).numpy()
+            out[t] = (self.pull(t, read_only_tensor(ids[t]), admit=admit).numpy()
                       if len(ids[t]) else np.empty((0, self.tables[t].dim), np.float32))
         for width in self._widths.values():
             parts = [ids[t] for t in width.numbers]
             flat, bounds = width.rows_of(parts, self.num_shards)
             if not width.initialized_np.take(flat).all():
                 for t, i in zip(width.numbers, parts):  # once per row, off the steady state
-                    self._ensure_initialized(t, torch.from_numpy(_writable_copy(i)))
+                    self._ensure_initialized(t, read_only_tensor(i))
             # numpy's take: a third faster than index_select on rows scattered over GBs
             rows = width.weights_np.take(flat, axis=0)
             for t, start, end in zip(width.numbers, bounds, bounds[1:]):
@@ -145,17 +146,14 @@ class EmbeddingStore:
                     lr_scale: float = 1.0) -> None:
         """``push`` of every table t with ``ids[t]``, ``grads[t]`` (empty: none), the fixed
         tables of one row width updated together (``apply_to_tables``)."""
-        by_dim: dict[int, list[tuple]] = {}
-        for table, (i, g) in enumerate(zip(ids, grads)):
-            if not len(i):
-                continue
-            if table in self.dynamic:
-                self.push(table, i, g, lr_scale)
-                continue
-            by_dim.setdefault(self.tables[table].dim, []).append(
-                (self.weights[table], self.state[table], self._writable(table, i), g))
-        for parts in by_dim.values():
-            self.optimizer.apply_to_tables(parts, lr_scale)
+        for t in self.dynamic:
+            if len(ids[t]):
+                self.push(t, ids[t], grads[t], lr_scale)
+        for width in self._widths.values():
+            parts = [(self.weights[t], self.state[t], self._writable(t, ids[t]), grads[t])
+                     for t in width.numbers if len(ids[t])]
+            if parts:
+                self.optimizer.apply_to_tables(parts, lr_scale)
 
     def snapshot(self, rows: list[torch.Tensor] | None = None, *,
                  checkpoint: bool = True) -> dict[str, np.ndarray]:
@@ -274,38 +272,44 @@ class EmbeddingStore:
         return local
 
 
-def _writable_copy(a: np.ndarray) -> np.ndarray:
-    """``a``, copied if read-only (torch warns on a tensor over read-only memory)."""
-    return a if a.flags.writeable else a.copy()
+def read_only_tensor(a: np.ndarray) -> torch.Tensor:
+    """A tensor over ``a`` without a copy, also when ``a`` is read-only (Ray hands arguments
+    over in read-only shared memory): only for arrays nothing writes to, a call's row ids and
+    a push's gradients (the store reads them; a write would fail). Saves a copy of every push's
+    gradients (3.4 MB at 2,048 ids per table on 26 tables)."""
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    with warnings.catch_warnings():  # torch warns that writing to it would be undefined
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
 
 
 class _Width:
     """The fixed tables of one row width: one storage each for their rows, optimizer state
-    and initialised flags, table t's rows at ``base[t]`` onwards."""
+    and initialised flags; table ``numbers[k]`` holds ``sizes[k]`` rows from ``starts[k]``."""
 
     def __init__(self, dim: int):
         self.dim = dim
         self.numbers: list[int] = []  # table numbers, in order
-        self.base: dict[int, int] = {}
-        self.rows = 0
+        self._rows: list[int] = []  # each one's local rows
 
     def add(self, table: int, rows: int) -> None:
         self.numbers.append(table)
-        self.base[table] = self.rows
-        self.rows += rows
+        self._rows.append(rows)
 
     def allocate(self, state_dim: int) -> dict[int, tuple[torch.Tensor, ...]]:
         """Allocate the storages (``torch.empty``: untouched pages take no memory); per table,
         its (weights, state, initialized) views."""
-        self.weights = torch.empty(self.rows, self.dim)
-        self.state = torch.empty(self.rows, state_dim)
-        self.initialized = torch.zeros(self.rows, dtype=torch.bool)
+        total = sum(self._rows)
+        self.weights = torch.empty(total, self.dim)
+        self.initialized = torch.zeros(total, dtype=torch.bool)
+        state = torch.empty(total, state_dim)
         self.weights_np, self.initialized_np = self.weights.numpy(), self.initialized.numpy()
-        self.starts = np.array([self.base[t] for t in self.numbers], dtype=np.int64)
-        ends = [*self.starts[1:], self.rows]
-        self.sizes = (ends - self.starts).astype(np.uint64)  # each table's local rows
-        return {t: tuple(x[start:end] for x in (self.weights, self.state, self.initialized))
-                for t, start, end in zip(self.numbers, self.starts, ends)}
+        starts = [0, *itertools.accumulate(self._rows)][:-1]
+        self.starts = np.array(starts, dtype=np.int64)
+        self.sizes = np.array(self._rows, dtype=np.uint64)
+        return {t: tuple(x[start:start + n] for x in (self.weights, state, self.initialized))
+                for t, start, n in zip(self.numbers, starts, self._rows)}
 
     def rows_of(self, parts: list[np.ndarray], num_shards: int) -> tuple[np.ndarray, list]:
         """Indices into the storages of the global ids of each of this width's tables

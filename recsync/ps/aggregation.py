@@ -15,7 +15,6 @@ than a fresh one; a dropped gradient is never added.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,18 +49,6 @@ class StalenessDecay:
 def as_tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor over ``a``; arrays Ray hands over are read-only, so those are copied."""
     return torch.from_numpy(a if a.flags.writeable else a.copy())
-
-
-def read_only_tensor(a: np.ndarray) -> torch.Tensor:
-    """A tensor over ``a`` without a copy, also when ``a`` is read-only (Ray hands arguments
-    over in read-only shared memory): only for arrays nothing writes to, a push's row ids and
-    gradients (the store reads them; a write would fail). Saves a copy of every push's
-    gradients (3.4 MB at 2,048 ids per table on 26 tables)."""
-    if a.flags.writeable:
-        return torch.from_numpy(a)
-    with warnings.catch_warnings():  # torch warns that writing to it would be undefined
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(a)
 
 
 class GradientBuffer:

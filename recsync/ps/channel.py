@@ -63,13 +63,12 @@ def send_parts(sock: socket.socket, parts: list) -> None:
     send_some(sock, [memoryview(p).cast("B") for p in parts if len(p)])
 
 
-def send_some(sock: socket.socket, views: list[memoryview], flags: int = 0) -> list:
+def send_some(sock: socket.socket, views: list[memoryview]) -> list:
     """Send ``views`` (sendmsg may send less than asked); what is left unsent, which is
-    nothing unless the socket's buffer filled up and it does not block (or ``flags`` has
-    MSG_DONTWAIT)."""
+    nothing unless the socket does not block and its buffer filled up."""
     while views:
         try:
-            sent = sock.sendmsg(views[:IOV_MAX], [], flags)
+            sent = sock.sendmsg(views[:IOV_MAX])
         except BlockingIOError:
             return views
         while sent and views:

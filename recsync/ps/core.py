@@ -20,9 +20,9 @@ import torch
 
 from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.spec import TableSpec
-from recsync.embedding.store import EmbeddingStore
+from recsync.embedding.store import EmbeddingStore, read_only_tensor
 from recsync.model.optim import dense_step, make_dense_optimizer
-from recsync.ps.aggregation import GradientBuffer, as_tensor, read_only_tensor
+from recsync.ps.aggregation import GradientBuffer, as_tensor
 
 
 class DenseState:

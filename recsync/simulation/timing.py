@@ -3,10 +3,11 @@ is, and what a message and a shard's work take. Plain data and arithmetic, no cl
 
 Defaults are measurements of this project's `recsync bench ps` (one PS shard on a 2-core VM),
 for the transport of the config (``cluster.transport``, ``Timing.on``). The direct path (the
-default; docs/benchmarks/2026-11-27-ps-direct.md): a pull of no ids took 0.50 ms there and back;
-a pull of 6,656 rows 1.71 ms and of 53,248 rows 5.33 ms, a push 2.79 and 11.23 ms (row-wise
-Adagrad). Ray actor calls (docs/benchmarks/2026-11-26-ps.md): a call without arrays 1.07 ms;
-a pull 4.82 and 12.92 ms, a push 6.67 and 19.09 ms, with Ray's object store. A line through the
+default; docs/benchmarks/2026-11-27-ps-direct.md, run ps3 of the evening): a pull of no ids
+took 0.42 ms there and back; a pull of 6,656 rows 0.98 ms and of 53,248 rows 3.07 ms, a push
+2.37 and 9.23 ms (row-wise Adagrad). Ray actor calls (docs/benchmarks/2026-11-26-ps.md): a
+call without arrays 1.07 ms; a pull 4.82 and 12.92 ms, a push 6.67 and 19.09 ms, with Ray's
+object store. A line through the
 two sizes gives each call a fixed cost (the handling of a call in the shard's process:
 arguments, answer, event loop, ShardCore's per-call work; less the round trip of a call without
 arrays, modelled as latency) and a cost per row. With Ray's calls a shard's time is mostly the

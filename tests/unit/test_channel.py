@@ -1,6 +1,6 @@
-"""The shards' direct data path (ps/channel.py, ps/channel_server.py): messages, answers, errors, the key, and what a
-client sees when the shard's process goes away. A real server on loopback, with its handlers on
-an asyncio loop in a thread as in a PSShard actor; no Ray."""
+"""The shards' direct data path (ps/channel.py, ps/channel_server.py): messages, answers,
+errors, the key, and what a client sees when the shard's process goes away. A real server on
+loopback, with its handlers on an asyncio loop in a thread as in a PSShard actor; no Ray."""
 
 from __future__ import annotations
 

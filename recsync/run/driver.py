@@ -35,6 +35,8 @@ from recsync.run.warm_start import load_warm_start
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS, "tb",
              "model", "scale.jsonl")
 
+TEMP_WRITER_WAIT_S = 10  # a run that ended otherwise: how long its killed writers may take to exit
+
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
     """Refuse to mix a new run into an earlier one's outputs, unless told to replace them, or
@@ -144,7 +146,8 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
         record = result.get("record") or record or RunRecord(start=started)
         if status == "completed" and cfg.output.save_model:
             result["model_dir"] = _save_model(cfg, ds, out, result, record)
-        remove_temp_files(out, checkpoint_root(cfg, out) if cfg.distributed else None)
+        remove_temp_files(out, checkpoint_root(cfg, out) if cfg.distributed else None,
+                          wait_s=0.0 if status == "completed" else TEMP_WRITER_WAIT_S)
         result["predictions"] = save_predictions(out, result)  # the arrays leave the result
         summary = build_summary(cfg, ds, record, result, status, cause)
         write_outputs(cfg, out, summary)

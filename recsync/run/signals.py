@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -186,18 +187,24 @@ def check_loss(loss: float | None, *, step: int, mode: str, who: str) -> None:
                             f"train.embedding_lr) or the data holds NaN or inf")
 
 
-def remove_temp_files(out: Path, checkpoints: Path | None) -> list[Path]:
+def remove_temp_files(out: Path, checkpoints: Path | None, wait_s: float = 0.0) -> list[Path]:
     """Remove what unfinished atomic writes of this run left: ``NAME.json.tmp`` in ``out``,
     a model directory being built there (``.model.tmp-PID``, model_dir/write.py) whose writer
     is gone, and ``.NAME.tmp-PID`` under ``checkpoints`` whose writer (PID) is gone (a
-    checkpoint directory may be shared with a live run). Returns the files removed."""
+    checkpoint directory may be shared with a live run). ``wait_s``: how long a writer that
+    still runs is waited for (a run that failed: its killed actors' processes may take a moment
+    to exit after Ray reports them dead). Returns the files removed."""
     found = list(Path(out).glob("*.json.tmp")) if Path(out).is_dir() else []
     if Path(out).is_dir():
         for p in Path(out).glob(".model.tmp-*"):
             if p.is_dir() and not _alive(p):
                 shutil.rmtree(p, ignore_errors=True)
     if checkpoints is not None and Path(checkpoints).is_dir():
-        found += [p for p in Path(checkpoints).rglob(".*.tmp-*") if not _alive(p)]
+        temps = list(Path(checkpoints).rglob(".*.tmp-*"))
+        deadline = time.monotonic() + wait_s
+        while any(_alive(p) for p in temps) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        found += [p for p in temps if not _alive(p)]
     removed = []
     for p in found:
         with contextlib.suppress(OSError):
@@ -225,4 +232,14 @@ def pid_alive(pid: int) -> bool:
         return False
     except (OSError, OverflowError):  # PermissionError: it runs, as another user
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits for its parent to reap it (Linux; it writes no
+    more, though signals still reach it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].startswith("Z")

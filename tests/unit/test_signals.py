@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -104,6 +106,23 @@ def test_temporary_files_of_unfinished_writes_are_removed_and_nothing_else(tmp_p
     assert sorted(remove_temp_files(tmp_path, tmp_path / "checkpoints")) == sorted(tmp)
     assert all(p.exists() for p in keep) and not any(p.exists() for p in tmp)
 
+
+
+def test_a_killed_writers_temporary_file_is_removed_once_it_has_exited(tmp_path):
+    """A failed run's shard, killed mid-write, may outlive Ray's report of its death: the
+    driver waits for it; a process that exited but is not reaped yet (a zombie) writes no more."""
+    shard = tmp_path / "checkpoints" / "shard-1"
+    shard.mkdir(parents=True)
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    try:
+        tmp = shard / f".ckpt-000003.npz.tmp-{writer.pid}"
+        tmp.write_text("x")
+        assert remove_temp_files(tmp_path, tmp_path / "checkpoints") == []  # it still runs
+        assert remove_temp_files(tmp_path, tmp_path / "checkpoints", wait_s=30) == [tmp]
+        assert writer.poll() is not None and not tmp.exists()
+    finally:
+        writer.kill()
+        writer.wait()
 
 def test_a_user_models_broken_forward_ends_in_its_one_line_also_from_an_actor():
     from ray.exceptions import RayTaskError

@@ -5,8 +5,9 @@ Adagrad) so that the owner of the rows (a local store or a PS shard) can allocat
 restore state without knowing the rule. ``apply`` is pure arithmetic on gathered rows, easy to
 test against a hand computation; ``apply_to_table`` updates rows in place inside a whole table,
 in the cheapest way the rule allows (it must equal gather, ``apply``, scatter), and
-``apply_to_tables`` the rows of several tables of one call at once (the same result as one
-``apply_to_table`` per table: a push of 26 tables was mostly the rule's per-table op calls).
+``apply_to_rows`` the rows of several tables of one call at once, in the one storage the
+store keeps them in (the same result as one ``apply_to_table`` per table: a push of 26 tables
+was mostly the rule's per-table op calls).
 
 ``weight_decay`` is L2 on the rows an update touches, as parameter servers apply it: the
 gradient becomes grads + weight_decay * rows before the rule (rows no batch touches do not
@@ -19,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-# rows of several tables updated at once (RowAdagrad.apply_to_tables): fusing saves the rule's
-# per-table op calls, fusing more than this made a push slower (its working set leaves the
-# cache): A/B at 64 to 16,384 ids x 26 tables, 2026-11-27 (docs/benchmarks/2026-11-27-ps-direct.md)
+# rows updated at once (RowAdagrad.apply_to_rows): fusing saves the rule's per-table op
+# calls; more than this made a push slower (its working set leaves the cache): A/B at 64 to
+# 16,384 ids x 26 tables, 2026-11-27 (docs/benchmarks/2026-11-27-ps-direct.md)
 FUSED_ROWS = 16_384
 
 
@@ -51,10 +52,10 @@ class RowSGD:
             grads = decayed(grads, weights.index_select(0, local), self.weight_decay)
         weights.index_add_(0, local, grads, alpha=-self.lr * lr_scale)
 
-    def apply_to_tables(self, parts: list[tuple], lr_scale: float = 1.0) -> None:
-        """``apply_to_table`` for each (weights, state, local, grads) of ``parts``."""
-        for weights, state, local, grads in parts:
-            self.apply_to_table(weights, state, local, grads, lr_scale)
+    def apply_to_rows(self, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
+                      grads: torch.Tensor, lr_scale: float = 1.0) -> None:
+        """``apply_to_table``: a scatter-add needs no chunks."""
+        self.apply_to_table(weights, state, local, grads, lr_scale)
 
 
 @dataclass(frozen=True)
@@ -86,38 +87,14 @@ class RowAdagrad:
         weights.index_copy_(0, local, rows)
         state.index_copy_(0, local, row_state)
 
-    def apply_to_tables(self, parts: list[tuple], lr_scale: float = 1.0) -> None:
-        """``apply_to_table`` for each (weights, state, local, grads) of ``parts`` (unique
-        rows per table; tables of one row width): consecutive tables' rows gathered into one
-        tensor of at most ``FUSED_ROWS`` rows (more: table by table, as their working set then
-        leaves the cache), the rule applied once to it, each table's rows written back."""
-        groups: list[list[tuple]] = []
-        rows = FUSED_ROWS + 1  # in the last group
-        for part in parts:
-            if rows + len(part[2]) > FUSED_ROWS:
-                groups.append([])
-                rows = 0
-            groups[-1].append(part)
-            rows += len(part[2])
-        for group in groups:
-            if len(group) == 1:
-                self.apply_to_table(*group[0], lr_scale)
-            else:
-                self._apply_fused(group, lr_scale)
-
-    def _apply_fused(self, parts: list[tuple], lr_scale: float) -> None:
-        sizes = [len(i) for _, _, i, _ in parts]
-        first = parts[0]
-        rows = first[0].new_empty((sum(sizes), first[0].shape[1]))
-        row_state = first[1].new_empty((sum(sizes), first[1].shape[1]))
-        row_views, state_views = rows.split(sizes), row_state.split(sizes)
-        for (w, s, i, _), r, rs in zip(parts, row_views, state_views):  # gathered in place
-            torch.index_select(w, 0, i, out=r)
-            torch.index_select(s, 0, i, out=rs)
-        self.apply(rows, row_state, torch.cat([g for _, _, _, g in parts]), lr_scale)
-        for (w, s, i, _), r, rs in zip(parts, row_views, state_views):
-            w.index_copy_(0, i, r)
-            s.index_copy_(0, i, rs)
+    def apply_to_rows(self, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
+                      grads: torch.Tensor, lr_scale: float = 1.0) -> None:
+        """``apply_to_table`` in chunks of at most ``FUSED_ROWS`` rows (the rows of several
+        tables in their one storage: more at once was slower, as the working set then leaves
+        the cache)."""
+        for start in range(0, len(local), FUSED_ROWS):
+            self.apply_to_table(weights, state, local[start:start + FUSED_ROWS],
+                                grads[start:start + FUSED_ROWS], lr_scale)
 
 
 ROW_OPTIMIZERS = {"sgd": RowSGD, "adagrad": RowAdagrad}

@@ -144,16 +144,24 @@ class EmbeddingStore:
 
     def push_tables(self, ids: list[torch.Tensor], grads: list[torch.Tensor],
                     lr_scale: float = 1.0) -> None:
-        """``push`` of every table t with ``ids[t]``, ``grads[t]`` (empty: none), the fixed
-        tables of one row width updated together (``apply_to_tables``)."""
+        """``push`` of every table t with ``ids[t]``, ``grads[t]`` (empty: none). The fixed
+        tables of one row width are updated together in their one storage (``apply_to_rows``):
+        per-table op overhead was most of a small push's time."""
         for t in self.dynamic:
             if len(ids[t]):
                 self.push(t, ids[t], grads[t], lr_scale)
         for width in self._widths.values():
-            parts = [(self.weights[t], self.state[t], self._writable(t, ids[t]), grads[t])
-                     for t in width.numbers if len(ids[t])]
-            if parts:
-                self.optimizer.apply_to_tables(parts, lr_scale)
+            parts = [ids[t] for t in width.numbers]
+            if not any(len(i) for i in parts):
+                continue
+            flat, bounds = width.rows_of([i.numpy() for i in parts], self.num_shards)
+            if self.copying is not None or not width.initialized_np.take(flat).all():
+                for t, i in zip(width.numbers, parts):  # first touches; a copy's rows saved
+                    if len(i):
+                        self._writable(t, i)
+            self.optimizer.apply_to_rows(width.weights, width.state, torch.from_numpy(flat),
+                                         torch.cat([grads[t] for t in width.numbers]),
+                                         lr_scale)
 
     def snapshot(self, rows: list[torch.Tensor] | None = None, *,
                  checkpoint: bool = True) -> dict[str, np.ndarray]:
@@ -303,7 +311,7 @@ class _Width:
         total = sum(self._rows)
         self.weights = torch.empty(total, self.dim)
         self.initialized = torch.zeros(total, dtype=torch.bool)
-        state = torch.empty(total, state_dim)
+        self.state = state = torch.empty(total, state_dim)
         self.weights_np, self.initialized_np = self.weights.numpy(), self.initialized.numpy()
         starts = [0, *itertools.accumulate(self._rows)][:-1]
         self.starts = np.array(starts, dtype=np.int64)

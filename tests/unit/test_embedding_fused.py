@@ -35,13 +35,14 @@ def test_apply_to_table_equals_gather_apply_scatter(opt):
     assert torch.equal(weights[untouched], w2[untouched])
 
 
-@pytest.mark.parametrize("fused_rows", [16_384, 4])  # 4: groups of one and of two tables
+@pytest.mark.parametrize("fused_rows", [16_384, 4])  # 4: a width's rows in chunks
 @pytest.mark.parametrize("opt", [RowSGD(lr=0.3, weight_decay=0.01),
                                  RowAdagrad(lr=0.3, weight_decay=0.01)])
 def test_a_push_of_all_tables_at_once_equals_one_push_per_table(opt, fused_rows, monkeypatch):
-    """push_tables (a shard's push: the tables of one row width updated together) leaves every
-    table as a push per table does, with tables of two widths, an empty one, rows touched for
-    the first time and a checkpoint copy in progress (the rows it still needs saved first)."""
+    """push_tables (a shard's push: the tables of one row width updated together in their one
+    storage) leaves every table as a push per table does, with tables of two widths, an empty
+    one, rows touched for the first time and a checkpoint copy in progress (the rows it still
+    needs saved first)."""
     import recsync.embedding.row_optim as row_optim
     monkeypatch.setattr(row_optim, "FUSED_ROWS", fused_rows)
     tables = [TableSpec("a", 30, 4), TableSpec("b", 20, 8), TableSpec("c", 25, 4),

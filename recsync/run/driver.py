@@ -28,14 +28,13 @@ from recsync.run.predictions import FILE as PREDICTIONS
 from recsync.run.predictions import save_predictions
 from recsync.run.preflight import preflight
 from recsync.run.record import RunRecord
-from recsync.run.signals import catch_signals, ending, keep_signals_from_ray, remove_temp_files
+from recsync.run.signals import (KILLED_WRITER_WAIT_S, catch_signals, ending,
+                                 keep_signals_from_ray, remove_temp_files)
 from recsync.run.summary import build_summary
 from recsync.run.warm_start import load_warm_start
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "training.png", PREDICTIONS, "tb",
              "model", "scale.jsonl")
-
-TEMP_WRITER_WAIT_S = 10  # a run that ended otherwise: how long its killed writers may take to exit
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
@@ -147,7 +146,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
         if status == "completed" and cfg.output.save_model:
             result["model_dir"] = _save_model(cfg, ds, out, result, record)
         remove_temp_files(out, checkpoint_root(cfg, out) if cfg.distributed else None,
-                          wait_s=0.0 if status == "completed" else TEMP_WRITER_WAIT_S)
+                          wait_s=0.0 if status == "completed" else KILLED_WRITER_WAIT_S)
         result["predictions"] = save_predictions(out, result)  # the arrays leave the result
         summary = build_summary(cfg, ds, record, result, status, cause)
         write_outputs(cfg, out, summary)

@@ -187,6 +187,10 @@ def check_loss(loss: float | None, *, step: int, mode: str, who: str) -> None:
                             f"train.embedding_lr) or the data holds NaN or inf")
 
 
+# a run that did not complete: how long its actors, killed, may take to exit (remove_temp_files)
+KILLED_WRITER_WAIT_S = 10
+
+
 def remove_temp_files(out: Path, checkpoints: Path | None, wait_s: float = 0.0) -> list[Path]:
     """Remove what unfinished atomic writes of this run left: ``NAME.json.tmp`` in ``out``,
     a model directory being built there (``.model.tmp-PID``, model_dir/write.py) whose writer

@@ -154,7 +154,7 @@ class EmbeddingStore:
             parts = [ids[t] for t in width.numbers]
             if not any(len(i) for i in parts):
                 continue
-            flat, bounds = width.rows_of([i.numpy() for i in parts], self.num_shards)
+            flat, _ = width.rows_of([i.numpy() for i in parts], self.num_shards)
             if self.copying is not None or not width.initialized_np.take(flat).all():
                 for t, i in zip(width.numbers, parts):  # first touches; a copy's rows saved
                     if len(i):

@@ -104,10 +104,16 @@ def test_a_pull_of_all_tables_at_once_equals_one_pull_per_table(shard, shards):
     assert torch.equal(again[0], fused.pull(0, pull_ids[0])) and not (again[0] == 9.0).any()
 
 
-def test_a_pull_of_all_tables_refuses_an_id_outside_its_table():
-    """An id beyond its table must not read the next table's rows of the shared storage."""
+def test_a_call_of_all_tables_refuses_an_id_outside_its_table():
+    """An id beyond its table must not read, nor write, the next table's rows of the shared
+    storage: a pull and a push are refused whole, naming the table."""
     s = EmbeddingStore([TableSpec("a", 10, 4), TableSpec("b", 10, 4)], RowSGD(lr=0.1))
     with pytest.raises(IndexError, match="table 0"):
         s.pull_arrays([np.array([3, 10]), np.array([1])])
     with pytest.raises(IndexError, match="table 1"):
         s.pull_arrays([np.array([3]), np.array([-1])])
+    before = s.pull_arrays([np.arange(10), np.arange(10)])
+    with pytest.raises(IndexError, match="table 0"):
+        s.push_tables([ids(2, 10), ids(0)], [torch.ones(2, 4), torch.ones(1, 4)])
+    after = s.pull_arrays([np.arange(10), np.arange(10)])
+    assert all((a == b).all() for a, b in zip(before, after))

@@ -3,9 +3,9 @@ is, and what a message and a shard's work take. Plain data and arithmetic, no cl
 
 Defaults are measurements of this project's `recsync bench ps` (one PS shard on a 2-core VM),
 for the transport of the config (``cluster.transport``, ``Timing.on``). The direct path (the
-default; docs/benchmarks/2026-11-27-ps-direct.md, run ps3 of the evening): a pull of no ids
-took 0.42 ms there and back; a pull of 6,656 rows 0.98 ms and of 53,248 rows 3.07 ms, a push
-2.37 and 9.23 ms (row-wise Adagrad). Ray actor calls (docs/benchmarks/2026-11-26-ps.md): a
+default; docs/benchmarks/2026-11-27-night.md, run ps3 of the night): a pull of no ids took
+0.42 ms there and back; a pull of 6,656 rows 1.05 ms and of 53,248 rows 3.40 ms, a push 1.77
+and 8.42 ms (row-wise Adagrad, a push's tables in their one storage). Ray actor calls (docs/benchmarks/2026-11-26-ps.md): a
 call without arrays 1.07 ms; a pull 4.82 and 12.92 ms, a push 6.67 and 19.09 ms, with Ray's
 object store. A line through the
 two sizes gives each call a fixed cost (the handling of a call in the shard's process:
@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 
 # bench ps: (a call without rows' round trip s, (rows per call, s) of a pull and of a push at 256
-# and 2,048 ids x 26 tables), per transport (docs/benchmarks/2026-11-27-ps-direct.md: "direct"
-# from the evening's run ps3, "ray" from 2026-11-26)
+# and 2,048 ids x 26 tables), per transport ("direct" from the night's run ps3 at 9e1b474,
+# docs/benchmarks/2026-11-27-night.md; "ray" from 2026-11-26)
 MEASURED_CALLS = {
-    "direct": (0.4166e-3, ((6_656, 0.976e-3), (53_248, 3.070e-3)),
-               ((6_656, 2.372e-3), (53_248, 9.228e-3))),
+    "direct": (0.4204e-3, ((6_656, 1.048e-3), (53_248, 3.404e-3)),
+               ((6_656, 1.768e-3), (53_248, 8.415e-3))),
     "ray": (1.072e-3, ((6_656, 4.82e-3), (53_248, 12.92e-3)),
             ((6_656, 6.67e-3), (53_248, 19.09e-3))),
 }
@@ -54,7 +54,7 @@ def call_costs(transport: str) -> dict[str, float]:
             "push_s_per_row": push_s_per_row}
 
 
-DIRECT = call_costs("direct")  # pull 0.26 ms + 0.045 us/row, push 0.98 ms + 0.147 us/row
+DIRECT = call_costs("direct")  # pull 0.29 ms + 0.051 us/row, push 0.40 ms + 0.143 us/row
 RAY = call_costs("ray")  # pull 2.59 ms + 0.174 us/row, push 3.83 ms + 0.267 us/row
 BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 # A gloo all-reduce of the 1.9 MB dense vector between two processes took 2.3 ms

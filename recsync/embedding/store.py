@@ -311,12 +311,12 @@ class _Width:
         total = sum(self._rows)
         self.weights = torch.empty(total, self.dim)
         self.initialized = torch.zeros(total, dtype=torch.bool)
-        self.state = state = torch.empty(total, state_dim)
+        self.state = torch.empty(total, state_dim)
         self.weights_np, self.initialized_np = self.weights.numpy(), self.initialized.numpy()
         starts = [0, *itertools.accumulate(self._rows)][:-1]
         self.starts = np.array(starts, dtype=np.int64)
         self.sizes = np.array(self._rows, dtype=np.uint64)
-        return {t: tuple(x[start:start + n] for x in (self.weights, state, self.initialized))
+        return {t: tuple(x[start:start + n] for x in (self.weights, self.state, self.initialized))
                 for t, start, n in zip(self.numbers, starts, self._rows)}
 
     def rows_of(self, parts: list[np.ndarray], num_shards: int) -> tuple[np.ndarray, list]:

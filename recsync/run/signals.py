@@ -242,8 +242,8 @@ def pid_alive(pid: int) -> bool:
 def _zombie(pid: int) -> bool:
     """Whether ``pid`` has exited and waits for its parent to reap it (Linux; it writes no
     more, though signals still reach it)."""
-    try:
+    try:  # "PID (NAME) STATE ...": NAME may hold spaces and parentheses
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return stat[stat.rindex(")") + 2:].startswith("Z")
+    except (OSError, ValueError):  # gone meanwhile, or no /proc: not known to be a zombie
         return False
-    return stat[stat.rindex(")") + 2:].startswith("Z")

@@ -5,9 +5,9 @@ Defaults are measurements of this project's `recsync bench ps` (one PS shard on 
 for the transport of the config (``cluster.transport``, ``Timing.on``). The direct path (the
 default; docs/benchmarks/2026-11-27-night.md, run ps3 of the night): a pull of no ids took
 0.42 ms there and back; a pull of 6,656 rows 1.05 ms and of 53,248 rows 3.40 ms, a push 1.77
-and 8.42 ms (row-wise Adagrad, a push's tables in their one storage). Ray actor calls (docs/benchmarks/2026-11-26-ps.md): a
-call without arrays 1.07 ms; a pull 4.82 and 12.92 ms, a push 6.67 and 19.09 ms, with Ray's
-object store. A line through the
+and 8.42 ms (row-wise Adagrad, a push's tables in their one storage). Ray actor calls
+(docs/benchmarks/2026-11-26-ps.md): a call without arrays 1.07 ms; a pull 4.82 and 12.92 ms, a
+push 6.67 and 19.09 ms, with Ray's object store. A line through the
 two sizes gives each call a fixed cost (the handling of a call in the shard's process:
 arguments, answer, event loop, ShardCore's per-call work; less the round trip of a call without
 arrays, modelled as latency) and a cost per row. With Ray's calls a shard's time is mostly the

@@ -33,6 +33,7 @@ Ratios (the names the issue's checks read): ``validation_speed_error_max`` (the 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -170,6 +171,31 @@ def real_compute_s(arm: dict) -> float:
     return statistics.median(values)
 
 
+def real_jitter(arms: list[dict]) -> float:
+    """Timing.jitter measured on real runs of one worker: the spread of the log of a step's
+    time. A metrics line holds the mean of its interval's k steps, whose log (steps drawn
+    independently) varies by about jitter / sqrt(k) around the run's mean, so per run jitter^2
+    is sum k (log mean - its k-weighted mean)^2 / (lines - 1), over the lines after the first
+    two with steps (the warm-up) and before the last (a partial interval); the median over the
+    runs (0 without 3 such lines). A drift of the whole machine counts as jitter here."""
+    sigmas = []
+    for arm in arms:
+        lines = read_jsonl(Path(arm["out_dir"]) / "metrics.jsonl")
+        points, before = [], None
+        for x in lines:
+            step_s = (x.get("worker_step_s") or [None])[0]
+            if before is not None and step_s and x.get("step", 0) > before:
+                points.append((x["step"] - before, math.log(step_s)))
+            before = x.get("step")
+        points = points[2:-1]
+        if len(points) < 3:
+            continue
+        mean = sum(k * v for k, v in points) / sum(k for k, _ in points)
+        sigmas.append(math.sqrt(sum(k * (v - mean) ** 2 for k, v in points)
+                                / (len(points) - 1)))
+    return statistics.median(sigmas) if sigmas else 0.0
+
+
 def worker_sides(cfg: RunConfig, ds) -> dict:
     """A worker's CPU per step before and after its compute in ``cfg``'s mode, measured here
     (one core): Timing's pull_side_s and push_side_s."""
@@ -188,7 +214,10 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
                                          "emulation.cores_per_shard": CORES_PER_SHARD})
             for n in (1, *VALIDATION_WORKERS) for m in VALIDATION_MODES}
     runs = sd.seeded_runs(list(real), real.__getitem__, out, seeds)
-    shard_time = emulated_shard_time()
+    # the real steps' spread from one worker's runs: equal workers then drift apart as real
+    # ones do (gba's and async's staleness; sync's wait for the slowest)
+    shard_time = replace(emulated_shard_time(), jitter=real_jitter(
+        [r for m in VALIDATION_MODES for r in runs[f"real_{m}_1"]]))
     calibration = {m: calibrate(data, m, runs[f"real_{m}_1"], shard_time,
                                 out / "calibration" / m) for m in VALIDATION_MODES}
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
@@ -249,6 +278,7 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     return {"real_step_s": real_step, "sim_step_s_without_overhead": sim_step,
             "calibration_rounds": list(zip(tried, fitted)), "compute_s": timing.compute_s,
             "overhead_s": overhead, "pull_side_share_measured_here": share,
+            "jitter": timing.jitter,
             "sides": sides(overhead)}
 
 
@@ -336,7 +366,8 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
             "Calibration on one worker (seconds per step)": [
                 [m, c["overhead_s"], f"real EMULATED step {c['real_step_s']:.4f} s, simulated "
                  f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
-                 f"{c['compute_s']:.4f} s (the real run's)"] for m, c in calibration.items()],
+                 f"{c['compute_s']:.4f} s (the real run's); jitter {c['jitter']:.3f} (the "
+                 f"real runs' of one worker, every mode)"] for m, c in calibration.items()],
             "AUC differences at scale, paired by seed (mean, 95% t-interval)": [
                 sd.difference_row("gba_minus_sync_auc_128", gba_sync)],
             **shadow.tables(shadow_arms, shadow_figures),

@@ -5,6 +5,7 @@ simulations given the real runs' compute per step."""
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -17,11 +18,31 @@ REAL_SPEED = 1000.0
 COMPUTE_S = 0.05
 
 
-def _metrics(out_dir, speed: float) -> None:
+def _metrics(out_dir, speed: float, log_steps=None) -> None:
+    """Lines of 4 steps each whose mean step time is 0.1 s x exp(``log_steps[i]``) (none
+    without ``log_steps``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"time_s": i, "samples": int(speed * i), "loss": 0.5,
-                    "worker_compute_s": [COMPUTE_S, COMPUTE_S]}) + "\n" for i in range(1, 40)))
+        json.dumps({"time_s": i, "samples": int(speed * i), "loss": 0.5, "step": 4 * i,
+                    "worker_compute_s": [COMPUTE_S, COMPUTE_S],
+                    **({"worker_step_s": [0.1 * math.exp(log_steps[i % len(log_steps)])]}
+                       if log_steps else {})}) + "\n" for i in range(1, 40)))
+
+
+def test_the_jitter_of_real_steps_is_read_from_the_means_of_their_metrics_lines(tmp_path):
+    """A line's mean of k steps varies by jitter / sqrt(k): lines of 4 steps whose log means
+    are +-0.05 give a jitter of about 0.05 x sqrt(4); steady lines give none; the median over
+    the runs, and a run with too few lines left out."""
+    _metrics(tmp_path / "a", 1000.0, [0.05, -0.05])
+    _metrics(tmp_path / "b", 1000.0, [0.0])
+    runs = [{"out_dir": str(tmp_path / n)} for n in ("a", "b")]
+    assert scenario.real_jitter(runs[:1]) == pytest.approx(0.1, rel=0.05)
+    assert scenario.real_jitter(runs[1:]) == pytest.approx(0.0, abs=1e-9)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "metrics.jsonl").write_text("")
+    runs.append({"out_dir": str(tmp_path / "c")})
+    assert scenario.real_jitter(runs + runs[:1]) == pytest.approx(0.1, rel=0.05)
+    assert scenario.real_jitter(runs[2:]) == 0.0
 
 
 def _summary(cfg, name: str, speed: float) -> dict:
@@ -38,7 +59,7 @@ def _summary(cfg, name: str, speed: float) -> dict:
 
 def fake_real(cfg, out_dir, name):
     assert cfg.emulation.cores_per_worker == scenario.CORES_PER_WORKER
-    _metrics(out_dir, REAL_SPEED)
+    _metrics(out_dir, REAL_SPEED, [0.05, -0.05])  # a jitter of 0.1
     return {**_summary(cfg, name, REAL_SPEED), "first_step_done_s": 1.0, "window_s": 30.0,
             "worker_step_s_median": 0.1, "memory": None, "cpu": None,
             "out_dir": str(out_dir)}
@@ -113,6 +134,9 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     assert {(m, n) for m, n, _ in small} == {(m, n) for m in scenario.VALIDATION_MODES
                                             for n in scenario.VALIDATION_WORKERS}
     assert all(t.compute_s == COMPUTE_S for _, _, t in small)
+    # the real one-worker runs' jitter, in the calibration and the validation's simulations
+    assert all(t.jitter == pytest.approx(0.1, rel=0.05) for _, t in calibrations)
+    assert all(t.jitter == pytest.approx(0.1, rel=0.05) for _, _, t in small)
     # the overhead fitted on one worker: the real step (batch / 1000 samples/s) against the
     # simulated one without overhead (batch / 1100); the fake hides half of it behind waits,
     # so the fit charges twice the difference
@@ -125,7 +149,7 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
                and t.paced for _, _, t in small)
     scaled = [t for _, n, t in others if n not in (1, *scenario.VALIDATION_WORKERS)]
     assert scaled and all(t.compute_s == 0.02 and (t.pull_side_s, t.push_side_s)
-                          == (0.001, 0.003) for t in scaled)
+                          == (0.001, 0.003) and t.jitter == 0.0 for t in scaled)
     # shadow's arms: the costs measured here; half of the throughput arms with free shards
     assert all(t.compute_s == 0.02 and (t.pull_side_s, t.push_side_s) == (0.001, 0.003)
                for _, _, t in shadow)

@@ -13,8 +13,10 @@ its overhead), so that 2 and 4 workers test the rest of the model: contention at
 the barrier, the event order. The fitted time is split between before and after the compute
 (``pull_side_s``, ``push_side_s``) as the worker's CPU is split in this process (measured),
 and paced as the EMULATED worker paces it (``Timing.paced``: its waits count toward it), so it
-is fitted again by a few one-worker simulations (``CALIBRATION_ROUNDS``).
-Compared: the samples/s after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
+is fitted again by a few one-worker simulations (``CALIBRATION_ROUNDS``). The real steps'
+variation, measured on the same one-worker runs (``real_jitter``), is the simulated workers'
+``Timing.jitter``: equal workers then drift apart as real ones do. Compared: the samples/s
+after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
 staleness, and the eval AUC against the real runs' spread over seeds.
 
 Scale (simulated only): sync, gba and async at ``SCALE_WORKERS`` workers, with 10% stragglers

@@ -42,12 +42,14 @@ SCENARIOS = {
                  "trainers",
     "simulated_shadow": "scenario simulated's shadow part alone: SIMULATED shadow throughput "
                         "at 1-64 trainers, S-* against FR-* at 64",
+    "simulated_validation": "scenario simulated's validation alone: the SIMULATED cluster "
+                            "against the EMULATED runtime at 2 and 4 workers",
 }
 
 
 # Scenarios whose arms run once per seed (``--seeds``; recsync/bench/seeds.py).
 SEEDED = ("stragglers", "switching", "shadow", "eager", "peers", "dense", "dynamic",
-          "simulated", "simulated_shadow")
+          "simulated", "simulated_shadow", "simulated_validation")
 
 
 def run_scenario(name: str, out: Path, scale: float = 1.0, seeds: int | None = None) -> dict:

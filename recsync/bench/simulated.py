@@ -245,6 +245,33 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
     return arms, compared, calibration
 
 
+def validation_ratios(compared: dict) -> dict:
+    """The validation's ratios: the largest |simulated / real samples/s - 1| and |staleness
+    difference| over its cells."""
+    return {"validation_speed_error_max": max(abs(c["speed_error"]) for c in compared.values()),
+            "validation_staleness_difference_max": max(abs(c["staleness_difference"])
+                                                       for c in compared.values())}
+
+
+def validation_tables(compared: dict, calibration: dict) -> dict:
+    """The report's tables of the validation: each cell, and the calibration on one worker."""
+    return {
+        "Validation: SIMULATED against the EMULATED runtime": [
+            [cell, c["speed_error"],
+             f"samples/s real {c['real_samples_per_s']:,.0f}, simulated "
+             f"{c['sim_samples_per_s']:,.0f}; staleness mean real "
+             f"{c['real_staleness_mean']:.2f}, simulated {c['sim_staleness_mean']:.2f}; "
+             f"AUC real {c['real_auc']['mean']:.4f} (sd "
+             f"{c['real_auc']['sd'] or 0:.4f}), simulated {c['sim_auc']['mean']:.4f}"]
+            for cell, c in compared.items()],
+        "Calibration on one worker (seconds per step)": [
+            [m, c["overhead_s"], f"real EMULATED step {c['real_step_s']:.4f} s, simulated "
+             f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
+             f"{c['compute_s']:.4f} s (the real run's); jitter {c['jitter']:.3f} (the "
+             f"real runs' of one worker, every mode)"] for m, c in calibration.items()],
+    }
+
+
 def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
               out: Path) -> dict:
     """The model of time fitted on one worker: the real EMULATED run's step time (batch /
@@ -320,9 +347,7 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
     arms = {**valid_arms, **scale_arms, **shadow_arms}
     gba_sync = sd.auc_difference(scale_arms, "gba_128", "sync_128")
     ratios = {
-        "validation_speed_error_max": max(abs(c["speed_error"]) for c in compared.values()),
-        "validation_staleness_difference_max": max(abs(c["staleness_difference"])
-                                                   for c in compared.values()),
+        **validation_ratios(compared),
         "gba_vs_sync_speed_128": (scale_arms["gba_128"]["samples_per_s"]
                                   / scale_arms["sync_128"]["samples_per_s"]),
         "gba_minus_sync_auc_128": gba_sync["mean"],
@@ -357,19 +382,7 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
         "seeds": seeds,
         "wall_s": wall_s,
         "tables": {
-            "Validation: SIMULATED against the EMULATED runtime": [
-                [cell, c["speed_error"],
-                 f"samples/s real {c['real_samples_per_s']:,.0f}, simulated "
-                 f"{c['sim_samples_per_s']:,.0f}; staleness mean real "
-                 f"{c['real_staleness_mean']:.2f}, simulated {c['sim_staleness_mean']:.2f}; "
-                 f"AUC real {c['real_auc']['mean']:.4f} (sd "
-                 f"{c['real_auc']['sd'] or 0:.4f}), simulated {c['sim_auc']['mean']:.4f}"]
-                for cell, c in compared.items()],
-            "Calibration on one worker (seconds per step)": [
-                [m, c["overhead_s"], f"real EMULATED step {c['real_step_s']:.4f} s, simulated "
-                 f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
-                 f"{c['compute_s']:.4f} s (the real run's); jitter {c['jitter']:.3f} (the "
-                 f"real runs' of one worker, every mode)"] for m, c in calibration.items()],
+            **validation_tables(compared, calibration),
             "AUC differences at scale, paired by seed (mean, 95% t-interval)": [
                 sd.difference_row("gba_minus_sync_auc_128", gba_sync)],
             **shadow.tables(shadow_arms, shadow_figures),

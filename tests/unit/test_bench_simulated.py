@@ -161,6 +161,20 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     assert len(two["arms"]["gba_512"]["auc_seeds"]) == 1
 
 
+def test_the_validation_alone_gives_the_whole_scenarios_validation(fakes, tmp_path):
+    """Scenario simulated_validation: the validation's arms and ratios as `simulated` writes
+    them, without the scale arms."""
+    alone = run_scenario("simulated_validation", tmp_path / "alone", scale=1.0, seeds=1)
+    whole = run_scenario("simulated", tmp_path / "whole", scale=1.0, seeds=1)
+    assert alone["ratios"] == {k: whole["ratios"][k] for k in alone["ratios"]}
+    assert set(alone["ratios"]) == {"validation_speed_error_max",
+                                    "validation_staleness_difference_max"}
+    assert set(alone["arms"]) == {n for n in whole["arms"] if n.startswith(("real_", "sim_"))}
+    assert not any(n.endswith("_128") for n in alone["arms"])
+    written = json.loads((tmp_path / "alone" / "results.json").read_text())
+    assert written["ratios"]["validation_speed_error_max"] == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_simulations_in_parallel_come_back_in_order(processes):
     args = [(2, 3), (3, 2), (5, 1), (7, 0)]

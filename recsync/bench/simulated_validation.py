@@ -26,7 +26,7 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
             f"Scenario simulated's validation alone: modes "
             f"{', '.join(whole.VALIDATION_MODES)}, real on the EMULATED cluster "
             f"({whole.CORES_PER_WORKER} cores per worker, {whole.CORES_PER_SHARD} per shard, "
-            f"{whole.SHARDS} shards) at 1 and "
+            f"{whole.SHARDS} shards) at 1, "
             f"{' and '.join(map(str, whole.VALIDATION_WORKERS))} workers x batch "
             f"{whole.VALIDATION_BATCH}; SIMULATED at "
             f"{' and '.join(map(str, whole.VALIDATION_WORKERS))} with the real runs' compute "

@@ -120,6 +120,8 @@ class EmbeddingStore:
             rows = width.weights_np.take(flat, axis=0)
             for t, start, end in zip(width.numbers, bounds, bounds[1:]):
                 out[t] = rows[start:end]
+            if not self.dynamic and len(width.numbers) == len(ids):  # one gather, in order
+                return RowViews(out, rows, bounds)
         return out
 
     def push(self, table: int, ids: torch.Tensor, grads: torch.Tensor,
@@ -290,6 +292,20 @@ def read_only_tensor(a: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():  # torch warns that writing to it would be undefined
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(a)
+
+
+class RowViews(list):
+    """A pull's rows per table that are consecutive parts of one array, ``flat`` (one gather),
+    ``bounds`` where each begins and ends: the direct data path sends ``flat`` once
+    (ps/packing.py). Pickles (and copies) as a plain list; made from parts alone (as code that
+    rebuilds a list by its type does), it is one (``flat`` None)."""
+
+    def __init__(self, parts, flat: np.ndarray | None = None, bounds: list[int] | None = None):
+        super().__init__(parts)
+        self.flat, self.bounds = flat, bounds
+
+    def __reduce__(self):
+        return list, (list(self),)
 
 
 class _Width:

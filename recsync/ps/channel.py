@@ -3,9 +3,11 @@ travel over a TCP connection of its own to each shard instead of as Ray actor ca
 
 Why: a Ray call to an actor costs 4-6 ms on a 2-core machine before any work is done (issue 32,
 docs/benchmarks/2026-11-26-issue32-evening.md), more than a shard's own work for a batch. Here a
-call is one message each way: a header, pickle protocol 5 with every array out of band, and the
-arrays back to back (8-byte aligned), received in place into one buffer whose views become
-the arrays: no copies on either side. Ray still places the shards, restarts them and carries
+call is one message each way: a header, pickle protocol 5 with every array out of band (a
+list of arrays joined into one, ps/packing.py), and the arrays back to back (8-byte aligned),
+received in place into one buffer whose views become the arrays: no copies on either side. A
+large answer's arrays go through shared memory instead where both ends share a machine
+(ps/channel_shm.py). Ray still places the shards, restarts them and carries
 every other call; a client learns a shard's address and key through a Ray call (``PSShard.
 channel``).
 
@@ -25,8 +27,13 @@ import threading
 
 import numpy as np
 
+from recsync.ps import channel_shm
+from recsync.ps.channel_shm import ClientSlots, Slot
+from recsync.ps.packing import pack
+
 KEY_BYTES = 32
-HEADER = struct.Struct("<QQI")  # request id, pickle bytes, out-of-band buffers
+HEADER = struct.Struct("<QQII")  # request id, pickle bytes, out-of-band buffers, their slot
+# (the number of the shared-memory slot that holds the buffers; 0: they follow in the message)
 MAX_BUFFERS = 1 << 16
 ALIGN = 8
 CONNECT_TIMEOUT_S = 30.0
@@ -42,20 +49,26 @@ class ShardCallError(RuntimeError):
 
 
 # -- the wire ------------------------------------------------------------------------------
-def encode(request_id: int, obj) -> list:
-    """The parts of one message: header, buffer lengths, pickle, the buffers padded to 8."""
+def encode(request_id: int, obj, slot: Slot | None = None) -> list:
+    """The parts of one message: header, buffer lengths, pickle, the buffers padded to 8;
+    the buffers written into ``slot`` instead where they fit and are large enough
+    (channel_shm.MIN_BYTES). Lists of arrays in ``obj`` cross as one array each
+    (ps/packing.py)."""
     raws: list = []
-    data = pickle.dumps(obj, protocol=5, buffer_callback=lambda b: raws.append(b.raw()))
-    parts, lengths = [], []
-    for r in raws:
-        lengths.append(r.nbytes)
+    data = pickle.dumps(pack(obj), protocol=5, buffer_callback=lambda b: raws.append(b.raw()))
+    lengths = [r.nbytes for r in raws]
+    padded = sum(n + (-n % ALIGN) for n in lengths)
+    in_slot = slot is not None and channel_shm.MIN_BYTES <= padded <= slot.nbytes
+    head = HEADER.pack(request_id, len(data), len(raws), slot.number if in_slot else 0)
+    parts = [head, struct.pack(f"<{len(raws)}Q", *lengths), data, bytes(-len(data) % ALIGN)]
+    if in_slot:
+        slot.write(raws, lengths, ALIGN)
+        return parts
+    for r, n in zip(raws, lengths):
         parts.append(r)
-        pad = -r.nbytes % ALIGN
-        if pad:
-            parts.append(bytes(pad))
-    head = HEADER.pack(request_id, len(data), len(raws))
-    pad = -len(data) % ALIGN
-    return [head, struct.pack(f"<{len(raws)}Q", *lengths), data, bytes(pad), *parts]
+        if n % ALIGN:
+            parts.append(bytes(-n % ALIGN))
+    return parts
 
 
 def send_parts(sock: socket.socket, parts: list) -> None:
@@ -94,12 +107,25 @@ def recv_exact(sock: socket.socket, n: int) -> np.ndarray:
 
 def read_message(sock: socket.socket) -> tuple[int, object]:
     """One message: (request id, the object), its arrays views of one received buffer."""
-    request_id, size, count = HEADER.unpack(recv_exact(sock, HEADER.size))
-    if count > MAX_BUFFERS:
-        raise ShardGone(f"a message with {count} buffers: not a recsync channel")
+    request_id, obj, _, _ = read_answer(sock, {})
+    return request_id, obj
+
+
+def read_answer(sock: socket.socket, slots: dict[int, Slot]) -> tuple[int, object, int, bool]:
+    """One message: (request id, the object, its arrays' bytes, whether they came in a slot),
+    its arrays views of one
+    received buffer, or of the slot of ``slots`` (number -> Slot) that holds them (which
+    stays the caller's for as long as an array over it lives: ClientSlots)."""
+    request_id, size, count, slot = HEADER.unpack(recv_exact(sock, HEADER.size))
+    if count > MAX_BUFFERS or (slot and slot not in slots):
+        raise ShardGone(f"a message with {count} buffers in slot {slot}: not a recsync channel")
     lengths = struct.unpack(f"<{count}Q", recv_exact(sock, 8 * count)) if count else ()
-    return request_id, decode(memoryview(recv_exact(sock, body_bytes(size, lengths))), size,
-                              lengths)
+    if not slot:
+        obj = decode(memoryview(recv_exact(sock, body_bytes(size, lengths))), size, lengths)
+    else:
+        obj = decode(memoryview(recv_exact(sock, size + (-size % ALIGN))), size, lengths,
+                     memoryview(slots[slot].view))
+    return request_id, obj, sum(lengths), bool(slot)
 
 
 def body_bytes(size: int, lengths) -> int:
@@ -108,11 +134,14 @@ def body_bytes(size: int, lengths) -> int:
     return size + (-size % ALIGN) + sum(n + (-n % ALIGN) for n in lengths)
 
 
-def decode(body: memoryview, size: int, lengths) -> object:
-    """The object of a message's body, its arrays views of ``body``."""
-    buffers, at = [], size + (-size % ALIGN)
+def decode(body: memoryview, size: int, lengths, store: memoryview | None = None) -> object:
+    """The object of a message's body, its arrays views of ``body`` after the pickle, or of
+    ``store`` from its start where given."""
+    buffers, at = [], 0
+    if store is None:
+        store, at = body, size + (-size % ALIGN)
     for n in lengths:
-        buffers.append(body[at:at + n])
+        buffers.append(store[at:at + n])
         at += n + (-n % ALIGN)
     return pickle.loads(body[:size], buffers=buffers)
 
@@ -134,26 +163,49 @@ class ShardChannel:
         tune(self.sock)
         self.sock.sendall(address["key"])
         self._ids = itertools.count()
-        self._pending: dict[int, concurrent.futures.Future] = {}
-        self._lock = threading.Lock()
+        # request id -> (its Future, the slot its answer may come in)
+        self._pending: dict[int, tuple[concurrent.futures.Future, Slot | None]] = {}
+        # (reentrant: a Future failed under it runs its callbacks, ``_attached``, at once)
+        self._lock = threading.RLock()
+        self.slots = ClientSlots()
         self.broken: ShardGone | None = None
         threading.Thread(target=self._read, daemon=True, name="channel-client").start()
 
     def call(self, verb: str, *args) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self.broken is not None:
-                future.set_exception(self.broken)
-                return future
-            request_id = next(self._ids)
-            self._pending[request_id] = future
-            try:
-                send_parts(self.sock, encode(request_id, (verb, args)))
-            except OSError as e:
-                self._pending.pop(request_id)
-                self._break(ShardGone(f"sending to the shard failed: {e}"))
-                future.set_exception(self.broken)
+                return _failed(self.broken)
+            slot, small, new = self.slots.take()
+            for old in small:
+                self._send(channel_shm.DETACH, (old.number,))
+                old.close()
+            if new:
+                self._send(channel_shm.ATTACH, (slot.number, slot.path, slot.nbytes)
+                           ).add_done_callback(lambda f, s=slot: self._attached(f, s))
+            return self._send(verb, args, slot)
+
+    def _send(self, verb: str, args: tuple, slot: Slot | None = None
+              ) -> concurrent.futures.Future:
+        """Send one request (under the lock); its Future."""
+        if self.broken is not None:
+            return _failed(self.broken)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        request_id = next(self._ids)
+        self._pending[request_id] = future, slot
+        try:
+            send_parts(self.sock, encode(request_id, (verb, args, slot.number if slot else 0)))
+        except OSError as e:
+            self._pending.pop(request_id)
+            self._break(ShardGone(f"sending to the shard failed: {e}"))
+            future.set_exception(self.broken)
         return future
+
+    def _attached(self, future: concurrent.futures.Future, slot: Slot) -> None:
+        """The shard mapped ``slot`` (its name can go), or could not: answers in messages."""
+        with self._lock:
+            slot.unlink()
+            if future.exception() is not None:
+                self.slots.disable()
 
     def pending(self) -> int:
         return len(self._pending)
@@ -161,24 +213,28 @@ class ShardChannel:
     def _read(self) -> None:
         try:
             while True:
-                request_id, (ok, value) = read_message(self.sock)
+                request_id, (ok, value), nbytes, lent = read_answer(self.sock, self.slots.busy)
                 with self._lock:
-                    future = self._pending.pop(request_id)
+                    future, slot = self._pending.pop(request_id)
+                    if slot is not None:
+                        self.slots.done(slot, nbytes, lent)
                 if ok:
                     future.set_result(value)
                 else:
                     future.set_exception(value)
-        except (ShardGone, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever ends the reader fails the calls
             with self._lock:
-                self._break(e if isinstance(e, ShardGone) else ShardGone(str(e)))
+                self._break(e if isinstance(e, ShardGone) else ShardGone(
+                    f"reading from the shard failed: {e}"))
 
     def _break(self, error: ShardGone) -> None:
         """Fail every call in flight (under the lock)."""
         if self.broken is None:
             self.broken = error
-        for future in self._pending.values():
+        for future, _ in self._pending.values():
             future.set_exception(self.broken)
         self._pending.clear()
+        self.slots.close()
 
     def close(self) -> None:
         try:
@@ -186,3 +242,11 @@ class ShardChannel:
         except OSError:
             pass
         self.sock.close()
+        with self._lock:
+            self.slots.close()
+
+
+def _failed(error: BaseException) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_exception(error)
+    return future

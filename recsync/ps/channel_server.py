@@ -23,6 +23,7 @@ import traceback
 
 import numpy as np
 
+from recsync.ps import channel_shm
 from recsync.ps.channel import (HEADER, KEY_BYTES, MAX_BUFFERS, ShardCallError, body_bytes,
                                 decode, encode, send_some, tune)
 
@@ -85,6 +86,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.server, self.sock = server, sock
         self.transport: asyncio.Transport | None = None
         self.running: set[asyncio.Task] = set()
+        self.slots: dict[int, channel_shm.Slot] = {}  # the client's, for answers (ATTACH)
         self._expect(KEY_BYTES, self._key)
 
     def _expect(self, n: int, then) -> None:
@@ -98,6 +100,9 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc) -> None:
         self.server._open.discard(self.sock)
         self.outbox.end()
+        for slot in self.slots.values():
+            slot.close()
+        self.slots.clear()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.view[self.got:]
@@ -119,8 +124,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._expect(HEADER.size, self._header)
 
     def _header(self) -> None:
-        self.request_id, self.size, count = HEADER.unpack(self.view)
-        if count > MAX_BUFFERS:
+        self.request_id, self.size, count, slot = HEADER.unpack(self.view)
+        if count > MAX_BUFFERS or slot:
             raise ValueError(f"a message with {count} buffers: not a recsync channel")
         self._expect(8 * count, self._lengths)
 
@@ -129,11 +134,30 @@ class _Connection(asyncio.BufferedProtocol):
         self._expect(body_bytes(self.size, self.lengths), self._body)
 
     def _body(self) -> None:
-        verb, args = decode(self.view, self.size, self.lengths)
-        self._call(self.request_id, verb, args)
+        verb, args, slot = decode(self.view, self.size, self.lengths)
+        if verb in (channel_shm.ATTACH, channel_shm.DETACH):
+            self._slot_verb(self.request_id, verb, args)
+        else:
+            self._call(self.request_id, verb, args, self.slots.get(slot))
         self._expect(HEADER.size, self._header)
 
-    def _call(self, request_id: int, verb: str, args) -> None:
+    def _slot_verb(self, request_id: int, verb: str, args) -> None:
+        """Map the client's slot (ATTACH: number, path, bytes) or unmap it (DETACH: number),
+        before the calls after it: (True, None), or the error of a slot that cannot be mapped
+        (a client on another machine)."""
+        try:
+            if verb == channel_shm.DETACH:
+                slot = self.slots.pop(args[0], None)
+                if slot is not None:
+                    slot.close()
+            else:
+                self.slots[args[0]] = channel_shm.open_slot(*args)
+        except (OSError, ValueError, TypeError) as e:
+            self._answer(request_id, error=e)
+            return
+        self._answer(request_id, result=None)
+
+    def _call(self, request_id: int, verb: str, args, slot) -> None:
         handler = self.server.handlers.get(verb)
         try:
             if handler is None:
@@ -145,17 +169,22 @@ class _Connection(asyncio.BufferedProtocol):
         task = self.server.loop.create_task(call)
         self.running.add(task)  # (the loop holds its tasks only weakly)
         task.add_done_callback(self.running.discard)
-        task.add_done_callback(lambda t: self._answer(request_id, task=t))
+        task.add_done_callback(lambda t: self._answer(request_id, task=t, slot=slot))
 
-    def _answer(self, request_id: int, task=None, error: BaseException | None = None) -> None:
-        """Send a call's answer: (True, its result) or (False, its error)."""
+    def _answer(self, request_id: int, task=None, error: BaseException | None = None,
+                result=None, slot: channel_shm.Slot | None = None) -> None:
+        """Send a call's answer: (True, its result) or (False, its error), its arrays in
+        ``slot`` where they fit it."""
         if self.transport.is_closing() or (task is not None and task.cancelled()):
             return  # the client or the shard went away: nothing to answer
         if task is not None:
             error = task.exception()
+            result = task.result() if error is None else None
+        if slot is not None and slot.view is None:  # detached while the call ran
+            slot = None
         try:
-            parts = encode(request_id, (True, task.result()) if error is None
-                           else (False, _portable(error)))
+            parts = encode(request_id, (True, result) if error is None
+                           else (False, _portable(error)), slot)
         except Exception as e:  # noqa: BLE001 - a result that does not pickle
             parts = encode(request_id, (False, _portable(e)))
         self.outbox.send(parts)

@@ -117,7 +117,7 @@ def test_a_client_that_does_not_read_holds_up_neither_the_shard_nor_its_own_answ
     slow.sendall(server.address["key"])
     sizes = [1 << 20, 3, 1 << 19, 1, 1 << 20, 7] * 4  # floats: 4 MB answers among small ones
     for k, n in enumerate(sizes):
-        send_parts(slow, encode(k, ("echo", (n, float(k)))))
+        send_parts(slow, encode(k, ("echo", (n, float(k)), 0)))  # (no slot)
     other = ShardChannel(server.address)
     for k in range(20):  # while the slow client's answers wait for it
         assert other.call("echo", 2, float(k)).result(timeout=10)[1] == k

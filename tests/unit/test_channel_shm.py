@@ -1,0 +1,89 @@
+"""Large answers through shared memory (ps/channel_shm.py): a real server on loopback, as in
+test_channel.py; what callers get, how long a slot stays theirs, and what is left on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from recsync.ps import channel_shm
+from recsync.ps.channel import ShardChannel
+from recsync.ps.channel_server import ChannelServer
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(channel_shm.SHM_DIR), reason="no /dev/shm")
+BIG = channel_shm.MIN_BYTES // 4 * 2  # floats: an answer twice the smallest that goes in a slot
+
+
+def our_files() -> list[str]:
+    return [f for f in os.listdir(channel_shm.SHM_DIR) if f.startswith(f"recsync-{os.getpid()}-")]
+
+
+@pytest.fixture
+def echo():
+    """(a client, its server) whose verb ``echo(n, fill)`` answers n floats of ``fill``."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def fill(n, value):
+        return np.full(n, value, np.float32)
+    server = ChannelServer({"echo": fill}, loop, "127.0.0.1")
+    client = ShardChannel(server.address)
+    yield client, server
+    client.close()
+    server.close()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+
+
+def test_a_large_answer_arrives_in_a_slot_whose_name_is_gone_once_the_shard_mapped_it(echo):
+    client, _ = echo
+    answer = client.call("echo", BIG, 1.5).result(timeout=10)
+    assert answer.shape == (BIG,) and (answer == 1.5).all()
+    assert len(client.slots.lent) == 1  # the answer is a view of the slot, no copy
+    assert our_files() == []  # the memory goes with the two mappings
+    small = client.call("echo", 3, 2.0).result(timeout=10)
+    assert small.tolist() == [2.0] * 3
+
+
+def test_a_slot_is_not_written_again_while_the_callers_arrays_over_it_live(echo):
+    client, _ = echo
+    kept = [client.call("echo", BIG, float(k)).result(timeout=10) for k in range(6)]
+    for k, answer in enumerate(kept):  # more than MAX_SLOTS kept: the rest came in messages
+        assert (answer == k).all(), k
+    assert len(client.slots.lent) == channel_shm.MAX_SLOTS
+    del kept, answer
+    again = client.call("echo", BIG, 9.0).result(timeout=10)
+    assert (again == 9.0).all() and len(client.slots.lent) == 1  # returned slots used again
+
+
+def test_slots_grow_to_the_largest_answer(echo):
+    client, _ = echo
+    n = channel_shm.FIRST_SLOT_BYTES // 4 + 10  # larger than the first slot
+    assert (client.call("echo", n, 1.0).result(timeout=10) == 1.0).all()
+    assert client.slots.want >= 4 * n
+    assert (client.call("echo", n, 2.0).result(timeout=10) == 2.0).all()
+    assert max(s.nbytes for s in client.slots.lent) >= 4 * n
+
+
+def test_a_shard_that_cannot_map_the_slot_answers_in_messages(echo, monkeypatch):
+    """As a shard on another machine: the file is not there for it."""
+    def elsewhere(number, path, nbytes):
+        raise FileNotFoundError(path)
+    monkeypatch.setattr(channel_shm, "open_slot", elsewhere)
+    client, _ = echo
+    for k in range(3):
+        assert (client.call("echo", BIG, float(k)).result(timeout=10) == k).all()
+    assert not client.slots.enabled and client.slots.lent == [] and our_files() == []
+
+
+def test_the_shard_maps_only_slot_names_in_shm(tmp_path):
+    outside = tmp_path / "recsync-1-0123456789abcdef"
+    outside.write_bytes(bytes(8))
+    for path in (str(outside), "/dev/shm/../etc/passwd", "/dev/shm/other-name"):
+        with pytest.raises(ValueError, match="not a slot's path"):
+            channel_shm.open_slot(1, path, 8)

@@ -102,14 +102,17 @@ class EmbeddingStore:
         return [torch.from_numpy(r) for r in self.pull_arrays([i.numpy() for i in ids],
                                                                 admit=admit)]
 
-    def pull_arrays(self, ids: list[np.ndarray], *, admit: bool = True) -> list[np.ndarray]:
+    def pull_arrays(self, ids: list[np.ndarray], *, admit: bool = True,
+                    out=None) -> list[np.ndarray]:
         """``pull`` of every table t's ``ids[t]`` (int64 arrays, may be read-only; empty:
         none), in and out as arrays. The fixed tables of one row width are read in one gather
-        from their one storage: per-table op overhead was most of a small pull's time."""
-        out: list[np.ndarray | None] = [None] * len(ids)
+        from their one storage: per-table op overhead was most of a small pull's time.
+        ``out(shape, dtype)``: where the one gather of every table may go (an array, or None:
+        a new one); the direct data path's answer slot (ps/channel_shm.py)."""
+        result: list[np.ndarray | None] = [None] * len(ids)
         for t in self.dynamic:  # (a table with no id here: nothing to read, nothing touched)
-            out[t] = (self.pull(t, read_only_tensor(ids[t]), admit=admit).numpy()
-                      if len(ids[t]) else np.empty((0, self.tables[t].dim), np.float32))
+            result[t] = (self.pull(t, read_only_tensor(ids[t]), admit=admit).numpy()
+                         if len(ids[t]) else np.empty((0, self.tables[t].dim), np.float32))
         for width in self._widths.values():
             parts = [ids[t] for t in width.numbers]
             flat, bounds = width.rows_of(parts, self.num_shards)
@@ -117,12 +120,15 @@ class EmbeddingStore:
                 for t, i in zip(width.numbers, parts):  # once per row, off the steady state
                     self._ensure_initialized(t, read_only_tensor(i))
             # numpy's take: a third faster than index_select on rows scattered over GBs
-            rows = width.weights_np.take(flat, axis=0)
+            whole = not self.dynamic and len(width.numbers) == len(ids)  # one gather, in order
+            into = out((len(flat), width.dim), np.float32) if whole and out else None
+            # (mode "clip": ids are checked above; "raise" would gather into a buffer first)
+            rows = width.weights_np.take(flat, axis=0, out=into, mode="clip")
             for t, start, end in zip(width.numbers, bounds, bounds[1:]):
-                out[t] = rows[start:end]
-            if not self.dynamic and len(width.numbers) == len(ids):  # one gather, in order
-                return RowViews(out, rows, bounds)
-        return out
+                result[t] = rows[start:end]
+            if whole:
+                return RowViews(result, rows, bounds)
+        return result
 
     def push(self, table: int, ids: torch.Tensor, grads: torch.Tensor,
              lr_scale: float = 1.0) -> None:

@@ -222,6 +222,7 @@ class ShardChannel:
                     future.set_result(value)
                 else:
                     future.set_exception(value)
+                future = value = None  # the caller's now: a slot stays lent while it keeps it
         except Exception as e:  # noqa: BLE001 - whatever ends the reader fails the calls
             with self._lock:
                 self._break(e if isinstance(e, ShardGone) else ShardGone(

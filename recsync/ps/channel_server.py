@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import hmac
 import pickle
 import secrets
@@ -166,7 +167,9 @@ class _Connection(asyncio.BufferedProtocol):
         except (ValueError, TypeError) as e:  # answered as the call's error
             self._answer(request_id, error=e)
             return
-        task = self.server.loop.create_task(call)
+        context = contextvars.copy_context()  # the call's answer slot, for answer_array
+        context.run(channel_shm.CALL_SLOT.set, slot)
+        task = self.server.loop.create_task(call, context=context)
         self.running.add(task)  # (the loop holds its tasks only weakly)
         task.add_done_callback(self.running.discard)
         task.add_done_callback(lambda t: self._answer(request_id, task=t, slot=slot))

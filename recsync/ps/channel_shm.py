@@ -19,6 +19,7 @@ connection keeps TCP alone.
 
 from __future__ import annotations
 
+import contextvars
 import mmap
 import os
 import re
@@ -34,6 +35,18 @@ FIRST_SLOT_BYTES = 4 << 20
 MAX_SLOT_BYTES = 256 << 20  # answers above this go in the message
 MAX_SLOTS = 4  # per connection: calls in flight beyond these get their answers in messages
 _NAME = re.compile(r"recsync-\d+-[0-9a-f]{16}")
+CALL_SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("call_slot", default=None)
+
+
+def answer_array(shape: tuple[int, ...], dtype) -> np.ndarray | None:
+    """Where a handler of the direct data path may build the first array of its answer: the
+    start of the slot its call's answer goes to (the shard's side, ``CALL_SLOT``), so that
+    sending it copies nothing; None where the call has no slot or the array does not fit."""
+    slot = CALL_SLOT.get()
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if slot is None or slot.view is None or not MIN_BYTES <= nbytes <= slot.nbytes:
+        return None
+    return slot.view[:nbytes].view(dtype).reshape(shape)
 
 
 class Slot:
@@ -59,10 +72,16 @@ class Slot:
         self.linked = create  # its name still in SHM_DIR (the maker removes it)
 
     def write(self, raws: list, lengths: list[int], align: int) -> None:
-        """``raws`` (byte views) one after another from the start, each padded to ``align``."""
-        at = 0
+        """``raws`` (byte views) one after another from the start, each padded to ``align``;
+        one already in its place (``answer_array``'s) is not copied."""
+        at, start = 0, self.view.__array_interface__["data"][0]
         for raw, n in zip(raws, lengths):
-            self.view[at:at + n] = np.frombuffer(raw, np.uint8)
+            source = np.frombuffer(raw, np.uint8)
+            address = source.__array_interface__["data"][0]
+            if address != start + at:
+                if start <= address < start + self.nbytes:  # would be overwritten as it goes
+                    raise ValueError("an answer's array in its slot but not first in it")
+                self.view[at:at + n] = source
             at += n + (-n % align)
 
     def unused(self) -> bool:
@@ -122,7 +141,7 @@ class ClientSlots:
             try:
                 slot, new = Slot(next(self._numbers), path, self.want, create=True), True
             except OSError:  # no room in SHM_DIR (or none): answers in messages from now
-                self.enabled = False
+                self.disable()
                 return None, small, False
         else:
             return None, small, False

@@ -63,15 +63,16 @@ class ShardCore:
         self.priority, self.full_every = priority, full_every
         self.snapshots = 0  # since this process started
 
-    def pull(self, ids: list[np.ndarray], read_only: bool = False, dense: str = "vector"
-             ) -> tuple[list[np.ndarray], object, int]:
+    def pull(self, ids: list[np.ndarray], read_only: bool = False, dense: str = "vector",
+             out=None) -> tuple[list[np.ndarray], object, int]:
         """Rows of each table's ``ids`` (int64, owned here), the dense part if held, version.
         ``read_only``: an evaluation's pull: a dynamic table admits, evicts and scores nothing
         (EmbeddingStore.pull's ``admit``). ``dense``: "vector" (the dense vector), "none"
         (left out), "with_state" ((vector, a copy of its optimizer's state_dict): eager applies
-        its own update to them, modes/eager.py)."""
+        its own update to them, modes/eager.py). ``out``: where the rows may be gathered
+        (EmbeddingStore.pull_arrays)."""
         self.pulls += 1
-        rows = self.store.pull_arrays(ids, admit=not read_only)
+        rows = self.store.pull_arrays(ids, admit=not read_only, out=out)
         part = None if dense == "none" else self.dense_vector()
         if dense == "with_state" and part is not None:
             part = (part, copy.deepcopy(self.dense.optimizer.state_dict()))

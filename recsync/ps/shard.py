@@ -20,6 +20,7 @@ from recsync.cluster import storage
 from recsync.cluster.emulation import EmulatedMachine, RequestPacer, idle_cores_async
 from recsync.cluster.placement import where
 from recsync.ps.channel_server import ChannelServer
+from recsync.ps.channel_shm import answer_array
 from recsync.ps.core import ShardCore
 from recsync.run.signals import ignore_interrupts
 
@@ -188,7 +189,7 @@ class PSShard:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.core.version >= min_version)
         paced = self.pacer and self.pacer.start()
-        answer = self.core.pull(ids, read_only, dense)
+        answer = self.core.pull(ids, read_only, dense, out=answer_array)
         if paced:
             await self.pacer.finish(paced)
         await self._travel(answer)

@@ -87,3 +87,44 @@ def test_the_shard_maps_only_slot_names_in_shm(tmp_path):
     for path in (str(outside), "/dev/shm/../etc/passwd", "/dev/shm/other-name"):
         with pytest.raises(ValueError, match="not a slot's path"):
             channel_shm.open_slot(1, path, 8)
+
+
+def test_an_answer_built_in_its_slot_arrives_whole_and_one_without_a_slot_is_built_apart():
+    """A handler builds its answer where answer_array says (a shard's pull gathers its rows
+    there): the client reads it right; a call without a slot gets None and builds it apart."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    places = []
+
+    async def build(n, value):
+        place = channel_shm.answer_array((n, 4), np.float32)
+        places.append(place is not None)
+        rows = place if place is not None else np.empty((n, 4), np.float32)
+        rows[:] = value
+        return rows, "tail"
+    server = ChannelServer({"build": build}, loop, "127.0.0.1")
+    client = ShardChannel(server.address)
+    for k in range(3):
+        rows, tail = client.call("build", BIG // 4, float(k)).result(timeout=10)
+        assert rows.shape == (BIG // 4, 4) and (rows == k).all() and tail == "tail"
+    client.slots.disable()
+    rows, _ = client.call("build", BIG // 4, 5.0).result(timeout=10)
+    assert (rows == 5.0).all() and places == [True, True, True, False]
+    client.close()
+    server.close()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+
+
+def test_a_stores_pull_gathers_into_the_array_it_is_given():
+    from recsync.embedding.row_optim import RowSGD
+    from recsync.embedding.spec import TableSpec
+    from recsync.embedding.store import EmbeddingStore
+    store = EmbeddingStore([TableSpec(f"t{t}", 40, 4) for t in range(2)], RowSGD(lr=0.1),
+                           seed=0, init_scale=0.1)
+    ids = [np.array([3, 9], np.int64), np.array([0, 39, 1], np.int64)]
+    expected = store.pull_arrays(ids)
+    given = np.zeros((5, 4), np.float32)
+    rows = store.pull_arrays(ids, out=lambda shape, dtype: given)
+    assert rows.flat is given and [r.tolist() for r in rows] == [r.tolist() for r in expected]

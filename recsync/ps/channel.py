@@ -7,9 +7,8 @@ call is one message each way: a header, pickle protocol 5 with every array out o
 list of arrays joined into one, ps/packing.py), and the arrays back to back (8-byte aligned),
 received in place into one buffer whose views become the arrays: no copies on either side. A
 large answer's arrays go through shared memory instead where both ends share a machine
-(ps/channel_shm.py). Ray still places the shards, restarts them and carries
-every other call; a client learns a shard's address and key through a Ray call (``PSShard.
-channel``).
+(ps/channel_shm.py). Ray still places the shards, restarts them and carries every other call;
+a client learns a shard's address and key through a Ray call (``PSShard.channel``).
 
 A connection first sends the shard's key (random, made when its server started): the server
 closes a connection that does not, before it unpickles anything. The server binds to its node's
@@ -113,9 +112,8 @@ def read_message(sock: socket.socket) -> tuple[int, object]:
 
 def read_answer(sock: socket.socket, slots: dict[int, Slot]) -> tuple[int, object, int, bool]:
     """One message: (request id, the object, its arrays' bytes, whether they came in a slot),
-    its arrays views of one
-    received buffer, or of the slot of ``slots`` (number -> Slot) that holds them (which
-    stays the caller's for as long as an array over it lives: ClientSlots)."""
+    its arrays views of one received buffer, or of the slot of ``slots`` (number -> Slot)
+    that holds them (which stays the caller's for as long as an array over it lives)."""
     request_id, size, count, slot = HEADER.unpack(recv_exact(sock, HEADER.size))
     if count > MAX_BUFFERS or (slot and slot not in slots):
         raise ShardGone(f"a message with {count} buffers in slot {slot}: not a recsync channel")

@@ -5,7 +5,7 @@ Validation: for each mode of ``VALIDATION_MODES`` and N in ``VALIDATION_WORKERS`
 runtime on the EMULATED cluster of scenario `stragglers` (workers of ``CORES_PER_WORKER`` cores,
 ``SHARDS`` shards of ``CORES_PER_SHARD``) and the simulator on the same data, model, batch and
 seeds. The simulator's compute per step is the real run's own (the median of its metrics'
-``worker_compute_s``, seed 0: "the same timings"); its shards serve the `bench ps` rows/s scaled
+``worker_compute_s``, same seed: "the same timings"); its shards serve the `bench ps` rows/s scaled
 to the emulated shard's cores; what else a worker's step costs on the emulated cluster (Ray's
 calls, the process's other threads, the client, paced on its cores) is fitted per mode on a
 real run of ONE worker (``calibrate``: the step time the simulator does not explain becomes
@@ -90,11 +90,14 @@ def emulated_shard_time() -> Timing:
 
 def run_simulated(timings: dict[str, Timing], steady: bool = True):
     """A seeded_runs runner: one simulation of the arm with its model of time (``timings`` by
-    arm), with the statistics run_arm gives a real run: ``steady``, samples/s after the same
-    warm-up (on the simulated clock), else over the whole run (at hundreds of workers a pass
-    holds a few steps per worker: the warm-up would be most of it)."""
+    arm: a Timing, or one per seed), with the statistics run_arm gives a real run:
+    ``steady``, samples/s after the same warm-up (on the simulated clock), else over the whole
+    run (at hundreds of workers a pass holds a few steps per worker: the warm-up would be most
+    of it)."""
     def run_one(cfg: RunConfig, out_dir: Path, name: str) -> dict:
-        return simulate_arm(cfg, out_dir, name, timings[name], steady)
+        timing = timings[name]
+        timing = timing[cfg.train.seed] if isinstance(timing, list) else timing
+        return simulate_arm(cfg, out_dir, name, timing, steady)
     return run_one
 
 
@@ -223,8 +226,9 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
     calibration = {m: calibrate(data, m, runs[f"real_{m}_1"], shard_time,
                                 out / "calibration" / m) for m in VALIDATION_MODES}
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
-    timings = {name: replace(shard_time, compute_s=real_compute_s(runs[f"real_{m}_{n}"][0]),
-                             **calibration[m]["sides"])
+    # each seed's compute as the real run of that seed's: the machine's drift is not the model's
+    timings = {name: [replace(shard_time, compute_s=real_compute_s(r), **calibration[m]["sides"])
+                      for r in runs[f"real_{m}_{n}"]]
                for name, (m, n) in zip(sims, cells)}
     sd.seeded_runs(list(sims), sims.__getitem__, out, seeds, results=runs,
                    run_arm=run_simulated(timings))
@@ -241,7 +245,8 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
             "staleness_difference": stale[1] - stale[0],
             "real_auc": r["auc_stats"], "sim_auc": s["auc_stats"],
             "auc_difference": s["auc_stats"]["mean"] - r["auc_stats"]["mean"],
-            "compute_s": timings[f"sim_{m}_{n}"].compute_s, **calibration[m]["sides"]}
+            "compute_s": statistics.median(t.compute_s for t in timings[f"sim_{m}_{n}"]),
+            **calibration[m]["sides"]}
     return arms, compared, calibration
 
 
@@ -267,7 +272,7 @@ def validation_tables(compared: dict, calibration: dict) -> dict:
         "Calibration on one worker (seconds per step)": [
             [m, c["overhead_s"], f"real EMULATED step {c['real_step_s']:.4f} s, simulated "
              f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
-             f"{c['compute_s']:.4f} s (the real run's); jitter {c['jitter']:.3f} (the "
+             f"{c['compute_s']:.4f} s (the real runs', median); jitter {c['jitter']:.3f} (the "
              f"real runs' of one worker, every mode)"] for m, c in calibration.items()],
     }
 
@@ -279,8 +284,8 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     difference is what the simulator does not see of a worker's step on the emulated cluster
     (Ray's calls, the process's other threads, the client: paced on its cores), charged as
     ``overhead_s`` at 2 and 4 workers, which then test the rest of the model."""
-    timing = replace(shard_time, compute_s=real_compute_s(real_runs[0]), pull_side_s=0.0,
-                     push_side_s=0.0)
+    timing = replace(shard_time, pull_side_s=0.0, push_side_s=0.0,
+                     compute_s=statistics.median(real_compute_s(r) for r in real_runs))
     cfg = base_config(data, mode, 1, SHARDS, VALIDATION_BATCH)
 
     def step_s(sides: dict, name: str) -> float:

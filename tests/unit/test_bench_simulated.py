@@ -18,13 +18,13 @@ REAL_SPEED = 1000.0
 COMPUTE_S = 0.05
 
 
-def _metrics(out_dir, speed: float, log_steps=None) -> None:
+def _metrics(out_dir, speed: float, log_steps=None, compute_s: float = COMPUTE_S) -> None:
     """Lines of 4 steps each whose mean step time is 0.1 s x exp(``log_steps[i]``) (none
-    without ``log_steps``)."""
+    without ``log_steps``), the workers' compute ``compute_s`` per step."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.jsonl").write_text("".join(
         json.dumps({"time_s": i, "samples": int(speed * i), "loss": 0.5, "step": 4 * i,
-                    "worker_compute_s": [COMPUTE_S, COMPUTE_S],
+                    "worker_compute_s": [compute_s, compute_s],
                     **({"worker_step_s": [0.1 * math.exp(log_steps[i % len(log_steps)])]}
                        if log_steps else {})}) + "\n" for i in range(1, 40)))
 
@@ -179,3 +179,25 @@ def test_the_validation_alone_gives_the_whole_scenarios_validation(fakes, tmp_pa
 def test_simulations_in_parallel_come_back_in_order(processes):
     args = [(2, 3), (3, 2), (5, 1), (7, 0)]
     assert list(scenario.map_ordered(pow, args, processes)) == [8, 9, 5, 1]
+
+
+def test_each_seeds_simulation_computes_as_long_as_that_seeds_real_run(fakes, tmp_path,
+                                                                       monkeypatch):
+    """The machine drifts between seeds: real seed 1 computes twice as long per step as seed
+    0. The validation's simulation of each seed takes that seed's compute; the calibration on
+    one worker the median of the seeds'."""
+    def drifting(cfg, out_dir, name):
+        summary = fake_real(cfg, out_dir, name)
+        _metrics(out_dir, REAL_SPEED, [0.05, -0.05], COMPUTE_S * (1 + cfg.train.seed))
+        return summary
+    seen = []
+
+    def recording(cfg, out_dir, timing, overwrite):
+        seen.append((cfg.cluster.workers, cfg.train.seed, timing.compute_s))
+        return fake_simulate(cfg, out_dir, timing, overwrite)
+    monkeypatch.setattr(sd.ov, "run_arm", drifting)
+    monkeypatch.setattr(scenario, "simulate", recording)
+    run_scenario("simulated_validation", tmp_path, scale=1.0, seeds=2)
+    validated = {(seed, round(c, 6)) for n, seed, c in seen if n in scenario.VALIDATION_WORKERS}
+    assert validated == {(0, COMPUTE_S), (1, 2 * COMPUTE_S)}
+    assert {round(c, 6) for n, _, c in seen if n == 1} == {round(1.5 * COMPUTE_S, 6)}

@@ -3,18 +3,21 @@ direct data path, ps/channel.py).
 
 Why: a pull's answer at 2,048 ids per table is 3.4 MB; over loopback TCP the kernel copies
 it twice and the receiver wakes several times, 0.53-0.60 ms a round trip against 0.28 ms
-written into a shared mapping and copied out of it (`/work/probe41/shm.py`, 2026-11-28).
+written into a shared mapping and copied out of it (`/work/probe41/shm.py`, 2026-11-28); here
+neither copy is left: the shard gathers a pull's rows into the slot (``answer_array``) and the
+caller's arrays are views of it (docs/benchmarks/2026-11-28-ps-shm.md).
 
 The client makes each slot (a file in /dev/shm, its space allocated up front so that a full
 /dev/shm fails here and not as a SIGBUS later), asks the shard to map it (``ATTACH``, a
 message on the connection before any call that uses it) and removes its name once the shard
-answered: the memory goes when both ends unmap it, also when either process is killed. A
-call names a free slot for its answer; the shard writes the answer's arrays there when they
-are ``MIN_BYTES`` or more and fit, else sends them in the message as before. The caller's
-arrays are views of the slot, which is lent to them: no call names it again until the last
-array over it is gone (its reference count back to the slot's own), however long a caller
-keeps them. A shard on another machine cannot open the file: the attach fails and that
-connection keeps TCP alone.
+answered (the shard too, once it mapped it): the memory goes when both ends unmap it, also
+when either process is killed; a file whose maker died before that is removed when a run ends
+(``remove_orphans``, on the driver's machine). A call names a free slot for its answer; the
+shard writes the answer's arrays there when they are ``MIN_BYTES`` or more and fit, else sends
+them in the message as before. The slot is then lent to the caller: no call names it again
+until the last array over it is gone (its reference count back to the slot's own), however
+long a caller keeps them. A shard on another machine cannot open the file: the attach fails
+and that connection keeps TCP alone.
 """
 
 from __future__ import annotations
@@ -106,10 +109,28 @@ class Slot:
 
 
 def open_slot(number: int, path: str, nbytes: int) -> Slot:
-    """The shard's side of ``ATTACH``: only a slot's name in SHM_DIR, never a link."""
+    """The shard's side of ``ATTACH``: only a slot's name in SHM_DIR, never a link; its name
+    removed once mapped."""
     if os.path.dirname(path) != SHM_DIR or not _NAME.fullmatch(os.path.basename(path)):
         raise ValueError(f"not a slot's path: {path!r}")
-    return Slot(number, path, nbytes, create=False)
+    slot = Slot(number, path, nbytes, create=False)
+    slot.linked = True
+    slot.unlink()
+    return slot
+
+
+def remove_orphans(alive) -> list[str]:
+    """Remove the slot files in SHM_DIR whose maker (the PID in the name) is gone
+    (``alive(pid)``: run/signals.py pid_alive); the paths removed."""
+    removed = []
+    for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else []:
+        if _NAME.fullmatch(name) and not alive(int(name.split("-")[1])):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(os.path.join(SHM_DIR, name))
+            except OSError:  # another user's, or gone meanwhile
+                pass
+    return removed
 
 
 class ClientSlots:
@@ -152,8 +173,9 @@ class ClientSlots:
         """A call's answer arrived, of ``answer_bytes`` of arrays: in ``slot`` (``lent``: its
         arrays are views of it), or in its message (the slot is free again)."""
         self.busy.pop(slot.number, None)
-        if MIN_BYTES <= answer_bytes <= MAX_SLOT_BYTES and answer_bytes > self.want:
-            self.want = min(MAX_SLOT_BYTES, 1 << (answer_bytes - 1).bit_length())
+        need = answer_bytes + 4096  # (room for each array's padding to 8 bytes)
+        if MIN_BYTES <= answer_bytes and need > self.want:
+            self.want = min(MAX_SLOT_BYTES, 1 << (need - 1).bit_length())
         if not self.enabled:
             slot.close()
         elif lent:

@@ -28,8 +28,9 @@ from recsync.run.predictions import FILE as PREDICTIONS
 from recsync.run.predictions import save_predictions
 from recsync.run.preflight import preflight
 from recsync.run.record import RunRecord
+from recsync.ps import channel_shm
 from recsync.run.signals import (KILLED_WRITER_WAIT_S, catch_signals, ending,
-                                 keep_signals_from_ray, remove_temp_files)
+                                 keep_signals_from_ray, pid_alive, remove_temp_files)
 from recsync.run.summary import build_summary
 from recsync.run.warm_start import load_warm_start
 
@@ -147,6 +148,8 @@ def run(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False,
             result["model_dir"] = _save_model(cfg, ds, out, result, record)
         remove_temp_files(out, checkpoint_root(cfg, out) if cfg.distributed else None,
                           wait_s=0.0 if status == "completed" else KILLED_WRITER_WAIT_S)
+        if cfg.distributed:  # this machine's answer slots of workers killed making one
+            channel_shm.remove_orphans(pid_alive)
         result["predictions"] = save_predictions(out, result)  # the arrays leave the result
         summary = build_summary(cfg, ds, record, result, status, cause)
         write_outputs(cfg, out, summary)

@@ -128,3 +128,25 @@ def test_a_stores_pull_gathers_into_the_array_it_is_given():
     given = np.zeros((5, 4), np.float32)
     rows = store.pull_arrays(ids, out=lambda shape, dtype: given)
     assert rows.flat is given and [r.tolist() for r in rows] == [r.tolist() for r in expected]
+
+
+def test_slot_files_of_makers_that_are_gone_are_removed_and_no_others():
+    import subprocess
+    import sys
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    made = {}
+    for who, pid in (("gone", gone), ("alive", str(os.getpid()))):
+        made[who] = os.path.join(channel_shm.SHM_DIR, f"recsync-{pid}-{os.urandom(8).hex()}")
+        open(made[who], "wb").close()
+    other = os.path.join(channel_shm.SHM_DIR, f"other-{gone}-{os.urandom(8).hex()}")
+    open(other, "wb").close()
+    try:
+        from recsync.run.signals import pid_alive
+        assert made["gone"] in channel_shm.remove_orphans(pid_alive)
+        assert not os.path.exists(made["gone"])
+        assert os.path.exists(made["alive"]) and os.path.exists(other)
+    finally:
+        for path in (*made.values(), other):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -23,12 +23,12 @@ import torch
 from recsync.cluster import storage
 from recsync.config import RunConfig
 from recsync.metrics.core import MetricsLog, write_json
+from recsync.ps import channel_shm
 from recsync.run.local_run import final_eval, run_local
 from recsync.run.predictions import FILE as PREDICTIONS
 from recsync.run.predictions import save_predictions
 from recsync.run.preflight import preflight
 from recsync.run.record import RunRecord
-from recsync.ps import channel_shm
 from recsync.run.signals import (KILLED_WRITER_WAIT_S, catch_signals, ending,
                                  keep_signals_from_ray, pid_alive, remove_temp_files)
 from recsync.run.summary import build_summary

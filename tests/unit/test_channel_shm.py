@@ -150,3 +150,50 @@ def test_slot_files_of_makers_that_are_gone_are_removed_and_no_others():
         for path in (*made.values(), other):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_a_ps_client_whose_answers_come_in_slots_equals_a_local_store(monkeypatch):
+    """Pulls large enough for slots (about 120 KB of rows per shard), pushed back, over two
+    shards' direct paths: the same rows and updates as one local store, step after step."""
+    import torch
+    from cores import test_core
+    from fake_ps import patch_ray_get
+    from test_channel import direct_shards
+
+    from recsync.embedding.lookup import LocalLookup
+    from recsync.embedding.row_optim import RowSGD
+    from recsync.embedding.spec import TableSpec
+    from recsync.embedding.store import EmbeddingStore
+    from recsync.ps.client import PSClient
+    patch_ray_get(monkeypatch)
+    written = []
+    write = channel_shm.Slot.write
+    monkeypatch.setattr(channel_shm.Slot, "write",
+                        lambda slot, *a: written.append(slot.number) or write(slot, *a))
+    tables = [TableSpec(f"t{t}", 20_000, 16) for t in range(2)]
+    cores = [test_core(tables, RowSGD(lr=0.5), shard=s, num_shards=2, num_workers=1, seed=7,
+                       init_scale=0.05) for s in range(2)]
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    handles, servers = direct_shards(loop, cores)
+    client = PSClient(handles, [t.dim for t in tables], push_window=2, transport="direct")
+    local = LocalLookup(EmbeddingStore(tables, RowSGD(lr=0.5), seed=7, init_scale=0.05))
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        sparse = torch.stack([torch.randint(0, t.rows, (2048,), generator=gen) for t in tables], 1)
+        remote, here = client.pull(sparse), local.pull(sparse)
+        torch.testing.assert_close(remote.embeddings(), here.embeddings())
+        weights = torch.randn(2048, len(tables), 16, generator=gen)
+        for p in (remote, here):
+            (p.embeddings().stacked * weights).sum().backward()
+        client.push(remote)
+        client.flush()
+        local.push(here)
+    assert len(written) == 3 * 2  # every pull's answer, from both shards, came in a slot
+    client.close()
+    for s in servers:
+        s.close()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+    assert our_files() == []

@@ -1,8 +1,21 @@
 """Fixtures for every test directory."""
 
+import asyncio
 import subprocess
+import threading
 
 import pytest
+
+
+@pytest.fixture
+def loop():
+    """An asyncio loop running in a thread of its own (as a PSShard actor's), stopped after."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
 
 
 @pytest.fixture

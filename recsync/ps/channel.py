@@ -172,7 +172,7 @@ class ShardChannel:
     def call(self, verb: str, *args) -> concurrent.futures.Future:
         with self._lock:
             if self.broken is not None:
-                return _failed(self.broken)
+                return failed(self.broken)
             slot, small, new = self.slots.take()
             for old in small:
                 self._send(channel_shm.DETACH, (old.number,))
@@ -186,7 +186,7 @@ class ShardChannel:
               ) -> concurrent.futures.Future:
         """Send one request (under the lock); its Future."""
         if self.broken is not None:
-            return _failed(self.broken)
+            return failed(self.broken)
         future: concurrent.futures.Future = concurrent.futures.Future()
         request_id = next(self._ids)
         self._pending[request_id] = future, slot
@@ -245,7 +245,8 @@ class ShardChannel:
             self.slots.close()
 
 
-def _failed(error: BaseException) -> concurrent.futures.Future:
+def failed(error: BaseException) -> concurrent.futures.Future:
+    """A call's answer that is ``error``: raised where it is waited for (as a Ray ref's)."""
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_exception(error)
     return future

@@ -20,7 +20,7 @@ import torch
 from recsync.embedding.lookup import LookupPlan, PulledBatch
 from recsync.embedding.sharding import split_by_shard
 from recsync.embedding.spec import TableSpec
-from recsync.ps.channel import ShardChannel, ShardGone
+from recsync.ps.channel import ShardChannel, ShardGone, failed
 
 SHARD_GONE = (ray.exceptions.RayActorError, ShardGone)  # a shard's process ended
 
@@ -59,13 +59,6 @@ class PendingPull:
     min_version: int = 0
     read_only: bool = False  # an evaluation's: a dynamic table admits, evicts and scores nothing
     dense: str = "vector"  # what of the dense parameters comes with it (ShardCore.pull)
-
-
-def _failed(error: BaseException) -> concurrent.futures.Future:
-    """A call's answer that is ``error``: raised where it is waited for, as a Ray ref's."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    future.set_exception(error)
-    return future
 
 
 SHARD_RESTART_TIMEOUT_S = 120  # partial recovery: how long a pull waits for a shard to return
@@ -120,11 +113,11 @@ class PSClient:
             try:
                 address = ray.get(handle.channel.remote())
             except SHARD_GONE as e:
-                return _failed(e)
+                return failed(e)
             try:
                 known = (handle, ShardChannel(address))
             except OSError as e:
-                return _failed(ShardGone(
+                return failed(ShardGone(
                     f"cannot reach PS shard {shard}'s data port {address['host']}:"
                     f"{address['port']} ({e}); where nodes reach each other only on Ray's "
                     f"ports, set cluster.transport = \"ray\""))

@@ -17,16 +17,6 @@ from recsync.ps.channel import (KEY_BYTES, ShardChannel, ShardGone, encode, read
 from recsync.ps.channel_server import ChannelServer
 
 
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=5)
-
-
 class Handlers:
     """A pull that waits for a version (as PSShard's does), a push that raises the version."""
 
@@ -225,8 +215,26 @@ def direct_shards(loop, cores):
     return handles, servers
 
 
-def test_ps_client_over_the_direct_path_equals_a_local_store(loop, monkeypatch):
+def steps_alike(client, local, tables, batch: int, seed: int, steps: int = 3, **close) -> None:
+    """``steps`` steps of a PSClient and a LocalLookup on the same random batches: each pull
+    gives the same rows (``close``: assert_close's tolerances), then the same gradients are
+    pushed (the client's waited for)."""
     import torch
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        sparse = torch.stack([torch.randint(0, t.rows, (batch,), generator=gen)
+                              for t in tables], 1)
+        remote, here = client.pull(sparse, min_version=0), local.pull(sparse)
+        torch.testing.assert_close(remote.embeddings(), here.embeddings(), **close)
+        weights = torch.randn(batch, len(tables), tables[0].dim, generator=gen)
+        for p in (remote, here):
+            (p.embeddings().stacked * weights).sum().backward()
+        client.push(remote)
+        client.flush()
+        local.push(here)
+
+
+def test_ps_client_over_the_direct_path_equals_a_local_store(loop, monkeypatch):
     from fake_ps import patch_ray_get
     from test_ps_core import LR, SCALE, SEED, TABLES, core
 
@@ -239,17 +247,7 @@ def test_ps_client_over_the_direct_path_equals_a_local_store(loop, monkeypatch):
     handles, servers = direct_shards(loop, cores)
     client = PSClient(handles, [t.dim for t in TABLES], push_window=2, transport="direct")
     local = LocalLookup(EmbeddingStore(TABLES, RowSGD(lr=LR), seed=SEED, init_scale=SCALE))
-    gen = torch.Generator().manual_seed(9)
-    for _ in range(3):
-        sparse = torch.stack([torch.randint(0, t.rows, (12,), generator=gen) for t in TABLES], 1)
-        remote, here = client.pull(sparse, min_version=0), local.pull(sparse)
-        torch.testing.assert_close(remote.embeddings(), here.embeddings(), rtol=1e-5, atol=1e-6)
-        weights = torch.randn(12, len(TABLES), 4, generator=gen)
-        for p in (remote, here):
-            (p.embeddings().stacked * weights).sum().backward()
-        client.push(remote)
-        client.flush()
-        local.push(here)
+    steps_alike(client, local, TABLES, batch=12, seed=9, rtol=1e-5, atol=1e-6)
     assert sum(c.version for c in cores) == 9
     assert [s.connections for s in servers] == [1, 1, 1]  # one connection per shard, kept
     client.close()

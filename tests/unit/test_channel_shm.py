@@ -3,12 +3,11 @@ test_channel.py; what callers get, how long a slot stays theirs, and what is lef
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 
 import numpy as np
 import pytest
+from test_channel import direct_shards, steps_alike
 
 from recsync.ps import channel_shm
 from recsync.ps.channel import ShardChannel
@@ -23,12 +22,8 @@ def our_files() -> list[str]:
 
 
 @pytest.fixture
-def echo():
+def echo(loop):
     """(a client, its server) whose verb ``echo(n, fill)`` answers n floats of ``fill``."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
     async def fill(n, value):
         return np.full(n, value, np.float32)
     server = ChannelServer({"echo": fill}, loop, "127.0.0.1")
@@ -36,8 +31,6 @@ def echo():
     yield client, server
     client.close()
     server.close()
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=5)
 
 
 def test_a_large_answer_arrives_in_a_slot_whose_name_is_gone_once_the_shard_mapped_it(echo):
@@ -89,12 +82,9 @@ def test_the_shard_maps_only_slot_names_in_shm(tmp_path):
             channel_shm.open_slot(1, path, 8)
 
 
-def test_an_answer_built_in_its_slot_arrives_whole_and_one_without_a_slot_is_built_apart():
+def test_an_answer_built_in_its_slot_arrives_whole_and_one_without_a_slot_is_built_apart(loop):
     """A handler builds its answer where answer_array says (a shard's pull gathers its rows
     there): the client reads it right; a call without a slot gets None and builds it apart."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     places = []
 
     async def build(n, value):
@@ -113,8 +103,6 @@ def test_an_answer_built_in_its_slot_arrives_whole_and_one_without_a_slot_is_bui
     assert (rows == 5.0).all() and places == [True, True, True, False]
     client.close()
     server.close()
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=5)
 
 
 def test_a_stores_pull_gathers_into_the_array_it_is_given():
@@ -152,13 +140,11 @@ def test_slot_files_of_makers_that_are_gone_are_removed_and_no_others():
                 os.unlink(path)
 
 
-def test_a_ps_client_whose_answers_come_in_slots_equals_a_local_store(monkeypatch):
+def test_a_ps_client_whose_answers_come_in_slots_equals_a_local_store(loop, monkeypatch):
     """Pulls large enough for slots (about 120 KB of rows per shard), pushed back, over two
     shards' direct paths: the same rows and updates as one local store, step after step."""
-    import torch
     from cores import test_core
     from fake_ps import patch_ray_get
-    from test_channel import direct_shards
 
     from recsync.embedding.lookup import LocalLookup
     from recsync.embedding.row_optim import RowSGD
@@ -173,27 +159,12 @@ def test_a_ps_client_whose_answers_come_in_slots_equals_a_local_store(monkeypatc
     tables = [TableSpec(f"t{t}", 20_000, 16) for t in range(2)]
     cores = [test_core(tables, RowSGD(lr=0.5), shard=s, num_shards=2, num_workers=1, seed=7,
                        init_scale=0.05) for s in range(2)]
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     handles, servers = direct_shards(loop, cores)
     client = PSClient(handles, [t.dim for t in tables], push_window=2, transport="direct")
     local = LocalLookup(EmbeddingStore(tables, RowSGD(lr=0.5), seed=7, init_scale=0.05))
-    gen = torch.Generator().manual_seed(3)
-    for _ in range(3):
-        sparse = torch.stack([torch.randint(0, t.rows, (2048,), generator=gen) for t in tables], 1)
-        remote, here = client.pull(sparse), local.pull(sparse)
-        torch.testing.assert_close(remote.embeddings(), here.embeddings())
-        weights = torch.randn(2048, len(tables), 16, generator=gen)
-        for p in (remote, here):
-            (p.embeddings().stacked * weights).sum().backward()
-        client.push(remote)
-        client.flush()
-        local.push(here)
+    steps_alike(client, local, tables, batch=2048, seed=3)
     assert len(written) == 3 * 2  # every pull's answer, from both shards, came in a slot
     client.close()
     for s in servers:
         s.close()
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=5)
     assert our_files() == []

@@ -5,19 +5,20 @@ Validation: for each mode of ``VALIDATION_MODES`` and N in ``VALIDATION_WORKERS`
 runtime on the EMULATED cluster of scenario `stragglers` (workers of ``CORES_PER_WORKER`` cores,
 ``SHARDS`` shards of ``CORES_PER_SHARD``) and the simulator on the same data, model, batch and
 seeds. The simulator's compute per step is the real run's own (the median of its metrics'
-``worker_compute_s``, same seed: "the same timings"); its shards serve the `bench ps` rows/s scaled
-to the emulated shard's cores; what else a worker's step costs on the emulated cluster (Ray's
-calls, the process's other threads, the client, paced on its cores) is fitted per mode on a
-real run of ONE worker (``calibrate``: the step time the simulator does not explain becomes
-its overhead), so that 2 and 4 workers test the rest of the model: contention at the shards,
-the barrier, the event order. The fitted time is split between before and after the compute
-(``pull_side_s``, ``push_side_s``) as the worker's CPU is split in this process (measured),
-and paced as the EMULATED worker paces it (``Timing.paced``: its waits count toward it), so it
-is fitted again by a few one-worker simulations (``CALIBRATION_ROUNDS``). The real steps'
-variation, measured on the same one-worker runs (``real_jitter``), is the simulated workers'
-``Timing.jitter``: equal workers then drift apart as real ones do. Compared: the samples/s
-after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean
-staleness, and the eval AUC against the real runs' spread over seeds.
+``worker_compute_s``, same seed: "the same timings"); its shards serve the `bench ps` rows/s
+scaled to the emulated shard's cores, an all-reduce's CPU (measured, timing.py) to the worker's;
+what else a worker's step costs on the emulated cluster (Ray's calls, the process's other
+threads, the client, paced on its cores) is fitted per mode on a real run of ONE worker
+(``calibrate``: the step time the simulator does not explain becomes its overhead), so that 2
+and 4 workers test the rest of the model: contention at the shards, the barrier, the event
+order. The fitted time is split between before and after the compute (``pull_side_s``,
+``push_side_s``) as the worker's CPU is split in this process (measured), and paced as the
+EMULATED worker paces it (``Timing.paced``: its waits count toward it), so it is fitted again by
+a few one-worker simulations (``CALIBRATION_ROUNDS``). The real steps' variation, measured on
+the same one-worker runs (``real_jitter``), is the simulated workers' ``Timing.jitter``: equal
+workers then drift apart as real ones do. Compared: the samples/s after the same warm-up (real:
+wall seconds; simulated: simulated seconds), the mean staleness, and the eval AUC against the
+real runs' spread over seeds.
 
 Scale (simulated only): sync, gba and async at ``SCALE_WORKERS`` workers, with 10% stragglers
 2-5x slower (the same draw in every arm) and, at 128, without; one pass over the same data in
@@ -81,11 +82,14 @@ def base_config(data: Path, mode: str, workers: int, shards: int, batch: int) ->
 
 def emulated_shard_time() -> Timing:
     """The default model of time on the EMULATED cluster: the shard's costs (measured on one
-    core) on the emulated shard's ``CORES_PER_SHARD``, and the worker's own CPU paced as the
-    emulated worker paces it (``Timing.paced``)."""
-    t = Timing(paced=True)
-    return replace(t, **{k: getattr(t, k) / CORES_PER_SHARD for k in (
-        "pull_s_per_row", "push_s_per_row", "pull_call_s", "push_call_s")})
+    core) on the emulated shard's ``CORES_PER_SHARD``, an all-reduce's CPU on the worker's
+    ``CORES_PER_WORKER``, and the worker's own CPU paced as the emulated worker paces it
+    (``Timing.paced``)."""
+    t, shard = Timing(paced=True), ("pull_s_per_row", "push_s_per_row", "pull_call_s",
+                                    "push_call_s")
+    return replace(t, **{k: getattr(t, k) / (CORES_PER_SHARD if k in shard else CORES_PER_WORKER)
+                         for k in (*shard, "collective_cpu_s_per_message",
+                                   "collective_cpu_s_per_byte")})
 
 
 def run_simulated(timings: dict[str, Timing], steady: bool = True):
@@ -379,13 +383,9 @@ def run(out: Path, scale: float, seeds: int = sd.DEFAULT_SEEDS) -> dict:
             f"{SCALE_SHARDS} shards, 10% of workers 2-5x slower (one draw) and none at 128; "
             f"synthetic data ({em.spec_text()}); {seeds} seeds (32 and 512 workers: seed 0). "
             f"{shadow.description(seeds)} Scenario wall time {wall_s / 60:.1f} min."),
-        "arms": arms,
-        "ratios": ratios,
-        "validation": compared,
-        "calibration": calibration,
+        "arms": arms, "ratios": ratios, "validation": compared, "calibration": calibration,
         "differences": {"gba_minus_sync_auc_128": gba_sync, **shadow_figures["differences"]},
-        "seeds": seeds,
-        "wall_s": wall_s,
+        "seeds": seeds, "wall_s": wall_s,
         "tables": {
             **validation_tables(compared, calibration),
             "AUC differences at scale, paired by seed (mean, 95% t-interval)": [

@@ -51,6 +51,8 @@ class SimWorker:
         self._real_compute_s = 0.0
         self._cpu_at_compute: float | None = None
         self._section_at = 0.0  # (Timing.paced) when the current section of a step began
+        self.group = group
+        self._collective_cpu_s = 0.0  # this step's all-reduces' own CPU, at factor 1
         client = SimClient(clock, shards, plan, push_window=cfg.cluster.push_window,
                            seed=hash((cfg.train.seed, rank)) % 2**32)
         client.dense_shard = 0 if mode.dense_on_ps else None
@@ -59,7 +61,7 @@ class SimWorker:
             new_client=self._no_second_client, shards=shards,
             before_compute=self._before_compute, after_compute=self._after_compute,
             add_waits=self._add_waits,
-            all_reduce=None if group is None else group.all_reduce, now=lambda: clock.now)
+            all_reduce=None if group is None else self._all_reduce, now=lambda: clock.now)
         self.mode = mode.worker(self.ctx)
 
     @staticmethod
@@ -104,6 +106,13 @@ class SimWorker:
         else:
             self.clock.sleep(compute_s + (self.timing.pull_side_s or 0.0) * factor)
 
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        """The mode's all-reduce: the group's, and its CPU in this worker
+        (``Timing.all_reduce_cpu_s``) charged after the step's compute, as ``push_side_s``."""
+        self.group.all_reduce(tensor)
+        self._collective_cpu_s += self.timing.all_reduce_cpu_s(
+            tensor.numel() * tensor.element_size(), self.group.size)
+
     def _add_waits(self, pull_s: float, push_s: float) -> None:
         self.interval["pull_wait_s"] += pull_s
         self.interval["push_wait_s"] += push_s
@@ -119,13 +128,17 @@ class SimWorker:
             begin, cpu = self.clock.now, time.thread_time()
             self._real_compute_s, self._cpu_at_compute = 0.0, None
             loss = self.mode.step(batch, ahead, 0)
-            if self._cpu_at_compute is not None:  # the step computed
+            after_s, self._collective_cpu_s = self._collective_cpu_s, 0.0
+            computed = self._cpu_at_compute is not None
+            if computed:
                 self.real_sides_s.append((self._cpu_at_compute - cpu, time.thread_time()
                                           - self._cpu_at_compute - self._real_compute_s))
+                after_s += self.timing.push_side_s or 0.0
+            if computed or after_s:  # the worker's own CPU after its compute
                 if self.timing.paced:
-                    self._pace(self.timing.push_side_s)
+                    self._pace(after_s)
                 else:
-                    self.clock.sleep((self.timing.push_side_s or 0.0) * self.factor())
+                    self.clock.sleep(after_s * self.factor())
             if loss == STOP:
                 self.mode.finish(0)
                 self.finished_at = self.clock.now

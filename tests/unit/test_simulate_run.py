@@ -52,7 +52,8 @@ def free_network(**kwargs) -> Timing:
     return Timing(**{"compute_s": 0.01, "pull_side_s": 0.0, "push_side_s": 0.0,
                      "latency_s": 0.0, "bytes_per_s": math.inf, "pull_s_per_row": 0.0,
                      "push_s_per_row": 0.0, "pull_call_s": 0.0, "push_call_s": 0.0,
-                     "collective_latency_s": 0.0, **kwargs})
+                     "collective_latency_s": 0.0, "collective_cpu_s_per_message": 0.0,
+                     "collective_cpu_s_per_byte": 0.0, **kwargs})
 
 
 def trace(tmp_path, factors) -> Speeds:
@@ -161,6 +162,27 @@ def test_paced_cpu_is_a_floor_that_the_sections_waits_count_toward(data, tmp_pat
                                                                               rel=1e-6)
     assert train_s("longer", pull_side_s=0.006, paced=True) == pytest.approx(steps * 0.016,
                                                                               rel=1e-6)
+
+
+def test_an_all_reduces_cpu_is_the_workers_own_after_its_compute(data, tmp_path):
+    """Sync at 2 workers: each step's all-reduce is a ring of 2 messages, and each member spends
+    its CPU on both (2 x 5 ms) on top of the compute; paced, the CPU is a floor that a wait in
+    the same section counts toward: the straggler's partner waits 10 ms for it at the
+    all-reduce, which hides its own 10 ms."""
+    steps = ROWS // BATCH // 2
+
+    def train_s(name, factors, **kwargs):
+        timing = free_network(collective_cpu_s_per_message=0.005,
+                              speeds=trace(tmp_path, factors), **kwargs)
+        return simulate(config(data, "sync", 2), tmp_path / name, timing=timing)["train_s"]
+
+    # the last step has no batch anywhere: its all-reduce's CPU still counts (1 step more)
+    assert train_s("equal", [1.0, 1.0]) == pytest.approx(steps * 0.02 + 0.01, rel=1e-6)
+    assert train_s("paced", [1.0, 2.0], paced=True) == pytest.approx(
+        steps * 0.04 + 0.02, rel=1e-6)
+    t = Timing(collective_cpu_s_per_message=1e-3, collective_cpu_s_per_byte=1e-6)
+    assert t.all_reduce_cpu_s(4_000, 4) == pytest.approx(6 * (1e-3 + 1_000 * 1e-6))
+    assert t.all_reduce_cpu_s(4_000, 1) == 0.0
 
 
 def test_sync_applies_exactly_one_update_per_global_step(data, tmp_path):

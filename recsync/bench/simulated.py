@@ -88,8 +88,8 @@ def emulated_shard_time() -> Timing:
     t, shard = Timing(paced=True), ("pull_s_per_row", "push_s_per_row", "pull_call_s",
                                     "push_call_s")
     return replace(t, **{k: getattr(t, k) / (CORES_PER_SHARD if k in shard else CORES_PER_WORKER)
-                         for k in (*shard, "collective_cpu_s_per_message",
-                                   "collective_cpu_s_per_byte")})
+                         for k in (*shard, "collective_cpu_s_per_call",
+                                   "collective_cpu_s_per_message", "collective_cpu_s_per_byte")})
 
 
 def run_simulated(timings: dict[str, Timing], steady: bool = True):

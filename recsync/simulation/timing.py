@@ -3,17 +3,18 @@ is, and what a message and a shard's work take. Plain data and arithmetic, no cl
 
 Defaults are measurements of this project's `recsync bench ps` (one PS shard on a 2-core VM),
 for the transport of the config (``cluster.transport``, ``Timing.on``). The direct path (the
-default; docs/benchmarks/2026-11-28-ps-shm.md, run ps3): a pull of no ids took 0.40 ms there
-and back; a pull of 6,656 rows 0.92 ms and of 53,248 rows 3.60 ms, a push 1.69 and 9.86 ms
-(row-wise Adagrad, a push's tables in their one storage). Ray actor calls
+default; docs/benchmarks/2026-11-28-ps-shm.md, run ps3): a pull of no ids took 0.40 ms there and
+back; a pull of 6,656 rows 0.92 ms and of 53,248 rows 3.60 ms, a push 1.69 and 9.86 ms (row-wise
+Adagrad, a push's tables in their one storage). Ray actor calls
 (docs/benchmarks/2026-11-26-ps.md): a call without arrays 1.07 ms; a pull 4.82 and 12.92 ms, a
-push 6.67 and 19.09 ms, with Ray's object store. A line through the two sizes gives each call a fixed cost (the handling of a call in the shard's process:
-arguments, answer, event loop, ShardCore's per-call work; less the round trip of a call without
-arrays, modelled as latency) and a cost per row. With Ray's calls a shard's time is mostly the
-fixed part at a worker's usual call (a few thousand rows or less): the EMULATED runs of
-scenario `simulated` measured 2.9-4.9 ms of the shard process's CPU per call of about 3,500
-rows, where ShardCore's own work is under 1 ms. The bandwidth between machines is not measured
-here: 10 Gbit/s is a common NIC, and a setting.
+push 6.67 and 19.09 ms, with Ray's object store. A line through the two sizes gives each call a
+fixed cost (the handling of a call in the shard's process: arguments, answer, event loop,
+ShardCore's per-call work; less the round trip of a call without arrays, modelled as latency)
+and a cost per row. With Ray's calls a shard's time is mostly the fixed part at a worker's usual
+call (a few thousand rows or less): the EMULATED runs of scenario `simulated` measured 2.9-4.9
+ms of the shard process's CPU per call of about 3,500 rows, where ShardCore's own work is under
+1 ms. The bandwidth between machines is not measured here: 10 Gbit/s is a common NIC, and a
+setting.
 """
 
 from __future__ import annotations
@@ -62,11 +63,12 @@ BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 COLLECTIVE_LATENCY_S = 2.3e-3 / 2 - 0.95e6 / BYTES_PER_S
 # A gloo all-reduce's own CPU in each member (reducing and copying what it receives and sends):
 # 119,000 to 1,904,000 floats among 2, 3 and 4 processes on this VM took 0.47-4.23 ms of each
-# process's CPU (time.process_time, medians of 40 calls); a line through the nine points, per
-# message of the ring (2 (n - 1) of b / n bytes each): 0.114 ms + 0.312 ns per byte, within
-# 10% of each (docs/benchmarks/2026-11-28-simulated-collective.md)
-COLLECTIVE_CPU_S_PER_MESSAGE = 0.114e-3
-COLLECTIVE_CPU_S_PER_BYTE = 0.312e-9
+# process's CPU (time.process_time, medians of 40 calls); least squares through the nine
+# points: 0.169 ms a call + per message of the ring (2 (n - 1) of b / n bytes each) 0.0815 ms +
+# 0.309 ns a byte, within 10% of each (docs/benchmarks/2026-11-28-simulated-collective.md)
+COLLECTIVE_CPU_S_PER_CALL = 0.169e-3
+COLLECTIVE_CPU_S_PER_MESSAGE = 0.0815e-3
+COLLECTIVE_CPU_S_PER_BYTE = 0.309e-9
 SPEED_KINDS = ("constant", "stragglers", "lognormal", "trace")
 MEASURED = ("compute_s", "pull_side_s", "push_side_s")  # Timing's fields None = measured here
 
@@ -164,9 +166,10 @@ class Timing:
     push_s_per_row x r``; taking a chunk
     from the work queue is one round trip. An all-reduce of b bytes among n workers is a ring:
     2 (n - 1) messages of b / n bytes one after another, each ``collective_latency_s`` plus
-    its bytes at ``bytes_per_s``; besides, each member spends its own CPU on every message,
-    ``collective_cpu_s_per_message`` plus ``collective_cpu_s_per_byte`` per byte, at factor 1
-    (the worker's CPU after its compute, as ``push_side_s``). A shard's service of a call also takes ``pull_call_s`` or
+    its bytes at ``bytes_per_s``; besides, each member spends its own CPU, at factor 1 (the
+    worker's CPU after its compute, as ``push_side_s``): ``collective_cpu_s_per_call``, and
+    on every message ``collective_cpu_s_per_message`` plus ``collective_cpu_s_per_byte`` per
+    byte. A shard's service of a call also takes ``pull_call_s`` or
     ``push_call_s`` whatever its rows (the handling of the call in the shard's process). The
     defaults are the direct path's (``cluster.transport``'s default); ``on("ray")`` gives Ray
     calls' costs."""
@@ -181,6 +184,7 @@ class Timing:
     pull_call_s: float = DIRECT["pull_call_s"]
     push_call_s: float = DIRECT["push_call_s"]
     collective_latency_s: float = COLLECTIVE_LATENCY_S
+    collective_cpu_s_per_call: float = COLLECTIVE_CPU_S_PER_CALL
     collective_cpu_s_per_message: float = COLLECTIVE_CPU_S_PER_MESSAGE
     collective_cpu_s_per_byte: float = COLLECTIVE_CPU_S_PER_BYTE
     # the worker's own CPU as the EMULATED runtime paces it (cluster/emulation.py StepPacer):
@@ -194,8 +198,8 @@ class Timing:
 
     def __post_init__(self):
         for name in ("latency_s", "pull_s_per_row", "push_s_per_row", "pull_call_s",
-                     "push_call_s", "collective_latency_s", "collective_cpu_s_per_message",
-                     "collective_cpu_s_per_byte", "jitter"):
+                     "push_call_s", "collective_latency_s", "collective_cpu_s_per_call",
+                     "collective_cpu_s_per_message", "collective_cpu_s_per_byte", "jitter"):
             if getattr(self, name) < 0:
                 raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
         if self.bytes_per_s <= 0:
@@ -232,8 +236,8 @@ class Timing:
         """One member's own CPU in an all-reduce of ``nbytes`` among ``workers``, at factor 1."""
         if workers <= 1:
             return 0.0
-        return 2 * (workers - 1) * (self.collective_cpu_s_per_message
-                                    + nbytes / workers * self.collective_cpu_s_per_byte)
+        return self.collective_cpu_s_per_call + 2 * (workers - 1) * (
+            self.collective_cpu_s_per_message + nbytes / workers * self.collective_cpu_s_per_byte)
 
     def with_network(self, latency_ms: float, ms_per_mb: float) -> Timing:
         """These costs plus the config's EMULATED network delay (``network.latency_ms``, half

@@ -52,8 +52,9 @@ def free_network(**kwargs) -> Timing:
     return Timing(**{"compute_s": 0.01, "pull_side_s": 0.0, "push_side_s": 0.0,
                      "latency_s": 0.0, "bytes_per_s": math.inf, "pull_s_per_row": 0.0,
                      "push_s_per_row": 0.0, "pull_call_s": 0.0, "push_call_s": 0.0,
-                     "collective_latency_s": 0.0, "collective_cpu_s_per_message": 0.0,
-                     "collective_cpu_s_per_byte": 0.0, **kwargs})
+                     "collective_latency_s": 0.0, "collective_cpu_s_per_call": 0.0,
+                     "collective_cpu_s_per_message": 0.0, "collective_cpu_s_per_byte": 0.0,
+                     **kwargs})
 
 
 def trace(tmp_path, factors) -> Speeds:
@@ -180,8 +181,9 @@ def test_an_all_reduces_cpu_is_the_workers_own_after_its_compute(data, tmp_path)
     assert train_s("equal", [1.0, 1.0]) == pytest.approx(steps * 0.02 + 0.01, rel=1e-6)
     assert train_s("paced", [1.0, 2.0], paced=True) == pytest.approx(
         steps * 0.04 + 0.02, rel=1e-6)
-    t = Timing(collective_cpu_s_per_message=1e-3, collective_cpu_s_per_byte=1e-6)
-    assert t.all_reduce_cpu_s(4_000, 4) == pytest.approx(6 * (1e-3 + 1_000 * 1e-6))
+    t = Timing(collective_cpu_s_per_call=5e-3, collective_cpu_s_per_message=1e-3,
+               collective_cpu_s_per_byte=1e-6)
+    assert t.all_reduce_cpu_s(4_000, 4) == pytest.approx(5e-3 + 6 * (1e-3 + 1_000 * 1e-6))
     assert t.all_reduce_cpu_s(4_000, 1) == 0.0
 
 

@@ -166,12 +166,13 @@ class Timing:
     push_s_per_row x r``; taking a chunk
     from the work queue is one round trip. An all-reduce of b bytes among n workers is a ring:
     2 (n - 1) messages of b / n bytes one after another, each ``collective_latency_s`` plus
-    its bytes at ``bytes_per_s``; besides, each member spends its own CPU, at factor 1 (the
-    worker's CPU after its compute, as ``push_side_s``): ``collective_cpu_s_per_call``, and
-    on every message ``collective_cpu_s_per_message`` plus ``collective_cpu_s_per_byte`` per
-    byte. A shard's service of a call also takes ``pull_call_s`` or
-    ``push_call_s`` whatever its rows (the handling of the call in the shard's process). The
-    defaults are the direct path's (``cluster.transport``'s default); ``on("ray")`` gives Ray
+    its bytes at ``bytes_per_s`` (fitted to an all-reduce's wall at full speed, its CPU in
+    it). Each member's own CPU in it, at factor 1: ``collective_cpu_s_per_call``, and on every
+    message ``collective_cpu_s_per_message`` plus ``collective_cpu_s_per_byte`` per byte; a
+    worker slower than factor 1 takes (factor - 1) x that more, after its compute; paced, the
+    CPU x factor is a floor that the section's waits count toward. A shard's service of a
+    call also takes ``pull_call_s`` or ``push_call_s`` whatever its rows (the handling of the
+    call in the shard's process). The defaults are the direct path's (``cluster.transport``'s default); ``on("ray")`` gives Ray
     calls' costs."""
 
     compute_s: float | None = None

@@ -108,10 +108,22 @@ class SimWorker:
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         """The mode's all-reduce: the group's, and its CPU in this worker
-        (``Timing.all_reduce_cpu_s``) charged after the step's compute, as ``push_side_s``."""
+        (``Timing.all_reduce_cpu_s``) charged after the step's compute (``_after_step``)."""
         self.group.all_reduce(tensor)
         self._collective_cpu_s += self.timing.all_reduce_cpu_s(
             tensor.numel() * tensor.element_size(), self.group.size)
+
+    def _after_step(self, cpu_s: float, collective_s: float) -> None:
+        """The worker's own CPU after its compute: ``cpu_s`` (push_side_s) and its all-reduces'
+        ``collective_s``, at its factor. Paced, both are a floor that the section's waits (the
+        all-reduce's among them) count toward. Else the CPU comes on top of the waits; the
+        ring's time (``Timing.all_reduce_s``, fitted to an all-reduce's wall at full speed)
+        holds the all-reduce's CPU at factor 1, so only a slower worker's extra is added."""
+        if self.timing.paced:
+            self._pace(cpu_s + collective_s)
+        else:
+            factor = self.factor()
+            self.clock.sleep(cpu_s * factor + collective_s * max(0.0, factor - 1.0))
 
     def _add_waits(self, pull_s: float, push_s: float) -> None:
         self.interval["pull_wait_s"] += pull_s
@@ -128,17 +140,14 @@ class SimWorker:
             begin, cpu = self.clock.now, time.thread_time()
             self._real_compute_s, self._cpu_at_compute = 0.0, None
             loss = self.mode.step(batch, ahead, 0)
-            after_s, self._collective_cpu_s = self._collective_cpu_s, 0.0
+            collective_s, self._collective_cpu_s = self._collective_cpu_s, 0.0
             computed = self._cpu_at_compute is not None
             if computed:
                 self.real_sides_s.append((self._cpu_at_compute - cpu, time.thread_time()
                                           - self._cpu_at_compute - self._real_compute_s))
-                after_s += self.timing.push_side_s or 0.0
-            if computed or after_s:  # the worker's own CPU after its compute
-                if self.timing.paced:
-                    self._pace(after_s)
-                else:
-                    self.clock.sleep(after_s * self.factor())
+            if computed or collective_s:  # the worker's own CPU after its compute
+                self._after_step((self.timing.push_side_s or 0.0) if computed else 0.0,
+                                 collective_s)
             if loss == STOP:
                 self.mode.finish(0)
                 self.finished_at = self.clock.now

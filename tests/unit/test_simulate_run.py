@@ -165,11 +165,12 @@ def test_paced_cpu_is_a_floor_that_the_sections_waits_count_toward(data, tmp_pat
                                                                               rel=1e-6)
 
 
-def test_an_all_reduces_cpu_is_the_workers_own_after_its_compute(data, tmp_path):
-    """Sync at 2 workers: each step's all-reduce is a ring of 2 messages, and each member spends
-    its CPU on both (2 x 5 ms) on top of the compute; paced, the CPU is a floor that a wait in
-    the same section counts toward: the straggler's partner waits 10 ms for it at the
-    all-reduce, which hides its own 10 ms."""
+def test_an_all_reduces_cpu_slows_a_slower_worker_and_is_a_floor_when_paced(data, tmp_path):
+    """Sync at 2 workers, each all-reduce 2 messages of 5 ms of each member's CPU. The ring's
+    time holds that CPU at full speed: equal workers take no more. A worker twice as slow takes
+    its extra 10 ms after the step; paced, each member's section after the compute lasts at
+    least its CPU x factor, and the fast one's 10 ms wait for the slow one at the all-reduce
+    counts toward its own 10 ms."""
     steps = ROWS // BATCH // 2
 
     def train_s(name, factors, **kwargs):
@@ -177,8 +178,10 @@ def test_an_all_reduces_cpu_is_the_workers_own_after_its_compute(data, tmp_path)
                               speeds=trace(tmp_path, factors), **kwargs)
         return simulate(config(data, "sync", 2), tmp_path / name, timing=timing)["train_s"]
 
-    # the last step has no batch anywhere: its all-reduce's CPU still counts (1 step more)
-    assert train_s("equal", [1.0, 1.0]) == pytest.approx(steps * 0.02 + 0.01, rel=1e-6)
+    assert train_s("equal", [1.0, 1.0]) == pytest.approx(steps * 0.01, rel=1e-6)
+    # the slow worker: 20 ms of compute + 10 ms more of the all-reduce's CPU; the last step
+    # (no batch anywhere) is its all-reduce alone
+    assert train_s("slower", [1.0, 2.0]) == pytest.approx(steps * 0.03 + 0.01, rel=1e-6)
     assert train_s("paced", [1.0, 2.0], paced=True) == pytest.approx(
         steps * 0.04 + 0.02, rel=1e-6)
     t = Timing(collective_cpu_s_per_call=5e-3, collective_cpu_s_per_message=1e-3,

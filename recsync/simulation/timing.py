@@ -172,8 +172,8 @@ class Timing:
     worker slower than factor 1 takes (factor - 1) x that more, after its compute; paced, the
     CPU x factor is a floor that the section's waits count toward. A shard's service of a
     call also takes ``pull_call_s`` or ``push_call_s`` whatever its rows (the handling of the
-    call in the shard's process). The defaults are the direct path's (``cluster.transport``'s default); ``on("ray")`` gives Ray
-    calls' costs."""
+    call in the shard's process). The defaults are the direct path's (``cluster.transport``'s
+    default); ``on("ray")`` gives Ray calls' costs."""
 
     compute_s: float | None = None
     pull_side_s: float | None = None

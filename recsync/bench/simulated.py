@@ -45,6 +45,7 @@ from pathlib import Path
 from recsync.api import override
 from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
+from recsync.bench.processes import map_ordered
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
@@ -141,36 +142,6 @@ def parallel_seeded_runs(configs: dict[str, RunConfig], timings: dict[str, Timin
         print(f"seed {s + 1}/{seeds}: {name}: eval AUC {result['eval']['auc']:.4f}", flush=True)
         runs[name].append(result)
     return runs
-
-
-def map_ordered(fn, args: list[tuple], processes: int):
-    """``fn(*a)`` for each ``a`` of ``args``, in order; with ``processes`` > 1 in as many fresh
-    processes (spawned: no thread or torch state inherited) at a time."""
-    if processes <= 1:
-        yield from (fn(*a) for a in args)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    ctx = multiprocessing.get_context("spawn")
-    started = ctx.Value("i", 0)
-    with ProcessPoolExecutor(processes, mp_context=ctx, initializer=_own_core,
-                             initargs=(started,)) as pool:
-        futures = [pool.submit(fn, *a) for a in args]
-        try:
-            yield from (f.result() for f in futures)
-        finally:  # a failed arm ends the scenario now, not after every arm still queued
-            pool.shutdown(cancel_futures=True)
-
-
-def _own_core(started) -> None:
-    """(A pool's process, as it starts:) a core of its own, the next of this machine's, so
-    that two simulations do not share one (a simulation runs on one core: on_one_core)."""
-    import os
-    if hasattr(os, "sched_setaffinity"):
-        with started.get_lock():
-            k, started.value = started.value, started.value + 1
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[k % len(cores)]})
 
 
 def real_compute_s(arm: dict) -> float:

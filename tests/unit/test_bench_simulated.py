@@ -175,12 +175,6 @@ def test_the_validation_alone_gives_the_whole_scenarios_validation(fakes, tmp_pa
     assert written["ratios"]["validation_speed_error_max"] == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_simulations_in_parallel_come_back_in_order(processes):
-    args = [(2, 3), (3, 2), (5, 1), (7, 0)]
-    assert list(scenario.map_ordered(pow, args, processes)) == [8, 9, 5, 1]
-
-
 def test_each_seeds_simulation_computes_as_long_as_that_seeds_real_run(fakes, tmp_path,
                                                                        monkeypatch):
     """The machine drifts between seeds: real seed 1 computes twice as long per step as seed

@@ -59,7 +59,7 @@ RAY = call_costs("ray")  # pull 2.59 ms + 0.174 us/row, push 3.83 ms + 0.267 us/
 BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 # A gloo all-reduce of the 1.9 MB dense vector between two processes took 2.3 ms
 # (docs/benchmarks/2026-11-22-shadow.md); under the ring model at BYTES_PER_S, 2 messages of
-# half of it: each message's fixed cost is what is left.
+# half of it: each message's fixed cost is what is left (the members' CPU is in that wall).
 COLLECTIVE_LATENCY_S = 2.3e-3 / 2 - 0.95e6 / BYTES_PER_S
 # A gloo all-reduce's own CPU in each member (reducing and copying what it receives and sends):
 # 119,000 to 1,904,000 floats among 2, 3 and 4 processes on this VM took 0.47-4.23 ms of each

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from recsync.bench.processes import map_ordered
+from recsync.run.signals import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,14 +41,6 @@ def _pool_children(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_pools_processes_end_when_the_scenario_is_killed():
     """A scenario killed by SIGKILL (its pool cannot shut down) leaves no simulation running."""
@@ -65,12 +58,12 @@ def test_the_pools_processes_end_when_the_scenario_is_killed():
         os.kill(scenario.pid, signal.SIGKILL)
         scenario.wait()
         deadline = time.monotonic() + 10
-        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        while any(pid_alive(c) for c in children) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [c for c in children if _alive(c)]
+        assert not [c for c in children if pid_alive(c)]
     finally:
         if scenario.poll() is None:
             scenario.kill()
         for c in children | _pool_children(scenario.pid):
-            if _alive(c):
+            if pid_alive(c):
                 os.kill(c, signal.SIGKILL)

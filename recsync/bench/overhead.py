@@ -175,8 +175,15 @@ def embedded_ray():
 
 
 def steady_rate(metrics: list[dict], warmup_samples: int) -> dict:
-    """Samples per second between the first record at or past ``warmup_samples`` and the last."""
+    """Samples per second between the first record at or past ``warmup_samples`` and the last
+    one written while training went on. The record that counts the last samples is left out
+    where two others remain: the watch loop writes it at its first poll after the end
+    (distributed/watch.py; the simulator as well), up to half a second of no training that a
+    window of a few seconds would count as up to 10% of its time."""
     done = [r for r in metrics if r["samples"] >= warmup_samples]
+    going = [r for r in done if r["samples"] < done[-1]["samples"]] if done else []
+    if len(going) >= 2:
+        done = going
     first_step = next((r["time_s"] for r in metrics if r["samples"] > 0), None)
     if len(done) < 2 or done[-1]["time_s"] <= done[0]["time_s"]:
         raise RuntimeError(f"too few metrics records after the warm-up ({len(done)}) to "

@@ -190,7 +190,8 @@ class Watch:
     def close(self) -> None:
         """The last line, at the first tick at or after the last worker's end: the driver's
         watch loop (distributed/watch.py) sees the end only when it next polls, so a real
-        run's last line (and a rate measured up to it) includes up to a poll's wait."""
+        run's last line includes up to a poll's wait (bench/overhead.py steady_rate leaves
+        it out)."""
         end = self.c.clock.now
         if self.last_s < end or self.record.samples < self.samples:
             tick = math.ceil(end / LINE_EVERY_S - 1e-9) * LINE_EVERY_S

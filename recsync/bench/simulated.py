@@ -58,6 +58,7 @@ VALIDATION_WORKERS = (2, 4)
 SCALE_WORKERS = (32, 128, 512)
 SCALE_MODES = ("sync", "gba", "async")
 SHARDS = 2
+SHARD_COSTS = ("pull_s_per_row", "push_s_per_row", "pull_call_s", "push_call_s")  # Timing's
 CORES_PER_WORKER, CORES_PER_SHARD = 0.2, 0.35  # scenario `stragglers`' emulated cluster
 # At 128 workers x 32 the global batch is 4,096, the one the defaults were tuned at; one pass
 # over SCALE_ROWS then gets sync within about 0.01 of the Bayes AUC (measured 2026-11-27: sync,
@@ -86,10 +87,10 @@ def emulated_shard_time() -> Timing:
     core) on the emulated shard's ``CORES_PER_SHARD``, an all-reduce's CPU on the worker's
     ``CORES_PER_WORKER``, and the worker's own CPU paced as the emulated worker paces it
     (``Timing.paced``)."""
-    t, shard = Timing(paced=True), ("pull_s_per_row", "push_s_per_row", "pull_call_s",
-                                    "push_call_s")
-    return replace(t, **{k: getattr(t, k) / (CORES_PER_SHARD if k in shard else CORES_PER_WORKER)
-                         for k in (*shard, "collective_cpu_s_per_call",
+    t = Timing(paced=True)
+    return replace(t, **{k: getattr(t, k) / (CORES_PER_SHARD if k in SHARD_COSTS
+                                             else CORES_PER_WORKER)
+                         for k in (*SHARD_COSTS, "collective_cpu_s_per_call",
                                    "collective_cpu_s_per_message", "collective_cpu_s_per_byte")})
 
 
@@ -202,7 +203,9 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
                                 out / "calibration" / m) for m in VALIDATION_MODES}
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
     # each seed's compute as the real run of that seed's: the machine's drift is not the model's
-    timings = {name: [replace(shard_time, compute_s=real_compute_s(r), **calibration[m]["sides"])
+    timings = {name: [scaled_shards(replace(shard_time, compute_s=real_compute_s(r),
+                                            **calibration[m]["sides"]),
+                                    calibration[m]["shard_scale"])
                       for r in runs[f"real_{m}_{n}"]]
                for name, (m, n) in zip(sims, cells)}
     sd.seeded_runs(list(sims), sims.__getitem__, out, seeds, results=runs,
@@ -248,7 +251,10 @@ def validation_tables(compared: dict, calibration: dict) -> dict:
             [m, c["overhead_s"], f"real EMULATED step {c['real_step_s']:.4f} s, simulated "
              f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
              f"{c['compute_s']:.4f} s (the real runs', median); jitter {c['jitter']:.3f} (the "
-             f"real runs' of one worker, every mode)"] for m, c in calibration.items()],
+             f"real runs' of one worker, every mode); shards' CPU per call "
+             f"{c['shard_cpu_per_call_modelled_s'] * 1e3:.2f} ms modelled, "
+             f"{(c['shard_cpu_per_call_real_s'] or 0) * 1e3:.2f} ms real: x "
+             f"{c['shard_scale']:.2f}"] for m, c in calibration.items()],
     }
 
 
@@ -258,15 +264,23 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     samples/s, median of seeds) against the simulation's of one worker with no overhead; the
     difference is what the simulator does not see of a worker's step on the emulated cluster
     (Ray's calls, the process's other threads, the client: paced on its cores), charged as
-    ``overhead_s`` at 2 and 4 workers, which then test the rest of the model."""
+    ``overhead_s`` at 2 and 4 workers, which then test the rest of the model. First the
+    shards' costs (bench ps's, of another day) are scaled to the CPU per call the real runs'
+    shards were charged (``shard_scale``): their queues order 2 and 4 workers' calls."""
     timing = replace(shard_time, pull_side_s=0.0, push_side_s=0.0,
                      compute_s=statistics.median(real_compute_s(r) for r in real_runs))
     cfg = base_config(data, mode, 1, SHARDS, VALIDATION_BATCH)
 
-    def step_s(sides: dict, name: str) -> float:
-        sim = run_simulated({name: replace(timing, **sides)})(cfg, out / name, name)
-        return VALIDATION_BATCH / sim["samples_per_s"]
+    def simulated(sides: dict, name: str) -> dict:
+        return run_simulated({name: replace(timing, **sides)})(cfg, out / name, name)
 
+    def step_s(sides: dict, name: str) -> float:
+        return VALIDATION_BATCH / simulated(sides, name)["samples_per_s"]
+
+    modelled = shard_cpu_per_call(simulated({}, "shards_as_measured"))
+    real_cpu = [x for x in map(shard_cpu_per_call, real_runs) if x is not None]
+    shard_scale = statistics.median(real_cpu) / modelled if real_cpu and modelled else 1.0
+    timing = scaled_shards(timing, shard_scale)
     real_step = VALIDATION_BATCH / statistics.median(r["samples_per_s"] for r in real_runs)
     sim_step = step_s({}, "without_overhead")
     overhead = max(0.0, real_step - sim_step)
@@ -287,8 +301,26 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     return {"real_step_s": real_step, "sim_step_s_without_overhead": sim_step,
             "calibration_rounds": list(zip(tried, fitted)), "compute_s": timing.compute_s,
             "overhead_s": overhead, "pull_side_share_measured_here": share,
-            "jitter": timing.jitter,
-            "sides": sides(overhead)}
+            "jitter": timing.jitter, "shard_cpu_per_call_modelled_s": modelled,
+            "shard_cpu_per_call_real_s": statistics.median(real_cpu) if real_cpu else None,
+            "shard_scale": shard_scale, "sides": sides(overhead)}
+
+
+def shard_cpu_per_call(run: dict) -> float | None:
+    """A run's shards' CPU per call (None without): a real EMULATED run's as their pacing
+    charged it; a simulation's, its shards' busy time on the emulated ``CORES_PER_SHARD``."""
+    sim = run.get("simulated")
+    if sim is not None:
+        busy, calls = sum(sim.get("shard_busy_s") or []), sum(sim.get("shard_calls") or [])
+        return busy * CORES_PER_SHARD / calls if calls else None
+    shards = (run.get("emulation") or {}).get("shards") or []
+    calls = sum(x["requests"] for x in shards)
+    return sum(x["cpu_s"] for x in shards) / calls if calls else None
+
+
+def scaled_shards(timing: Timing, scale: float) -> Timing:
+    """``timing`` with each of the shard's costs (per call, per row) times ``scale``."""
+    return replace(timing, **{k: getattr(timing, k) * scale for k in SHARD_COSTS})
 
 
 def at_scale(out: Path, scale: float, seeds: int) -> dict:

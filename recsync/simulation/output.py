@@ -83,6 +83,8 @@ def simulated_summary(cfg, ds, record: SimRecord, cluster, final: dict, timing,
         "events": cluster.clock.events_run,
         "applied_at_end": ended,  # gradients the rules still held when training ended
         "shard_busy_frac": [s.busy_s / sim_s if sim_s else None for s in cluster.shards],
+        "shard_busy_s": [s.busy_s for s in cluster.shards],
+        "shard_calls": [s.calls for s in cluster.shards],
         "all_reduce_rounds": cluster.group.rounds if cluster.group else None,
         "all_reduce_wait_s": cluster.group.waited_s if cluster.group else None,
         "per_worker": [{"rank": w.rank, "factor_at_start": factors[w.rank],

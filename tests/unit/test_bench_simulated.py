@@ -60,9 +60,11 @@ def _summary(cfg, name: str, speed: float) -> dict:
 def fake_real(cfg, out_dir, name):
     assert cfg.emulation.cores_per_worker == scenario.CORES_PER_WORKER
     _metrics(out_dir, REAL_SPEED, [0.05, -0.05])  # a jitter of 0.1
+    # the shards' pacing charged 3 ms of CPU a call
+    shards = [{"cpu_s": 0.6, "requests": 200}, {"cpu_s": 0.3, "requests": 100}]
     return {**_summary(cfg, name, REAL_SPEED), "first_step_done_s": 1.0, "window_s": 30.0,
             "worker_step_s_median": 0.1, "memory": None, "cpu": None,
-            "out_dir": str(out_dir)}
+            "out_dir": str(out_dir), "emulation": {"label": "EMULATED", "shards": shards}}
 
 
 SIMULATED = []
@@ -86,7 +88,10 @@ def fake_simulate(cfg, out_dir, timing, overwrite):
     _metrics(out_dir, speed)
     return {**_summary(cfg, "", speed),
             "simulated": {"real_wall_s": 7.0 * n, "simulated_train_s": 50.0,
-                          "shard_busy_frac": [0.5] * cfg.cluster.ps_shards}}
+                          "shard_busy_frac": [0.5] * cfg.cluster.ps_shards,
+                          # each shard served 10 calls of a pull's fixed cost
+                          "shard_busy_s": [10 * timing.pull_call_s] * cfg.cluster.ps_shards,
+                          "shard_calls": [10] * cfg.cluster.ps_shards}}
 
 
 @pytest.fixture
@@ -128,9 +133,18 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     small = [(m, n, t) for m, n, t in others if n in scenario.VALIDATION_WORKERS]
     calibrations = [(m, t) for m, n, t in others if n == 1]
     assert sorted(m for m, _ in calibrations) == sorted(
-        scenario.VALIDATION_MODES * (1 + scenario.CALIBRATION_ROUNDS))
+        scenario.VALIDATION_MODES * (2 + scenario.CALIBRATION_ROUNDS))
     assert all(t.compute_s == COMPUTE_S and t.paced for _, t in calibrations)
-    assert sum(t.pull_side_s == t.push_side_s == 0.0 for _, t in calibrations) == 3
+    assert sum(t.pull_side_s == t.push_side_s == 0.0 for _, t in calibrations) == 6
+    # the shards' costs as bench ps measured them, then scaled to the real runs' 3 ms of CPU
+    # a call: the simulations of 2 and 4 workers and the fit's after the first
+    measured = scenario.emulated_shard_time()
+    assert sum(t.pull_call_s == measured.pull_call_s for _, t in calibrations) == 3
+    scale = 3e-3 / (measured.pull_call_s * scenario.CORES_PER_SHARD)
+    for t in [t for _, t in calibrations if t.pull_call_s != measured.pull_call_s] + [
+            t for _, _, t in small]:
+        assert t.pull_call_s * scenario.CORES_PER_SHARD == pytest.approx(3e-3)
+        assert t.push_s_per_row == pytest.approx(measured.push_s_per_row * scale)
     assert {(m, n) for m, n, _ in small} == {(m, n) for m in scenario.VALIDATION_MODES
                                             for n in scenario.VALIDATION_WORKERS}
     assert all(t.compute_s == COMPUTE_S for _, _, t in small)

@@ -5,14 +5,15 @@ Validation: for each mode of ``VALIDATION_MODES`` and N in ``VALIDATION_WORKERS`
 runtime on the EMULATED cluster of scenario `stragglers` (workers of ``CORES_PER_WORKER`` cores,
 ``SHARDS`` shards of ``CORES_PER_SHARD``) and the simulator on the same data, model, batch and
 seeds. The simulator's compute per step is the real run's own (the median of its metrics'
-``worker_compute_s``, same seed: "the same timings"); its shards serve the `bench ps` rows/s
-scaled to the emulated shard's cores, an all-reduce's CPU (measured, timing.py) to the worker's;
-what else a worker's step costs on the emulated cluster (Ray's calls, the process's other
-threads, the client, paced on its cores) is fitted per mode on a real run of ONE worker
-(``calibrate``: the step time the simulator does not explain becomes its overhead), so that 2
-and 4 workers test the rest of the model: contention at the shards, the barrier, the event
-order. The fitted time is split between before and after the compute (``pull_side_s``,
-``push_side_s``) as the worker's CPU is split in this process (measured), and paced as the
+``worker_compute_s``, same seed: "the same timings"); its shards serve the `bench ps` costs
+scaled to the CPU per call the real one-worker runs' shards were charged, an all-reduce's CPU
+(measured, timing.py) on the worker's cores; what else a worker's step costs on the emulated
+cluster (Ray's calls, the process's other threads, the client, paced on its cores) is fitted
+per mode on a real run of ONE worker (``calibrate``: the step time the simulator does not
+explain becomes its overhead), so that 2 and 4 workers test the rest of the model: contention
+at the shards, the barrier, the event order. The fitted time is split between before and after
+the compute (``pull_side_s``, ``push_side_s``) as the real runs' pacing split the worker's CPU
+outside its compute (simulated_readings.py), and paced as the
 EMULATED worker paces it (``Timing.paced``: its waits count toward it), so it is fitted again by
 a few one-worker simulations (``CALIBRATION_ROUNDS``). The real steps' variation, measured on
 the same one-worker runs (``real_jitter``), is the simulated workers' ``Timing.jitter``: equal
@@ -36,7 +37,6 @@ Ratios (the names the issue's checks read): ``validation_speed_error_max`` (the 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from dataclasses import replace
@@ -46,6 +46,9 @@ from recsync.api import override
 from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
 from recsync.bench.processes import map_ordered
+from recsync.bench.simulated_readings import (SHARD_COSTS, real_compute_s, real_jitter,
+                                               real_pull_side_share, scaled_shards,
+                                               shard_cpu_per_call)
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
@@ -58,7 +61,6 @@ VALIDATION_WORKERS = (2, 4)
 SCALE_WORKERS = (32, 128, 512)
 SCALE_MODES = ("sync", "gba", "async")
 SHARDS = 2
-SHARD_COSTS = ("pull_s_per_row", "push_s_per_row", "pull_call_s", "push_call_s")  # Timing's
 CORES_PER_WORKER, CORES_PER_SHARD = 0.2, 0.35  # scenario `stragglers`' emulated cluster
 # At 128 workers x 32 the global batch is 4,096, the one the defaults were tuned at; one pass
 # over SCALE_ROWS then gets sync within about 0.01 of the Bayes AUC (measured 2026-11-27: sync,
@@ -143,38 +145,6 @@ def parallel_seeded_runs(configs: dict[str, RunConfig], timings: dict[str, Timin
         print(f"seed {s + 1}/{seeds}: {name}: eval AUC {result['eval']['auc']:.4f}", flush=True)
         runs[name].append(result)
     return runs
-
-
-def real_compute_s(arm: dict) -> float:
-    """The median compute time per step of a real run's workers (its metrics lines)."""
-    lines = read_jsonl(Path(arm["out_dir"]) / "metrics.jsonl")
-    values = [v for x in lines for v in x.get("worker_compute_s") or [] if v]
-    return statistics.median(values)
-
-
-def real_jitter(arms: list[dict]) -> float:
-    """Timing.jitter measured on real runs of one worker: the spread of the log of a step's
-    time. A metrics line holds the mean of its interval's k steps, whose log (steps drawn
-    independently) varies by about jitter / sqrt(k) around the run's mean, so per run jitter^2
-    is sum k (log mean - its k-weighted mean)^2 / (lines - 1), over the lines after the first
-    two with steps (the warm-up) and before the last (a partial interval); the median over the
-    runs (0 without 3 such lines). A drift of the whole machine counts as jitter here."""
-    sigmas = []
-    for arm in arms:
-        lines = read_jsonl(Path(arm["out_dir"]) / "metrics.jsonl")
-        points, before = [], None
-        for x in lines:
-            step_s = (x.get("worker_step_s") or [None])[0]
-            if before is not None and step_s and x.get("step", 0) > before:
-                points.append((x["step"] - before, math.log(step_s)))
-            before = x.get("step")
-        points = points[2:-1]
-        if len(points) < 3:
-            continue
-        mean = sum(k * v for k, v in points) / sum(k for k, _ in points)
-        sigmas.append(math.sqrt(sum(k * (v - mean) ** 2 for k, v in points)
-                                / (len(points) - 1)))
-    return statistics.median(sigmas) if sigmas else 0.0
 
 
 def worker_sides(cfg: RunConfig, ds) -> dict:
@@ -277,15 +247,18 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     def step_s(sides: dict, name: str) -> float:
         return VALIDATION_BATCH / simulated(sides, name)["samples_per_s"]
 
-    modelled = shard_cpu_per_call(simulated({}, "shards_as_measured"))
-    real_cpu = [x for x in map(shard_cpu_per_call, real_runs) if x is not None]
+    modelled = shard_cpu_per_call(simulated({}, "shards_as_measured"), CORES_PER_SHARD)
+    real_cpu = [x for r in real_runs if (x := shard_cpu_per_call(r)) is not None]
     shard_scale = statistics.median(real_cpu) / modelled if real_cpu and modelled else 1.0
     timing = scaled_shards(timing, shard_scale)
     real_step = VALIDATION_BATCH / statistics.median(r["samples_per_s"] for r in real_runs)
     sim_step = step_s({}, "without_overhead")
     overhead = max(0.0, real_step - sim_step)
+    # split as the real runs' pacing split the worker's CPU outside the compute, where known
     here = worker_sides(cfg, Dataset(data))
-    share = here["pull_side_s"] / max(1e-12, here["pull_side_s"] + here["push_side_s"])
+    real_share = [x for r in real_runs if (x := real_pull_side_share(r)) is not None]
+    share = (statistics.median(real_share) if real_share else
+             here["pull_side_s"] / max(1e-12, here["pull_side_s"] + here["push_side_s"]))
 
     def sides(total: float) -> dict:
         return {"pull_side_s": total * share, "push_side_s": total * (1 - share)}
@@ -300,27 +273,11 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
         overhead = max(0.0, overhead + (real_step - fitted[-1]) / max(slope, 0.05))
     return {"real_step_s": real_step, "sim_step_s_without_overhead": sim_step,
             "calibration_rounds": list(zip(tried, fitted)), "compute_s": timing.compute_s,
-            "overhead_s": overhead, "pull_side_share_measured_here": share,
+            "overhead_s": overhead, "pull_side_share": share,
+            "pull_side_share_real": statistics.median(real_share) if real_share else None,
             "jitter": timing.jitter, "shard_cpu_per_call_modelled_s": modelled,
             "shard_cpu_per_call_real_s": statistics.median(real_cpu) if real_cpu else None,
             "shard_scale": shard_scale, "sides": sides(overhead)}
-
-
-def shard_cpu_per_call(run: dict) -> float | None:
-    """A run's shards' CPU per call (None without): a real EMULATED run's as their pacing
-    charged it; a simulation's, its shards' busy time on the emulated ``CORES_PER_SHARD``."""
-    sim = run.get("simulated")
-    if sim is not None:
-        busy, calls = sum(sim.get("shard_busy_s") or []), sum(sim.get("shard_calls") or [])
-        return busy * CORES_PER_SHARD / calls if calls else None
-    shards = (run.get("emulation") or {}).get("shards") or []
-    calls = sum(x["requests"] for x in shards)
-    return sum(x["cpu_s"] for x in shards) / calls if calls else None
-
-
-def scaled_shards(timing: Timing, scale: float) -> Timing:
-    """``timing`` with each of the shard's costs (per call, per row) times ``scale``."""
-    return replace(timing, **{k: getattr(timing, k) * scale for k in SHARD_COSTS})
 
 
 def at_scale(out: Path, scale: float, seeds: int) -> dict:

@@ -157,13 +157,16 @@ class StepPacer:
         self.steps = 0
         self.cpu_s = self.wall_s = self.slept_s = 0.0  # whole steps
         self.compute_cpu_s = self.compute_wall_s = 0.0  # compute sections
+        self.pre_compute_cpu_s = 0.0  # the sections before them (the pull's side of a step)
         self.expected_s = 0.0  # Σ factor x cpu / cores over compute sections
         self._section = self._step = None
         self._step_cpu = 0.0
+        self._first = False
 
     def begin(self) -> None:
         self._section = self._step = self.machine.open()
         self._step_cpu = 0.0
+        self._first = True  # the step's first section is open
 
     def point(self, factor: float = 1.0, compute: bool = False) -> float:
         """End the current section (sleeping until it is due) and start the next; ``compute``:
@@ -176,6 +179,9 @@ class StepPacer:
             self.sleep(wait)
             self.slept_s += wait
         self._step_cpu += cpu
+        if self._first and not compute:
+            self.pre_compute_cpu_s += cpu
+        self._first = False
         if compute:
             self.compute_cpu_s += cpu
             self.compute_wall_s += self.machine.clock() - t0
@@ -188,6 +194,7 @@ class StepPacer:
         false: a step without a batch of its own, e.g. sync's all-reduce of an idle worker)."""
         if self._step is None:
             return 0.0
+        self._first = False  # a step's last section is never the one before its compute
         slept = self.point(factor)
         self.steps += count
         self.cpu_s += self._step_cpu
@@ -198,12 +205,13 @@ class StepPacer:
     def totals(self) -> dict:
         return {"steps": self.steps, "cpu_s": self.cpu_s, "paced_wall_s": self.wall_s,
                 "slept_s": self.slept_s, "compute_cpu_s": self.compute_cpu_s,
-                "compute_wall_s": self.compute_wall_s, "expected_wall_s": self.expected_s}
+                "compute_wall_s": self.compute_wall_s, "expected_wall_s": self.expected_s,
+                "pre_compute_cpu_s": self.pre_compute_cpu_s}
 
     @staticmethod
     def summed(pacers: list["StepPacer"]) -> dict:
         keys = ("steps", "cpu_s", "paced_wall_s", "slept_s", "compute_cpu_s", "compute_wall_s",
-                "expected_wall_s")
+                "expected_wall_s", "pre_compute_cpu_s")
         return {k: sum(p.totals()[k] for p in pacers) for k in keys}
 
 
@@ -228,7 +236,8 @@ def worker_entry(rank: int, totals: dict) -> dict:
     """A worker's line of summary.json's ``emulation.workers``: ``compute_wall_per_cpu`` (wall
     time of its compute sections over their CPU time), against ``expected`` = the straggler
     factor / cores (CPU-weighted), and ``wall_per_cpu`` (whole steps: those that wait for
-    others, or for a pull, run longer)."""
+    others, or for a pull, run longer); the CPU of the compute sections and of the sections
+    before them."""
     cpu, comp = totals["cpu_s"], totals["compute_cpu_s"]
     return {"rank": rank, "steps": totals["steps"], "cpu_s": cpu,
             "unpaced_cpu_s": totals.get("unpaced_cpu_s"), "idle_cores": totals.get("idle_cores"),
@@ -236,6 +245,7 @@ def worker_entry(rank: int, totals: dict) -> dict:
             "wall_per_cpu": totals["paced_wall_s"] / cpu if cpu > 0 else None,
             "compute_wall_per_cpu": totals["compute_wall_s"] / comp if comp > 0 else None,
             "expected": totals["expected_wall_s"] / comp if comp > 0 else None,
+            "compute_cpu_s": comp, "pre_compute_cpu_s": totals.get("pre_compute_cpu_s"),
             "shadow_thread": _shadow_entry(totals.get("shadow_thread"))}
 
 

@@ -92,6 +92,21 @@ def test_a_straggler_step_is_paced_at_its_factor_and_its_gradients_leave_late():
     entry = worker_entry(0, t)
     assert entry["compute_wall_per_cpu"] == pytest.approx(16.0)
     assert entry["expected"] == pytest.approx(16.0)
+    # the CPU before the compute (the pull's side) and of the compute, apart from the push's
+    assert (entry["pre_compute_cpu_s"], entry["compute_cpu_s"]) == (pytest.approx(0.01),
+                                                                   pytest.approx(0.05))
+
+
+def test_a_step_without_a_compute_section_charges_nothing_before_a_compute():
+    """A step of begin and end only (sync's all-reduce of an idle worker; a shadow round): its
+    CPU is the step's, none of it counted as the pull's side of a step."""
+    clock = FakeClock()
+    pacer = StepPacer(clock.machine(0.5), sleep=clock.sleep)
+    pacer.begin()
+    clock.work(0.02)
+    pacer.end(count=False)
+    assert pacer.totals()["cpu_s"] == pytest.approx(0.02)
+    assert pacer.totals()["pre_compute_cpu_s"] == 0.0
 
 
 def test_steps_without_a_straggler_keep_one_over_the_cores():

@@ -1,0 +1,75 @@
+"""What the validation of scenario `simulated` (bench/simulated.py) reads off the real EMULATED
+runs and the simulations it fits to them: compute per step, the steps' jitter, the shards' CPU
+per call, the split of a worker's own CPU around its compute."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from recsync.metrics.core import read_jsonl
+from recsync.simulation.timing import Timing
+
+SHARD_COSTS = ("pull_s_per_row", "push_s_per_row", "pull_call_s", "push_call_s")  # Timing's
+
+
+def real_compute_s(arm: dict) -> float:
+    """The median compute time per step of a real run's workers (its metrics lines)."""
+    lines = read_jsonl(Path(arm["out_dir"]) / "metrics.jsonl")
+    values = [v for x in lines for v in x.get("worker_compute_s") or [] if v]
+    return statistics.median(values)
+
+
+def real_jitter(arms: list[dict]) -> float:
+    """Timing.jitter measured on real runs of one worker: the spread of the log of a step's
+    time. A metrics line holds the mean of its interval's k steps, whose log (steps drawn
+    independently) varies by about jitter / sqrt(k) around the run's mean, so per run jitter^2
+    is sum k (log mean - its k-weighted mean)^2 / (lines - 1), over the lines after the first
+    two with steps (the warm-up) and before the last (a partial interval); the median over the
+    runs (0 without 3 such lines). A drift of the whole machine counts as jitter here."""
+    sigmas = []
+    for arm in arms:
+        lines = read_jsonl(Path(arm["out_dir"]) / "metrics.jsonl")
+        points, before = [], None
+        for x in lines:
+            step_s = (x.get("worker_step_s") or [None])[0]
+            if before is not None and step_s and x.get("step", 0) > before:
+                points.append((x["step"] - before, math.log(step_s)))
+            before = x.get("step")
+        points = points[2:-1]
+        if len(points) < 3:
+            continue
+        mean = sum(k * v for k, v in points) / sum(k for k, _ in points)
+        sigmas.append(math.sqrt(sum(k * (v - mean) ** 2 for k, v in points)
+                                / (len(points) - 1)))
+    return statistics.median(sigmas) if sigmas else 0.0
+
+
+def shard_cpu_per_call(run: dict, cores_per_shard: float = 1.0) -> float | None:
+    """A run's shards' CPU per call (None without): a real EMULATED run's as their pacing
+    charged it; a simulation's, its shards' busy time on its ``cores_per_shard``."""
+    sim = run.get("simulated")
+    if sim is not None:
+        busy, calls = sum(sim.get("shard_busy_s") or []), sum(sim.get("shard_calls") or [])
+        return busy * cores_per_shard / calls if calls else None
+    shards = (run.get("emulation") or {}).get("shards") or []
+    calls = sum(x["requests"] for x in shards)
+    return sum(x["cpu_s"] for x in shards) / calls if calls else None
+
+
+def scaled_shards(timing: Timing, scale: float) -> Timing:
+    """``timing`` with each of the shard's costs (per call, per row) times ``scale``."""
+    return replace(timing, **{k: getattr(timing, k) * scale for k in SHARD_COSTS})
+
+
+def real_pull_side_share(run: dict) -> float | None:
+    """Of a real EMULATED run's workers' CPU outside their compute, the share their pacing
+    charged before it (the pull's side of a step), or None."""
+    workers = (run.get("emulation") or {}).get("workers") or []
+    if not workers or any(w.get("pre_compute_cpu_s") is None for w in workers):
+        return None
+    pre = sum(w["pre_compute_cpu_s"] for w in workers)
+    outside = sum(w["cpu_s"] - w["compute_cpu_s"] for w in workers)
+    return pre / outside if outside > 0 else None

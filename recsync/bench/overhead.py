@@ -176,8 +176,8 @@ def embedded_ray():
 
 def steady_rate(metrics: list[dict], warmup_samples: int) -> dict:
     """Samples per second between the first record at or past ``warmup_samples`` and the last
-    one written while training went on. The record that counts the last samples is left out
-    where two others remain: the watch loop writes it at its first poll after the end
+    one written while training went on. The records that count the last samples are left out
+    where two others remain: the watch loop writes the first at its first poll after the end
     (distributed/watch.py; the simulator as well), up to half a second of no training that a
     window of a few seconds would count as up to 10% of its time."""
     done = [r for r in metrics if r["samples"] >= warmup_samples]

@@ -222,7 +222,7 @@ def validation_tables(compared: dict, calibration: dict) -> dict:
              f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
              f"{c['compute_s']:.4f} s (the real runs', median); jitter {c['jitter']:.3f} (the "
              f"real runs' of one worker, every mode); shards' CPU per call "
-             f"{c['shard_cpu_per_call_modelled_s'] * 1e3:.2f} ms modelled, "
+             f"{(c['shard_cpu_per_call_modelled_s'] or 0) * 1e3:.2f} ms modelled, "
              f"{(c['shard_cpu_per_call_real_s'] or 0) * 1e3:.2f} ms real: x "
              f"{c['shard_scale']:.2f}"] for m, c in calibration.items()],
     }
@@ -247,18 +247,22 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     def step_s(sides: dict, name: str) -> float:
         return VALIDATION_BATCH / simulated(sides, name)["samples_per_s"]
 
-    modelled = shard_cpu_per_call(simulated({}, "shards_as_measured"), CORES_PER_SHARD)
     real_cpu = [x for r in real_runs if (x := shard_cpu_per_call(r)) is not None]
+    modelled = (shard_cpu_per_call(simulated({}, "shards_as_measured"), CORES_PER_SHARD)
+                if real_cpu else None)
     shard_scale = statistics.median(real_cpu) / modelled if real_cpu and modelled else 1.0
     timing = scaled_shards(timing, shard_scale)
     real_step = VALIDATION_BATCH / statistics.median(r["samples_per_s"] for r in real_runs)
     sim_step = step_s({}, "without_overhead")
     overhead = max(0.0, real_step - sim_step)
-    # split as the real runs' pacing split the worker's CPU outside the compute, where known
-    here = worker_sides(cfg, Dataset(data))
+    # split as the real runs' pacing split the worker's CPU outside the compute; where they do
+    # not say (a summary from before pre_compute_cpu_s), as this process's CPU splits
     real_share = [x for r in real_runs if (x := real_pull_side_share(r)) is not None]
-    share = (statistics.median(real_share) if real_share else
-             here["pull_side_s"] / max(1e-12, here["pull_side_s"] + here["push_side_s"]))
+    if real_share:
+        share = statistics.median(real_share)
+    else:
+        here = worker_sides(cfg, Dataset(data))
+        share = here["pull_side_s"] / max(1e-12, here["pull_side_s"] + here["push_side_s"])
 
     def sides(total: float) -> dict:
         return {"pull_side_s": total * share, "push_side_s": total * (1 - share)}

@@ -17,9 +17,11 @@ outside its compute (simulated_readings.py), and paced as the
 EMULATED worker paces it (``Timing.paced``: its waits count toward it), so it is fitted again by
 a few one-worker simulations (``CALIBRATION_ROUNDS``). The real steps' variation, measured on
 the same one-worker runs (``real_jitter``), is the simulated workers' ``Timing.jitter``: equal
-workers then drift apart as real ones do. Compared: the samples/s after the same warm-up (real:
-wall seconds; simulated: simulated seconds), the mean staleness, and the eval AUC against the
-real runs' spread over seeds.
+workers then drift apart as real ones do; the share of it that a host's workers share
+(``Timing.jitter_common``, which keeps them in step) is the correlation of two real workers'
+step times (``real_jitter_common``, the async and gba runs of 2). Compared: the samples/s
+after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean staleness,
+and the eval AUC against the real runs' spread over seeds.
 
 Scale (simulated only): sync, gba and async at ``SCALE_WORKERS`` workers, with 10% stragglers
 2-5x slower (the same draw in every arm) and, at 128, without; one pass over the same data in
@@ -47,8 +49,8 @@ from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
 from recsync.bench.processes import map_ordered
 from recsync.bench.simulated_readings import (SHARD_COSTS, real_compute_s, real_jitter,
-                                               real_pull_side_share, scaled_shards,
-                                               shard_cpu_per_call)
+                                               real_jitter_common, real_pull_side_share,
+                                               scaled_shards, shard_cpu_per_call)
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
@@ -57,6 +59,7 @@ from recsync.simulation.run import measure_compute_s, measure_sides, simulate
 from recsync.simulation.timing import Speeds, Timing
 
 VALIDATION_MODES = ("sync", "async", "gba")
+COMMON_JITTER_MODES = ("async", "gba")  # their workers' step times are their own (not sync's)
 VALIDATION_WORKERS = (2, 4)
 SCALE_WORKERS = (32, 128, 512)
 SCALE_MODES = ("sync", "gba", "async")
@@ -166,9 +169,14 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
             for n in (1, *VALIDATION_WORKERS) for m in VALIDATION_MODES}
     runs = sd.seeded_runs(list(real), real.__getitem__, out, seeds)
     # the real steps' spread from one worker's runs: equal workers then drift apart as real
-    # ones do (gba's and async's staleness; sync's wait for the slowest)
-    shard_time = replace(emulated_shard_time(), jitter=real_jitter(
-        [r for m in VALIDATION_MODES for r in runs[f"real_{m}_1"]]))
+    # ones do (gba's and async's staleness; sync's wait for the slowest); the share of it
+    # common to a host's workers (which keeps them in step) from two workers that do not wait
+    # for each other (at 4 a line holds half the steps, and the workers' windows differ more)
+    shard_time = replace(
+        emulated_shard_time(),
+        jitter=real_jitter([r for m in VALIDATION_MODES for r in runs[f"real_{m}_1"]]),
+        jitter_common=real_jitter_common([r for m in COMMON_JITTER_MODES
+                                          for r in runs[f"real_{m}_2"]]))
     calibration = {m: calibrate(data, m, runs[f"real_{m}_1"], shard_time,
                                 out / "calibration" / m) for m in VALIDATION_MODES}
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
@@ -221,7 +229,8 @@ def validation_tables(compared: dict, calibration: dict) -> dict:
             [m, c["overhead_s"], f"real EMULATED step {c['real_step_s']:.4f} s, simulated "
              f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
              f"{c['compute_s']:.4f} s (the real runs', median); jitter {c['jitter']:.3f} (the "
-             f"real runs' of one worker, every mode); shards' CPU per call "
+             f"real runs' of one worker, every mode), {c.get('jitter_common') or 0:.2f} of its "
+             f"variance common (the real async and gba runs of 2); shards' CPU per call "
              f"{(c['shard_cpu_per_call_modelled_s'] or 0) * 1e3:.2f} ms modelled, "
              f"{(c['shard_cpu_per_call_real_s'] or 0) * 1e3:.2f} ms real: x "
              f"{c['shard_scale']:.2f}"] for m, c in calibration.items()],
@@ -279,7 +288,8 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
             "calibration_rounds": list(zip(tried, fitted)), "compute_s": timing.compute_s,
             "overhead_s": overhead, "pull_side_share": share,
             "pull_side_share_real": statistics.median(real_share) if real_share else None,
-            "jitter": timing.jitter, "shard_cpu_per_call_modelled_s": modelled,
+            "jitter": timing.jitter, "jitter_common": timing.jitter_common,
+            "shard_cpu_per_call_modelled_s": modelled,
             "shard_cpu_per_call_real_s": statistics.median(real_cpu) if real_cpu else None,
             "shard_scale": shard_scale, "sides": sides(overhead)}
 

@@ -9,6 +9,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from recsync.metrics.core import read_jsonl
 from recsync.simulation.timing import Timing
 
@@ -22,29 +24,52 @@ def real_compute_s(arm: dict) -> float:
     return statistics.median(values)
 
 
+def _steady_lines(arm: dict) -> list[tuple[int, list[float]]]:
+    """(steps since the line before, each worker's log mean step time) of a real run's metrics
+    lines with steps and every worker's step time, less the first two (the warm-up) and the
+    last (a partial interval)."""
+    points, before = [], None
+    for x in read_jsonl(Path(arm["out_dir"]) / "metrics.jsonl"):
+        step_s = x.get("worker_step_s") or []
+        if before is not None and step_s and all(step_s) and x.get("step", 0) > before:
+            points.append((x["step"] - before, [math.log(v) for v in step_s]))
+        before = x.get("step")
+    return points[2:-1]
+
+
 def real_jitter(arms: list[dict]) -> float:
     """Timing.jitter measured on real runs of one worker: the spread of the log of a step's
     time. A metrics line holds the mean of its interval's k steps, whose log (steps drawn
     independently) varies by about jitter / sqrt(k) around the run's mean, so per run jitter^2
-    is sum k (log mean - its k-weighted mean)^2 / (lines - 1), over the lines after the first
-    two with steps (the warm-up) and before the last (a partial interval); the median over the
-    runs (0 without 3 such lines). A drift of the whole machine counts as jitter here."""
+    is sum k (log mean - its k-weighted mean)^2 / (lines - 1), over ``_steady_lines``; the
+    median over the runs (0 without 3 such lines). A drift of the whole machine counts as
+    jitter here."""
     sigmas = []
     for arm in arms:
-        lines = read_jsonl(Path(arm["out_dir"]) / "metrics.jsonl")
-        points, before = [], None
-        for x in lines:
-            step_s = (x.get("worker_step_s") or [None])[0]
-            if before is not None and step_s and x.get("step", 0) > before:
-                points.append((x["step"] - before, math.log(step_s)))
-            before = x.get("step")
-        points = points[2:-1]
+        points = [(k, logs[0]) for k, logs in _steady_lines(arm)]
         if len(points) < 3:
             continue
         mean = sum(k * v for k, v in points) / sum(k for k, _ in points)
         sigmas.append(math.sqrt(sum(k * (v - mean) ** 2 for k, v in points)
                                 / (len(points) - 1)))
     return statistics.median(sigmas) if sigmas else 0.0
+
+
+def real_jitter_common(arms: list[dict]) -> float:
+    """Timing.jitter_common measured on real runs of several workers that do not wait for each
+    other (async, gba): the correlation over ``_steady_lines`` of two workers' log mean step
+    times (a variation of the host moves both, a worker's own moves its own), the mean over
+    pairs of workers; the median over the runs, within [0, 1] (0 without 3 such lines)."""
+    shares = []
+    for arm in arms:
+        logs = np.array([x for _, x in _steady_lines(arm)])
+        if logs.ndim != 2 or len(logs) < 3 or logs.shape[1] < 2 or logs.std(0).min() < 1e-9:
+            continue  # too few lines or workers, or steady lines: no correlation to read
+        corr = np.corrcoef(logs.T)
+        pairs = [corr[i, j] for i in range(len(corr)) for j in range(i + 1, len(corr))]
+        if all(np.isfinite(pairs)):
+            shares.append(float(np.mean(pairs)))
+    return min(1.0, max(0.0, statistics.median(shares))) if shares else 0.0
 
 
 def shard_cpu_per_call(run: dict, cores_per_shard: float = 1.0) -> float | None:

@@ -43,12 +43,15 @@ def _factors(text: str) -> tuple[float, float]:
               help="Seed of the speed draws.")
 @click.option("--jitter", type=float, default=0.0, show_default=True,
               help="Each step's compute x exp(N(0, jitter)): equal workers drift apart.")
+@click.option("--jitter-common", type=float, default=0.0, show_default=True,
+              help="The share of the jitter's variance common to every worker (a host's "
+                   "variation; one draw per step-long bin of the clock).")
 @click.option("--latency-ms", type=float, default=None,
               help="One-way message latency (default: half the Ray call measured by bench ps).")
 @click.option("--gbit", type=float, default=None, help="Network bandwidth (default 10 Gbit/s).")
 def simulate(config_path, overrides, workers, shards, out, overwrite, compute_ms, speeds,
-             straggler_share, straggler_factors, sigma, trace, speed_seed, jitter, latency_ms,
-             gbit):
+             straggler_share, straggler_factors, sigma, trace, speed_seed, jitter, jitter_common,
+             latency_ms, gbit):
     """Run N workers and S PS shards in one process on a simulated clock, with the real
     model, shards, modes and gradients; writes a run's outputs, labelled SIMULATED."""
     from dataclasses import replace
@@ -60,7 +63,7 @@ def simulate(config_path, overrides, workers, shards, out, overwrite, compute_ms
     try:
         low, high = _factors(straggler_factors)
         timing = Timing(compute_s=None if compute_ms is None else compute_ms / 1e3,
-                        jitter=jitter,
+                        jitter=jitter, jitter_common=jitter_common,
                         speeds=Speeds(kind=speeds, share=straggler_share, low=low, high=high,
                                       sigma=sigma, trace=trace, seed=speed_seed))
         if latency_ms is not None:

@@ -19,6 +19,7 @@ setting.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -152,6 +153,13 @@ class WorkerSpeeds:
         return [s[0][1] for s in self.steps]
 
 
+@functools.lru_cache(maxsize=4096)
+def common_normal(seed: int, index: int) -> float:
+    """The standard normal draw of bin ``index`` of the clock that every worker shares
+    (Timing.jitter_common)."""
+    return float(np.random.default_rng((seed, index, 11)).normal())
+
+
 @dataclass(frozen=True)
 class Timing:
     """The costs of a simulated cluster. ``compute_s``: one worker step's forward and backward
@@ -195,6 +203,10 @@ class Timing:
     paced: bool = False
     jitter: float = 0.0  # each step's compute and own CPU x exp(N(0, jitter)), per worker
     # seeded (0: every step alike, and equal workers stay exactly in step)
+    # the share of jitter's variance common to every worker (a host's variation, which
+    # co-located workers share): one draw per step-long bin of the simulated clock
+    # (jitter_period_s); the rest each worker's own, drawn each time (0: all its own)
+    jitter_common: float = 0.0
     speeds: Speeds = field(default_factory=Speeds)
 
     def __post_init__(self):
@@ -203,6 +215,8 @@ class Timing:
                      "collective_cpu_s_per_message", "collective_cpu_s_per_byte", "jitter"):
             if getattr(self, name) < 0:
                 raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
+        if not 0.0 <= self.jitter_common <= 1.0:
+            raise ValueError(f"timing.jitter_common = {self.jitter_common}: must be in [0, 1]")
         if self.bytes_per_s <= 0:
             raise ValueError(f"timing.bytes_per_s = {self.bytes_per_s}: must be > 0")
         for name in MEASURED:
@@ -217,6 +231,22 @@ class Timing:
             return self
         costs = call_costs(transport)
         return replace(self, **{k: v for k, v in costs.items() if getattr(self, k) == DIRECT[k]})
+
+    def jitter_period_s(self) -> float:
+        """How long a common draw of the jitter lasts: a step's compute and own CPU at factor
+        1 (about a step, as a host's variation moved both real workers' steps alike, measured
+        in docs/benchmarks/2026-11-28-common-jitter.md)."""
+        return max(1e-6, sum(getattr(self, k) or 0.0
+                             for k in ("compute_s", "pull_side_s", "push_side_s")))
+
+    def jitter_log(self, own: np.random.Generator, now: float) -> float:
+        """The log of a jitter factor at ``now``: the worker's own draw (from ``own``, its
+        generator) plus the draw common to every worker in this bin of the clock."""
+        z = own.normal(0.0, self.jitter * math.sqrt(1.0 - self.jitter_common))
+        if self.jitter_common:
+            z += self.jitter * math.sqrt(self.jitter_common) * common_normal(
+                self.speeds.seed, int(now // self.jitter_period_s()))
+        return z
 
     def message_s(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bytes_per_s

@@ -72,11 +72,12 @@ class SimWorker:
     def factor(self) -> float:
         """How many times slower than the measured step this worker computes now: its speed
         (simulation/timing.py) times any emulated straggler of the config (faults.stragglers, on
-        the simulated clock), times this step's jitter (Timing.jitter)."""
+        the simulated clock), times this step's jitter (Timing.jitter: its own part and the
+        part common to every worker)."""
         now = self.clock.now
         f = self.speeds.factor(self.rank, now) * straggle_factor(self.cfg, self.rank, now)
         if self.timing.jitter:
-            f *= float(np.exp(self._jitter.normal(0.0, self.timing.jitter)))
+            f *= float(np.exp(self.timing.jitter_log(self._jitter, now)))
         return f
 
     def _before_compute(self) -> None:

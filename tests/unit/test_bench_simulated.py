@@ -18,15 +18,46 @@ REAL_SPEED = 1000.0
 COMPUTE_S = 0.05
 
 
-def _metrics(out_dir, speed: float, log_steps=None, compute_s: float = COMPUTE_S) -> None:
+def _metrics(out_dir, speed: float, log_steps=None, compute_s: float = COMPUTE_S,
+             own=None, workers: int = 1) -> None:
     """Lines of 4 steps each whose mean step time is 0.1 s x exp(``log_steps[i]``) (none
-    without ``log_steps``), the workers' compute ``compute_s`` per step."""
+    without ``log_steps``), each of ``workers`` workers' times exp(+-``own[i]``) (every other
+    worker the other sign), the workers' compute ``compute_s`` per step."""
     out_dir.mkdir(parents=True, exist_ok=True)
+
+    def step_s(i: int) -> list[float]:
+        o = own[i % len(own)] if own else 0.0
+        return [0.1 * math.exp(log_steps[i % len(log_steps)] + (-1) ** r * o)
+                for r in range(workers)]
+
     (out_dir / "metrics.jsonl").write_text("".join(
         json.dumps({"time_s": i, "samples": int(speed * i), "loss": 0.5, "step": 4 * i,
                     "worker_compute_s": [compute_s, compute_s],
-                    **({"worker_step_s": [0.1 * math.exp(log_steps[i % len(log_steps)])]}
-                       if log_steps else {})}) + "\n" for i in range(1, 40)))
+                    **({"worker_step_s": step_s(i)} if log_steps else {})}) + "\n"
+        for i in range(1, 40)))
+
+
+# two workers' lines: a common part (+-0.06) and each one's own (+-0.02, opposite signs),
+# orthogonal over every 4 lines: their correlation is (0.06^2 - 0.02^2) / (0.06^2 + 0.02^2)
+COMMON, OWN, SHARE = [0.06, 0.06, -0.06, -0.06], [0.02, -0.02, 0.02, -0.02], 0.8
+
+
+def test_the_common_share_of_the_jitter_is_two_workers_correlation(tmp_path):
+    """Two workers whose lines move together by a common part and apart by their own: the
+    share is their correlation; workers in exact step give 1; one worker, steady lines (no
+    correlation to read) or too few lines give nothing; the median over the runs."""
+    _metrics(tmp_path / "a", 1000.0, COMMON, own=OWN, workers=2)
+    _metrics(tmp_path / "b", 1000.0, COMMON, workers=3)
+    _metrics(tmp_path / "c", 1000.0, [0.0], workers=2)
+    _metrics(tmp_path / "d", 1000.0, COMMON)
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "metrics.jsonl").write_text("")
+    runs = {n: {"out_dir": str(tmp_path / n)} for n in "abcde"}
+    assert scenario.real_jitter_common([runs["a"]]) == pytest.approx(SHARE, rel=1e-3)
+    assert scenario.real_jitter_common([runs["b"]]) == pytest.approx(1.0)
+    assert scenario.real_jitter_common([runs[n] for n in "cde"]) == 0.0
+    assert scenario.real_jitter_common(list(runs.values())) == pytest.approx((SHARE + 1) / 2,
+                                                                              rel=1e-3)
 
 
 def test_the_jitter_of_real_steps_is_read_from_the_means_of_their_metrics_lines(tmp_path):
@@ -59,7 +90,12 @@ def _summary(cfg, name: str, speed: float) -> dict:
 
 def fake_real(cfg, out_dir, name):
     assert cfg.emulation.cores_per_worker == scenario.CORES_PER_WORKER
-    _metrics(out_dir, REAL_SPEED, [0.05, -0.05])  # a jitter of 0.1
+    n = cfg.cluster.workers
+    if n == 1:
+        _metrics(out_dir, REAL_SPEED, [0.05, -0.05])  # a jitter of 0.1
+    else:  # the common share: 0.8 of two async or gba workers, 1 elsewhere (not read)
+        _metrics(out_dir, REAL_SPEED, COMMON, workers=n,
+                 own=OWN if n == 2 and cfg.mode in ("async", "gba") else None)
     # the shards' pacing charged 3 ms of CPU a call
     shards = [{"cpu_s": 0.6, "requests": 200}, {"cpu_s": 0.3, "requests": 100}]
     # the workers' pacing: 40% of their CPU outside the compute before it
@@ -154,6 +190,9 @@ def test_validation_simulations_take_the_real_runs_compute(fakes, tmp_path):
     # the real one-worker runs' jitter, in the calibration and the validation's simulations
     assert all(t.jitter == pytest.approx(0.1, rel=0.05) for _, t in calibrations)
     assert all(t.jitter == pytest.approx(0.1, rel=0.05) for _, _, t in small)
+    # its share common to the workers: two real async and gba workers' correlation
+    assert all(t.jitter_common == pytest.approx(SHARE, rel=1e-3) for _, t in calibrations)
+    assert all(t.jitter_common == pytest.approx(SHARE, rel=1e-3) for _, _, t in small)
     # the overhead fitted on one worker: the real step (batch / 1000 samples/s) against the
     # simulated one without overhead (batch / 1100); the fake hides half of it behind waits,
     # so the fit charges twice the difference

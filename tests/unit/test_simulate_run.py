@@ -95,6 +95,21 @@ def test_jitter_breaks_the_ties_of_workers_in_exact_step(data, tmp_path):
     assert jittered["staleness"]["mean"] == pytest.approx(workers - 1, abs=0.3)
 
 
+def test_a_jitter_common_to_every_worker_keeps_them_in_step(data, tmp_path):
+    """A jitter all common (one draw per bin of the clock, every worker's) moves equal workers
+    alike: they stay in exact step as without jitter (the ties' staleness); a part of their
+    own sets them apart again."""
+    workers = 4
+    common = simulate(config(data, "async", workers), tmp_path / "common",
+                      timing=free_network(jitter=0.05, jitter_common=1.0))
+    half = simulate(config(data, "async", workers), tmp_path / "half",
+                    timing=free_network(jitter=0.05, jitter_common=0.5))
+    assert common["staleness"]["mean"] == pytest.approx((workers - 1) / 2, abs=0.1)
+    assert half["staleness"]["mean"] == pytest.approx(workers - 1, abs=0.3)
+    with pytest.raises(ValueError, match="jitter_common"):
+        Timing(jitter_common=1.5)
+
+
 def test_async_on_a_single_worker_is_never_stale(data, tmp_path):
     s = simulate(config(data, "async", 1), tmp_path / "out", timing=free_network())
     assert s["staleness"]["max"] == 0

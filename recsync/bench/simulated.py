@@ -18,7 +18,7 @@ EMULATED worker paces it (``Timing.paced``: its waits count toward it), so it is
 a few one-worker simulations (``CALIBRATION_ROUNDS``). The real steps' variation, measured on
 the same one-worker runs (``real_jitter``), is the simulated workers' ``Timing.jitter``: equal
 workers then drift apart as real ones do; the share of it that a host's workers share
-(``Timing.jitter_common``, which keeps them in step) is the correlation of two real workers'
+(``Timing.jitter_common``, which does not set them apart) is the correlation of two real workers'
 step times (``real_jitter_common``, the async and gba runs of 2). Compared: the samples/s
 after the same warm-up (real: wall seconds; simulated: simulated seconds), the mean staleness,
 and the eval AUC against the real runs' spread over seeds.
@@ -170,7 +170,7 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
     runs = sd.seeded_runs(list(real), real.__getitem__, out, seeds)
     # the real steps' spread from one worker's runs: equal workers then drift apart as real
     # ones do (gba's and async's staleness; sync's wait for the slowest); the share of it
-    # common to a host's workers (which keeps them in step) from two workers that do not wait
+    # common to a host's workers (which does not set them apart) from two workers that do not wait
     # for each other (at 4 a line holds half the steps, and the workers' windows differ more)
     shard_time = replace(
         emulated_shard_time(),

@@ -66,9 +66,7 @@ def real_jitter_common(arms: list[dict]) -> float:
         if logs.ndim != 2 or len(logs) < 3 or logs.shape[1] < 2 or logs.std(0).min() < 1e-9:
             continue  # too few lines or workers, or steady lines: no correlation to read
         corr = np.corrcoef(logs.T)
-        pairs = [corr[i, j] for i in range(len(corr)) for j in range(i + 1, len(corr))]
-        if all(np.isfinite(pairs)):
-            shares.append(float(np.mean(pairs)))
+        shares.append(float(corr[np.triu_indices(len(corr), 1)].mean()))
     return min(1.0, max(0.0, statistics.median(shares))) if shares else 0.0
 
 

@@ -150,26 +150,26 @@ class EmbeddingStore:
             self.copying.before_write(table, local)
         return local
 
-    def push_tables(self, ids: list[torch.Tensor], grads: list[torch.Tensor],
-                    lr_scale: float = 1.0) -> None:
-        """``push`` of every table t with ``ids[t]``, ``grads[t]`` (empty: none). The fixed
-        tables of one row width are updated together in their one storage (``apply_to_rows``):
-        per-table op overhead was most of a small push's time."""
+    def push_tables(self, ids: list, grads: list, lr_scale: float = 1.0) -> None:
+        """``push`` of every table t with ``ids[t]``, ``grads[t]`` (numpy arrays or tensors;
+        empty: none). The fixed tables of one row width are updated together in their one
+        storage (``apply_to_rows``): per-table op overhead was most of a small push's time,
+        and so were conversions between tensors and arrays, which are left out here."""
         for t in self.dynamic:
             if len(ids[t]):
-                self.push(t, ids[t], grads[t], lr_scale)
+                self.push(t, read_only_tensor(as_array(ids[t])),
+                          read_only_tensor(as_array(grads[t])), lr_scale)
         for width in self._widths.values():
-            parts = [ids[t] for t in width.numbers]
-            if not any(len(i) for i in parts):
+            parts = [as_array(ids[t]) for t in width.numbers]
+            flat, _ = width.rows_of(parts, self.num_shards)
+            if not len(flat):
                 continue
-            flat, _ = width.rows_of([i.numpy() for i in parts], self.num_shards)
             if self.copying is not None or not width.initialized_np.take(flat).all():
                 for t, i in zip(width.numbers, parts):  # first touches; a copy's rows saved
                     if len(i):
-                        self._writable(t, i)
-            self.optimizer.apply_to_rows(width.weights, width.state, torch.from_numpy(flat),
-                                         torch.cat([grads[t] for t in width.numbers]),
-                                         lr_scale)
+                        self._writable(t, read_only_tensor(i))
+            self.optimizer.apply_to_rows(width.weights, width.state, flat, np.concatenate(
+                [as_array(grads[t]) for t in width.numbers]), lr_scale)
 
     def snapshot(self, rows: list[torch.Tensor] | None = None, *,
                  checkpoint: bool = True) -> dict[str, np.ndarray]:
@@ -286,6 +286,11 @@ class EmbeddingStore:
             self.state[table].index_fill_(0, new_local, self.optimizer.initial_state)
             self.initialized[table].index_fill_(0, new_local, True)
         return local
+
+
+def as_array(a) -> np.ndarray:
+    """``a`` as a numpy array (a CPU tensor's without a copy)."""
+    return a.numpy() if isinstance(a, torch.Tensor) else a
 
 
 def read_only_tensor(a: np.ndarray) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 
 from recsync.embedding.rows_copy import RowsCopy
 from recsync.embedding.spec import TableSpec
-from recsync.embedding.store import EmbeddingStore, read_only_tensor
+from recsync.embedding.store import EmbeddingStore
 from recsync.model.optim import dense_step, make_dense_optimizer
 from recsync.ps.aggregation import GradientBuffer, as_tensor
 
@@ -187,8 +187,7 @@ class ShardCore:
 
     def _apply(self, ids, grads, dense_grad, lr_scale: float,
                dense_lr_scale: float | None = None) -> None:
-        self.store.push_tables([read_only_tensor(i) for i in ids],
-                               [read_only_tensor(g) for g in grads], lr_scale)
+        self.store.push_tables(ids, grads, lr_scale)
         if dense_grad is not None:
             self.dense.apply(as_tensor(dense_grad),
                              lr_scale if dense_lr_scale is None else dense_lr_scale)

@@ -97,6 +97,78 @@ def test_a_pull_waiting_for_a_version_does_not_hold_up_a_push_sent_after_it(chan
     assert waiting.result(timeout=10)[2] == 1
 
 
+def test_a_call_that_waits_goes_on_as_its_task_would_and_one_that_does_not_is_answered_at_once(
+        loop):
+    """Calls run at once up to their first wait (channel_server._rest_of takes over there): a
+    call that waits on bare turns of the loop, on a future that fails (the call reads the
+    error itself) and on one that succeeds gets its answer; an error raised after a wait is
+    the caller's; calls that never wait are answered in the order sent."""
+    async def waits(n):
+        await asyncio.sleep(0)
+        failing = loop.create_future()
+        loop.call_later(0.01, failing.set_exception, KeyError("gone"))
+        try:
+            await failing
+        except KeyError as e:
+            caught = str(e)
+        later = loop.create_future()
+        loop.call_later(0.01, later.set_result, n)
+        value = await later
+        if n < 0:
+            raise ValueError(f"negative after a wait: {n}")
+        return caught, value, threading.current_thread() is loop_thread
+
+    async def plain(n):
+        order.append(n)
+        return n
+
+    async def current_thread():
+        return threading.current_thread()
+
+    order: list[int] = []
+    loop_thread = asyncio.run_coroutine_threadsafe(current_thread(), loop).result(timeout=5)
+    server = ChannelServer({"waits": waits, "plain": plain}, loop, "127.0.0.1")
+    client = ShardChannel(server.address)
+    try:
+        assert client.call("waits", 3).result(timeout=10) == ("'gone'", 3, True)
+        with pytest.raises(ValueError, match="negative after a wait: -1"):
+            client.call("waits", -1).result(timeout=10)
+        answers = [client.call("plain", n) for n in range(50)]
+        assert [a.result(timeout=10) for a in answers] == list(range(50))
+        assert order == list(range(50))
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_waiting_call_whose_task_is_cancelled_is_cancelled_inside_as_its_task_would_be(loop):
+    waited = loop.create_future()
+    started, ended = threading.Event(), threading.Event()
+
+    async def forever():
+        started.set()
+        try:
+            await waited
+        finally:
+            ended.set()
+
+    async def cancel_others():
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    server = ChannelServer({"forever": forever}, loop, "127.0.0.1")
+    client = ShardChannel(server.address)
+    try:
+        client.call("forever")
+        assert started.wait(timeout=10)  # the call waits (in a task from here on)
+        asyncio.run_coroutine_threadsafe(cancel_others(), loop).result(timeout=5)
+        assert ended.wait(timeout=5) and waited.cancelled()
+    finally:
+        client.close()
+        server.close()
+
+
 def test_a_client_that_does_not_read_holds_up_neither_the_shard_nor_its_own_answers(loop):
     """Answers of several MB each to a client that reads nothing for a while: the shard's loop
     serves another client meanwhile, and the slow client then gets every answer whole."""

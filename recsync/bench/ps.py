@@ -132,10 +132,11 @@ def random_ids(rng: np.random.Generator, rows: int, n: int) -> list[np.ndarray]:
 
 
 def measure_path(path: str, ops: dict[str, Call], rows: int, calls: int,
-                 warmup: int) -> list[dict]:
+                 warmup: int, cpu: Callable[[], float | None] | None = None) -> list[dict]:
     """One point per ids-per-table size and op of ``ops`` (op -> fn(ids, grads)): the seconds of
     ``calls`` calls after ``warmup`` untimed ones, each call with new ids (one seed: every path
-    gets the same ids)."""
+    gets the same ids); with ``cpu`` (the shard process's CPU seconds so far), the shard's CPU
+    per timed call too (``shard_cpu_ms_per_call``)."""
     rng = np.random.default_rng(SEED)
     points = []
     for n in IDS_PER_TABLE:
@@ -145,12 +146,30 @@ def measure_path(path: str, ops: dict[str, Call], rows: int, calls: int,
         for op, fn in ops.items():
             times = []
             for k, call_ids in enumerate(ids):
+                if k == warmup:
+                    cpu_before = cpu() if cpu else None
                 begin = time.perf_counter()
                 fn(call_ids, grads)
                 if k >= warmup:
                     times.append(time.perf_counter() - begin)
             points.append(point(path, op, n, times))
+            if cpu:
+                points[-1]["shard_cpu_ms_per_call"] = cpu_per_call_ms(cpu_before, cpu(), calls)
     return points
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """The CPU time of every thread of process ``pid`` so far (Linux's schedstat, in ns: a
+    clock tick, 10 ms, is longer than the calls timed); None where it cannot be read."""
+    try:
+        return sum(int(open(f"/proc/{pid}/task/{t}/schedstat").read().split()[0])
+                   for t in os.listdir(f"/proc/{pid}/task")) / 1e9
+    except (OSError, ValueError, IndexError):  # (also a thread that ended while read)
+        return None
+
+
+def cpu_per_call_ms(before: float | None, after: float | None, calls: int) -> float | None:
+    return None if before is None or after is None else (after - before) / calls * 1e3
 
 
 def point(path: str, op: str, n: int, times: list[float]) -> dict:
@@ -234,12 +253,17 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
         noop = call_times(lambda: ray.get(shard.where.remote()), warmup, calls)
         channel = ShardChannel(ray.get(shard.channel.remote()))
         empty = [np.empty(0, np.int64)] * NUM_TABLES
-        direct_noop = call_times(lambda: channel.call("pull", empty, 0).result(), warmup, calls)
+        # the shard's process is on this machine: its CPU read from outside, costing it none
+        cpu = functools.partial(process_cpu_s, ray.get(shard.stats.remote())["pid"])
+        cpu_before = cpu()
+        direct_noop = call_times(lambda: channel.call("pull", empty, 0).result(), 0,
+                                 warmup + calls)[warmup:]
+        noop_cpu_ms = cpu_per_call_ms(cpu_before, cpu(), warmup + calls)
         points = measure_path("direct", {
             "pull": lambda ids, grads: channel.call("pull", ids, 0).result(),
             "push": lambda ids, grads: channel.call("push", ids, grads, None,
                                                     PUSH_META).result()},
-            rows, calls, warmup)
+            rows, calls, warmup, cpu)
         channel.close()
         points += measure_path("ray", {
             "pull": lambda ids, grads: ray.get(shard.pull.remote(ids, 0)),
@@ -254,6 +278,7 @@ def through_ray(rows: int, calls: int, warmup: int) -> tuple[list[dict], dict]:
         ray.kill(echo)
     return points, {"torch_threads": threads, "noop_ms": statistics.median(noop) * 1e3,
                     "direct_noop_ms": statistics.median(direct_noop) * 1e3,
+                    "direct_noop_shard_cpu_ms": noop_cpu_ms,
                     "ray": ray.__version__}
 
 
@@ -341,5 +366,19 @@ def results(points: list[dict], facts: dict, *, rows: int, calls: int, load: flo
              "a pull of no ids over the direct path, median: its fixed cost per call"],
             ["Ray version", facts["ray"], "the embedded instance (loopback, no dashboard)"],
             ["1-minute load average before", load, "the machine should be idle"],
-        ], **sat.get("tables", {})},
+        ], **shard_cpu_table(at, facts), **sat.get("tables", {})},
     }
+
+
+def shard_cpu_table(at: dict, facts: dict) -> dict:
+    """The shard process's CPU per call on the direct path beside the call's wall time: what
+    a shard serving many workers spends on each of their calls (docs/simulate.md's model of
+    a shard's service reads it); {} where it was not read."""
+    rows = [[f"{op}, {n:,} ids per table", p["shard_cpu_ms_per_call"], p["ms_per_call"]]
+            for op in ("pull", "push") for n in IDS_PER_TABLE
+            if (p := at.get((WORKER_PATH, op, n))) and p.get("shard_cpu_ms_per_call") is not None]
+    if facts.get("direct_noop_shard_cpu_ms") is not None:
+        rows.insert(0, ["pull of no ids", facts["direct_noop_shard_cpu_ms"],
+                        facts["direct_noop_ms"]])
+    return {"The shard's CPU per call on the direct path (ms: every thread of its process, "
+            "from /proc; beside the call's wall time, ms)": rows} if rows else {}

@@ -18,14 +18,18 @@ from test_bench_ps_saturation import PROBE, fake_arm  # tests/unit is on the pat
 DIRECT_MS = 3.0  # every fake call over the shard's direct path (a worker's)
 RAY_MS = 10.0  # every fake Ray call
 ECHO_MS = 4.0  # every fake call to the echo actor (Ray's transport alone)
+SHARD_CPU_MS = 1.75  # the shard's CPU in every fake direct call
 
 
 def _fake_ray(rows, calls, warmup):
     points = [ps.point(path, op, n, [ms / 1e3] * calls)
               for path, ms in (("direct", DIRECT_MS), ("ray", RAY_MS), ("ray_echo", ECHO_MS))
               for n in ps.IDS_PER_TABLE for op in ("pull", "push")]
+    for p in points:
+        if p["path"] == "direct":
+            p["shard_cpu_ms_per_call"] = SHARD_CPU_MS
     return points, {"torch_threads": 1, "noop_ms": 0.5, "direct_noop_ms": 0.2,
-                    "ray": "test"}
+                    "direct_noop_shard_cpu_ms": 0.125, "ray": "test"}
 
 
 def _fake_curve(out, scale):
@@ -70,6 +74,34 @@ def test_scenario_ps_times_every_path_op_and_size_and_writes_the_ratios_checks_r
     assert "PSShard, direct path" in report and "PSShard via Ray calls" in report and "16,384 (425,984)" in report
     assert "EMULATED" in report and "saturation.png" in report
     assert (tmp_path / "saturation.png").exists()
+    cpu = next(rows for name, rows in r["tables"].items() if "shard's CPU per call" in name)
+    assert cpu[0] == ["pull of no ids", 0.125, 0.2]
+    assert len(cpu) == 1 + 2 * len(ps.IDS_PER_TABLE)
+    assert all(row[1:] == [SHARD_CPU_MS, DIRECT_MS] for row in cpu[1:])
+
+
+def test_the_shards_cpu_per_call_is_read_around_the_timed_calls_only(monkeypatch):
+    """measure_path's ``cpu`` (the shard process's CPU so far) is read after the warm-up and
+    after the timed calls: the warm-up's CPU (here ten times a timed call's) is not in it."""
+    monkeypatch.setattr(ps, "IDS_PER_TABLE", (8,))
+    used, made = [0.0], [0]
+
+    def call(ids, grads):
+        made[0] += 1
+        used[0] += 0.010 if made[0] <= 2 else 0.001
+
+    (p,) = ps.measure_path("direct", {"pull": call}, rows=100, calls=5, warmup=2,
+                           cpu=lambda: used[0])
+    assert p["calls"] == 5 and p["shard_cpu_ms_per_call"] == pytest.approx(1.0)
+    assert ps.cpu_per_call_ms(None, 1.0, 5) is None
+
+
+def test_a_process_cpu_is_read_from_proc_and_grows_as_it_works():
+    import os
+    before = ps.process_cpu_s(os.getpid())
+    sum(i * i for i in range(300_000))
+    assert before is not None and ps.process_cpu_s(os.getpid()) > before
+    assert ps.process_cpu_s(2**22 + 12_345) is None  # (beyond Linux's largest pid)
 
 
 def test_the_raw_push_is_the_row_wise_adagrad_a_shard_applies():

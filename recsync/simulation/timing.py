@@ -3,18 +3,16 @@ is, and what a message and a shard's work take. Plain data and arithmetic, no cl
 
 Defaults are measurements of this project's `recsync bench ps` (one PS shard on a 2-core VM),
 for the transport of the config (``cluster.transport``, ``Timing.on``). The direct path (the
-default; docs/benchmarks/2026-11-28-ps-shm.md, run ps3): a pull of no ids took 0.40 ms there and
-back; a pull of 6,656 rows 0.92 ms and of 53,248 rows 3.60 ms, a push 1.69 and 9.86 ms (row-wise
-Adagrad, a push's tables in their one storage). Ray actor calls
-(docs/benchmarks/2026-11-26-ps.md): a call without arrays 1.07 ms; a pull 4.82 and 12.92 ms, a
-push 6.67 and 19.09 ms, with Ray's object store. A line through the two sizes gives each call a
-fixed cost (the handling of a call in the shard's process: arguments, answer, event loop,
-ShardCore's per-call work; less the round trip of a call without arrays, modelled as latency)
-and a cost per row. With Ray's calls a shard's time is mostly the fixed part at a worker's usual
-call (a few thousand rows or less): the EMULATED runs of scenario `simulated` measured 2.9-4.9
-ms of the shard process's CPU per call of about 3,500 rows, where ShardCore's own work is under
-1 ms. The bandwidth between machines is not measured here: 10 Gbit/s is a common NIC, and a
-setting.
+default; docs/benchmarks/2026-11-28-shard-cpu.md, run ps_new on the Intel VM): a pull of no ids
+took 0.29 ms there and back, 0.22 ms of it the shard process's CPU; a pull of 6,656 rows 1.42
+ms (1.24 of the shard's CPU), a push 2.59 (2.41). A shard serves one call at a time on its
+CPU, so that CPU is a call's service: a line through the call without rows and the one with
+rows (the fixed part the handling of any call in the shard's process: the message, the event
+loop, the answer; then ShardCore's work per row), the rest of the round trip latency. Ray actor
+calls (docs/benchmarks/2026-11-26-ps.md; their shard CPU not measured): a call without arrays
+1.07 ms; a pull 4.82 and 12.92 ms, a push 6.67 and 19.09 ms at 6,656 and 53,248 rows, a line
+through the two sizes less the call without arrays (the latency). The bandwidth between machines
+is not measured here: 10 Gbit/s is a common NIC, and a setting.
 """
 
 from __future__ import annotations
@@ -28,34 +26,54 @@ from pathlib import Path
 import numpy as np
 
 # bench ps: (a call without rows' round trip s, (rows per call, s) of a pull and of a push at 256
-# and 2,048 ids x 26 tables), per transport ("direct" from run ps3 at b325436, answers through
-# shared memory, docs/benchmarks/2026-11-28-ps-shm.md; "ray" from 2026-11-26)
+# and 2,048 ids x 26 tables), per transport ("direct" from run ps_new at 877dbf9 on the Intel
+# VM, docs/benchmarks/2026-11-28-shard-cpu.md; "ray" from 2026-11-26)
 MEASURED_CALLS = {
-    "direct": (0.4020e-3, ((6_656, 0.9174e-3), (53_248, 3.596e-3)),
-               ((6_656, 1.695e-3), (53_248, 9.859e-3))),
+    "direct": (0.2899e-3, ((6_656, 1.4189e-3), (53_248, 4.1126e-3)),
+               ((6_656, 2.5860e-3), (53_248, 15.9575e-3))),
     "ray": (1.072e-3, ((6_656, 4.82e-3), (53_248, 12.92e-3)),
             ((6_656, 6.67e-3), (53_248, 19.09e-3))),
 }
+# the same run: the shard process's CPU per call (every thread, from /proc): a call without
+# rows, then (rows, s) of a pull and of a push at 256 ids x 26 tables. What a shard spends on a
+# call is what its queue serves (not measured for "ray"). The calls of 2,048 ids cost less per
+# row (3.76 ms a pull, 15.37 a push: random rows of 1M-row tables, whose misses overlap more
+# in a larger gather): the line through a call without rows and the small one fits the few
+# hundred rows a call of a simulation at scale carries, and overstates the largest calls.
+MEASURED_SHARD_CPU = {"direct": (0.2189e-3, (6_656, 1.2381e-3), (6_656, 2.4125e-3))}
 
 
 def _line(points, bare_s: float) -> tuple[float, float]:
-    """(fixed s per call less a bare call's round trip, s per row) through two (rows, s)."""
+    """(fixed s per call less ``bare_s``, s per row) through two (rows, s)."""
     (r0, s0), (r1, s1) = points
     per_row = (s1 - s0) / (r1 - r0)
     return s0 - r0 * per_row - bare_s, per_row
 
 
 def call_costs(transport: str) -> dict[str, float]:
-    """Timing's fields for a transport's measured calls."""
+    """Timing's fields for a transport's measured calls. Where the shard's CPU per call was
+    measured, a call's service at the shard is a line through a call without rows' CPU there
+    (the handling of any call in the shard's process) and a call with rows', and the latency
+    each way half of what a call without rows takes beyond its CPU; else the service is a line
+    through the calls' wall times less a call without rows' round trip, which is the latency
+    (the shard's CPU in that round trip then counted as latency, not as service: before
+    2026-11-28 the direct path's too, which made a shard about half as busy as measured)."""
     bare_s, pulls, pushes = MEASURED_CALLS[transport]
-    pull_call_s, pull_s_per_row = _line(pulls, bare_s)
-    push_call_s, push_s_per_row = _line(pushes, bare_s)
-    return {"latency_s": bare_s / 2, "pull_call_s": pull_call_s,
+    if transport in MEASURED_SHARD_CPU:
+        bare_cpu_s, pull, push = MEASURED_SHARD_CPU[transport]
+        pull_call_s, pull_s_per_row = _line(((0, bare_cpu_s), pull), 0.0)
+        push_call_s, push_s_per_row = _line(((0, bare_cpu_s), push), 0.0)
+        latency_s = (bare_s - bare_cpu_s) / 2
+    else:
+        pull_call_s, pull_s_per_row = _line(pulls, bare_s)
+        push_call_s, push_s_per_row = _line(pushes, bare_s)
+        latency_s = bare_s / 2
+    return {"latency_s": latency_s, "pull_call_s": pull_call_s,
             "pull_s_per_row": pull_s_per_row, "push_call_s": push_call_s,
             "push_s_per_row": push_s_per_row}
 
 
-DIRECT = call_costs("direct")  # pull 0.13 ms + 0.057 us/row, push 0.13 ms + 0.175 us/row
+DIRECT = call_costs("direct")  # pull 0.219 ms + 0.153 us/row, push 0.219 ms + 0.330 us/row
 RAY = call_costs("ray")  # pull 2.59 ms + 0.174 us/row, push 3.83 ms + 0.267 us/row
 BYTES_PER_S = 10e9 / 8  # 10 Gbit/s
 # A gloo all-reduce of the 1.9 MB dense vector between two processes took 2.3 ms

@@ -117,17 +117,27 @@ def test_bad_timing_values_are_refused_naming_the_field():
 
 def test_call_costs_follow_the_configs_transport_and_keep_costs_set_by_hand():
     """A simulated run models the calls its config would make: the direct path's measured
-    costs by default, Ray calls' (each dearer) with cluster.transport = "ray"."""
-    from recsync.simulation.timing import DIRECT, MEASURED_CALLS, RAY
+    costs by default (a call's service at the shard its measured CPU there, a call without
+    rows' round trip its latency both ways and its CPU), Ray calls' (each dearer, from their
+    wall times) with cluster.transport = "ray"."""
+    from recsync.simulation.timing import DIRECT, MEASURED_CALLS, MEASURED_SHARD_CPU, RAY
     direct = Timing()
     assert direct.on("direct") is direct
-    (rows, measured_s), _ = MEASURED_CALLS["direct"][1]  # bench ps's pull of 256 ids x 26
-    assert direct.pull_service_s(rows) + 2 * direct.latency_s == pytest.approx(measured_s)
+    bare_cpu_s, (rows, pull_s), (_, push_s) = MEASURED_SHARD_CPU["direct"]  # bench ps's
+    assert direct.pull_service_s(0) == direct.push_service_s(0) == pytest.approx(bare_cpu_s)
+    assert direct.pull_service_s(rows) == pytest.approx(pull_s)  # 256 ids x 26 tables
+    assert direct.push_service_s(rows) == pytest.approx(push_s)
+    assert 2 * direct.latency_s + bare_cpu_s == pytest.approx(MEASURED_CALLS["direct"][0])
     on_ray = direct.on("ray")
     _, (rows, measured_s) = MEASURED_CALLS["ray"][2]  # and Ray calls' push of 2,048 ids x 26
     assert on_ray.push_service_s(rows) + 2 * on_ray.latency_s == pytest.approx(measured_s)
     for name in DIRECT:
-        assert getattr(on_ray, name) == RAY[name] > DIRECT[name]
+        assert getattr(on_ray, name) == RAY[name]
+    for rows in (0, 6_656):  # a Ray call costs more than a direct one, with or without rows
+        assert (on_ray.pull_service_s(rows) + 2 * on_ray.latency_s
+                > direct.pull_service_s(rows) + 2 * direct.latency_s)
+        assert (on_ray.push_service_s(rows) + 2 * on_ray.latency_s
+                > direct.push_service_s(rows) + 2 * direct.latency_s)
     assert Timing(latency_s=0.01).on("ray").latency_s == 0.01  # --latency-ms stays
 
 

@@ -60,7 +60,7 @@ class SimShard:
         method = getattr(self.core.rule, verb, None)
         if verb.startswith("_") or not callable(method):
             raise ValueError(f"the rule of mode {self.core.mode!r} has no verb {verb!r}")
-        return self._call(args, self.timing.push_service_s(0), lambda: method(self.core, *args))
+        return self._call(args, self.timing.push_call_s, lambda: method(self.core, *args))
 
     def _call(self, payload, service_s: float, serve, min_version: int = 0) -> Future:
         future = Future(self.clock)

@@ -225,9 +225,6 @@ class Timing:
     # co-located workers share): one draw per step-long bin of the simulated clock
     # (jitter_period_s); the rest each worker's own, drawn each time (0: all its own)
     jitter_common: float = 0.0
-    # the share of a shard's cores that its process's other work takes (Ray's threads: CPU by
-    # the second, not by the call); a call's service is divided by 1 - it (0: none)
-    shard_background: float = 0.0
     speeds: Speeds = field(default_factory=Speeds)
 
     def __post_init__(self):
@@ -238,9 +235,6 @@ class Timing:
                 raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
         if not 0.0 <= self.jitter_common <= 1.0:
             raise ValueError(f"timing.jitter_common = {self.jitter_common}: must be in [0, 1]")
-        if not 0.0 <= self.shard_background < 1.0:
-            raise ValueError(f"timing.shard_background = {self.shard_background}: must be in "
-                             f"[0, 1)")
         if self.bytes_per_s <= 0:
             raise ValueError(f"timing.bytes_per_s = {self.bytes_per_s}: must be > 0")
         for name in MEASURED:
@@ -276,10 +270,10 @@ class Timing:
         return self.latency_s + nbytes / self.bytes_per_s
 
     def pull_service_s(self, rows: int) -> float:
-        return (self.pull_call_s + rows * self.pull_s_per_row) / (1.0 - self.shard_background)
+        return self.pull_call_s + rows * self.pull_s_per_row
 
     def push_service_s(self, rows: int) -> float:
-        return (self.push_call_s + rows * self.push_s_per_row) / (1.0 - self.shard_background)
+        return self.push_call_s + rows * self.push_s_per_row
 
     def all_reduce_s(self, nbytes: int, workers: int) -> float:
         if workers <= 1:

@@ -8,7 +8,7 @@ that a slow client never holds the loop (``_Outbox``). Together: a call without 
 before, 0.42 ms after in `bench ps` on a 2-core machine (docs/benchmarks/2026-11-27-ps-direct.md).
 A call runs at once as its message is read, up to its first wait (a task takes over only
 there), and a message's parts are read without a turn of the loop each: with the push's own
-work, a shard's CPU per trainer step at 8 shards went from 0.82 to 0.51 ms
+work, a shard's CPU per trainer step at 8 shards went from 0.91 to 0.61 ms
 (docs/benchmarks/2026-11-28-shard-cpu.md).
 """
 

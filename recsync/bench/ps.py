@@ -161,9 +161,12 @@ def measure_path(path: str, ops: dict[str, Call], rows: int, calls: int,
 def process_cpu_s(pid: int) -> float | None:
     """The CPU time of every thread of process ``pid`` so far (Linux's schedstat, in ns: a
     clock tick, 10 ms, is longer than the calls timed); None where it cannot be read."""
+    def thread_ns(task: str) -> int:
+        with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+            return int(f.read().split()[0])
+
     try:
-        return sum(int(open(f"/proc/{pid}/task/{t}/schedstat").read().split()[0])
-                   for t in os.listdir(f"/proc/{pid}/task")) / 1e9
+        return sum(thread_ns(t) for t in os.listdir(f"/proc/{pid}/task")) / 1e9
     except (OSError, ValueError, IndexError):  # (also a thread that ended while read)
         return None
 

@@ -27,7 +27,9 @@ import numpy as np
 
 # bench ps: (a call without rows' round trip s, (rows per call, s) of a pull and of a push at 256
 # and 2,048 ids x 26 tables), per transport ("direct" from run ps_new at 877dbf9 on the Intel
-# VM, docs/benchmarks/2026-11-28-shard-cpu.md; "ray" from 2026-11-26)
+# VM, docs/benchmarks/2026-11-28-shard-cpu.md; "ray" from 2026-11-26). Of "direct" the model
+# reads only the call without rows (the calls' walls are the record of that run: a call's
+# service is its shard CPU, MEASURED_SHARD_CPU below)
 MEASURED_CALLS = {
     "direct": (0.2899e-3, ((6_656, 1.4189e-3), (53_248, 4.1126e-3)),
                ((6_656, 2.5860e-3), (53_248, 15.9575e-3))),

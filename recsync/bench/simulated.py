@@ -50,7 +50,8 @@ from recsync.bench import overhead as ov
 from recsync.bench.processes import map_ordered
 from recsync.bench.simulated_readings import (SHARD_COSTS, real_compute_s, real_jitter,
                                                real_jitter_common, real_pull_side_share,
-                                               scaled_shards, shard_cpu_per_call)
+                                               scaled_shards, shard_cpu_per_call,
+                                               shard_cpu_split)
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
@@ -178,10 +179,14 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
         jitter_common=real_jitter_common([r for m in COMMON_JITTER_MODES
                                           for r in runs[f"real_{m}_2"]]))
     calibration = {m: calibrate(data, m, runs[f"real_{m}_1"], shard_time,
-                                out / "calibration" / m) for m in VALIDATION_MODES}
+                                out / "calibration" / m,
+                                [r for n in (1, *VALIDATION_WORKERS)
+                                 for r in runs[f"real_{m}_{n}"]])
+                   for m in VALIDATION_MODES}
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
     # each seed's compute as the real run of that seed's: the machine's drift is not the model's
     timings = {name: [scaled_shards(replace(shard_time, compute_s=real_compute_s(r),
+                                            shard_background=calibration[m]["shard_background"],
                                             **calibration[m]["sides"]),
                                     calibration[m]["shard_scale"])
                       for r in runs[f"real_{m}_{n}"]]
@@ -232,20 +237,28 @@ def validation_tables(compared: dict, calibration: dict) -> dict:
              f"real runs' of one worker, every mode), {c.get('jitter_common') or 0:.2f} of its "
              f"variance common (the real async and gba runs of 2); shards' CPU per call "
              f"{(c['shard_cpu_per_call_modelled_s'] or 0) * 1e3:.2f} ms modelled, "
-             f"{(c['shard_cpu_per_call_real_s'] or 0) * 1e3:.2f} ms real: x "
-             f"{c['shard_scale']:.2f}"] for m, c in calibration.items()],
+             f"{(c['shard_cpu_per_call_real_s'] or 0) * 1e3:.2f} ms real at one worker, of "
+             f"it {(c.get('shard_cpu_per_call_fitted_s') or 0) * 1e3:.2f} ms per call and the "
+             f"rest by the second ({c.get('shard_cpu_per_s_fitted') or 0:.3f} of a core, the "
+             f"real runs at every size): x {c['shard_scale']:.2f}, and each call charged "
+             f"{c.get('shard_background') or 0:.3f} s per second since the shard's last"]
+            for m, c in calibration.items()],
     }
 
 
 def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
-              out: Path) -> dict:
+              out: Path, mode_runs: list[dict] | None = None) -> dict:
     """The model of time fitted on one worker: the real EMULATED run's step time (batch /
     samples/s, median of seeds) against the simulation's of one worker with no overhead; the
     difference is what the simulator does not see of a worker's step on the emulated cluster
     (Ray's calls, the process's other threads, the client: paced on its cores), charged as
     ``overhead_s`` at 2 and 4 workers, which then test the rest of the model. First the
     shards' costs (bench ps's, of another day) are scaled to the CPU per call the real runs'
-    shards were charged (``shard_scale``): their queues order 2 and 4 workers' calls."""
+    shards were charged (``shard_scale``): their queues order 2 and 4 workers' calls. Where
+    the mode's real runs at every size (``mode_runs``) tell a shard's CPU per call from its CPU
+    by the second (``shard_cpu_split``: their shards' CPU, not their speed), the cost per call
+    is the former, and each call is charged the latter since the shard's previous call, on the
+    shard's cores, as the EMULATED pacer charges it (``Timing.shard_background``)."""
     timing = replace(shard_time, pull_side_s=0.0, push_side_s=0.0,
                      compute_s=statistics.median(real_compute_s(r) for r in real_runs))
     cfg = base_config(data, mode, 1, SHARDS, VALIDATION_BATCH)
@@ -257,10 +270,13 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
         return VALIDATION_BATCH / simulated(sides, name)["samples_per_s"]
 
     real_cpu = [x for r in real_runs if (x := shard_cpu_per_call(r)) is not None]
+    split = shard_cpu_split(mode_runs or [])
+    per_call = split[0] if split else (statistics.median(real_cpu) if real_cpu else None)
+    background = split[1] / CORES_PER_SHARD if split else 0.0
     modelled = (shard_cpu_per_call(simulated({}, "shards_as_measured"), CORES_PER_SHARD)
-                if real_cpu else None)
-    shard_scale = statistics.median(real_cpu) / modelled if real_cpu and modelled else 1.0
-    timing = scaled_shards(timing, shard_scale)
+                if per_call else None)
+    shard_scale = per_call / modelled if per_call and modelled else 1.0
+    timing = replace(scaled_shards(timing, shard_scale), shard_background=background)
     real_step = VALIDATION_BATCH / statistics.median(r["samples_per_s"] for r in real_runs)
     sim_step = step_s({}, "without_overhead")
     overhead = max(0.0, real_step - sim_step)
@@ -291,6 +307,9 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
             "jitter": timing.jitter, "jitter_common": timing.jitter_common,
             "shard_cpu_per_call_modelled_s": modelled,
             "shard_cpu_per_call_real_s": statistics.median(real_cpu) if real_cpu else None,
+            "shard_cpu_per_call_fitted_s": split[0] if split else None,
+            "shard_cpu_per_s_fitted": split[1] if split else None,
+            "shard_background": background,
             "shard_scale": shard_scale, "sides": sides(overhead)}
 
 

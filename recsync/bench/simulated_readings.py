@@ -82,6 +82,24 @@ def shard_cpu_per_call(run: dict, cores_per_shard: float = 1.0) -> float | None:
     return sum(x["cpu_s"] for x in shards) / calls if calls else None
 
 
+def shard_cpu_split(runs: list[dict]) -> tuple[float, float] | None:
+    """(CPU s per call, CPU s per second of training) of real EMULATED runs' shards: a least
+    squares fit of each shard's CPU = per call x its calls + per second x the run's train_s,
+    over runs that differ in length (the same calls in fewer seconds at more workers). A
+    shard process's other threads (Ray's) take CPU by the second, and the pacing charges it to
+    the next call: read as a cost per call at one worker, it makes shards serving more workers
+    too busy (Timing.shard_background). None where the runs do not tell the two apart or the
+    fit is not positive."""
+    rows = [(x["requests"], r["train_s"], x["cpu_s"]) for r in runs
+            for x in ((r.get("emulation") or {}).get("shards") or [])
+            if x.get("requests") and r.get("train_s")]
+    if len({round(t, 3) for _, t, _ in rows}) < 2:
+        return None
+    a = np.array([[calls, t] for calls, t, _ in rows], dtype=float)
+    (per_call, per_s), *_ = np.linalg.lstsq(a, np.array([c for *_, c in rows]), rcond=None)
+    return (float(per_call), float(per_s)) if per_call > 0 and per_s >= 0 else None
+
+
 def scaled_shards(timing: Timing, scale: float) -> Timing:
     """``timing`` with each of the shard's costs (per call, per row) times ``scale``."""
     return replace(timing, **{k: getattr(timing, k) * scale for k in SHARD_COSTS})

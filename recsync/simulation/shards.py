@@ -5,8 +5,9 @@ behind an object shaped like a shard's Ray handle (``shard.pull.remote(...)``,
 A call is a message (``Timing.message_s`` of its arrays' bytes) to the shard (one caller's
 calls arrive in the order they were sent), which serves one call at a time in the order they
 arrive (``Timing.pull_service_s``, ``push_service_s``: a fixed cost per call, the handling of
-it in the shard's process, and a cost per row); the core's own method runs when the service
-ends, so a pull reads the rows as every push served before it left them, and the answer
+it in the shard's process, and a cost per row; with ``Timing.shard_background``, also the
+process's CPU by the second since its previous call); the core's own method runs when the
+service ends, so a pull reads the rows as every push served before it left them, and the answer
 travels back. A sync pull that asks for ``min_version`` waits at the shard until the core has
 applied that many updates, as the real shard does (ps/shard.py).
 """
@@ -29,6 +30,7 @@ class SimShard:
         self.free_at = 0.0  # when the shard finishes what it has been given
         self.busy_s = 0.0  # simulated time spent serving calls
         self.calls = 0
+        self._last_call: float | None = None  # when the previous call started (shard_background)
         self._parked: list[tuple[int, object]] = []  # (min_version, start) of waiting pulls
         self._channel_free: dict = {}  # caller -> when its last call arrives here
         self.pull = SimpleNamespace(remote=self._pull)
@@ -73,8 +75,9 @@ class SimShard:
 
         def start():
             begin = max(self.clock.now, self.free_at)
-            self.free_at = begin + service_s
-            self.busy_s += service_s
+            served = service_s + self._background_s()
+            self.free_at = begin + served
+            self.busy_s += served
             self.calls += 1
             self.clock.at(self.free_at, finish)
 
@@ -91,6 +94,12 @@ class SimShard:
 
         self.clock.at(arrive, arrived)
         return future
+
+    def _background_s(self) -> float:
+        """The shard's CPU by the second since its previous call, charged to this one."""
+        now, last = self.clock.now, self._last_call
+        self._last_call = now
+        return 0.0 if last is None else self.timing.shard_background * max(0.0, now - last)
 
     def _unpark(self) -> None:
         """Pulls waiting for a version the core has now reached are served."""

@@ -227,12 +227,18 @@ class Timing:
     # co-located workers share): one draw per step-long bin of the simulated clock
     # (jitter_period_s); the rest each worker's own, drawn each time (0: all its own)
     jitter_common: float = 0.0
+    # a shard process's CPU by the second (its other threads: Ray's), as the EMULATED pacer
+    # charges it: to the call that ends next; here each call's service is longer by this many
+    # seconds for every second since the shard's previous call arrived (0: none). At one
+    # worker a call then pays for the whole gap before it, at four for a quarter of it
+    shard_background: float = 0.0
     speeds: Speeds = field(default_factory=Speeds)
 
     def __post_init__(self):
         for name in ("latency_s", "pull_s_per_row", "push_s_per_row", "pull_call_s",
                      "push_call_s", "collective_latency_s", "collective_cpu_s_per_call",
-                     "collective_cpu_s_per_message", "collective_cpu_s_per_byte", "jitter"):
+                     "collective_cpu_s_per_message", "collective_cpu_s_per_byte", "jitter",
+                     "shard_background"):
             if getattr(self, name) < 0:
                 raise ValueError(f"timing.{name} = {getattr(self, name)}: must be >= 0")
         if not 0.0 <= self.jitter_common <= 1.0:

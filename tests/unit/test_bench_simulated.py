@@ -252,3 +252,68 @@ def test_each_seeds_simulation_computes_as_long_as_that_seeds_real_run(fakes, tm
     validated = {(seed, round(c, 6)) for n, seed, c in seen if n in scenario.VALIDATION_WORKERS}
     assert validated == {(0, COMPUTE_S), (1, 2 * COMPUTE_S)}
     assert {round(c, 6) for n, _, c in seen if n == 1} == {round(1.5 * COMPUTE_S, 6)}
+
+
+def _shard_run(train_s: float, calls: int, per_call_s: float, per_s: float) -> dict:
+    """A real EMULATED run's summary whose two shards each spent ``per_call_s`` a call and
+    ``per_s`` of a core by the second of its ``train_s``."""
+    shards = [{"requests": n, "cpu_s": n * per_call_s + per_s * train_s}
+              for n in (calls, calls // 2)]
+    return {"train_s": train_s, "emulation": {"shards": shards}}
+
+
+def test_a_shards_cpu_is_split_into_per_call_and_by_the_second_when_runs_differ_in_length():
+    from recsync.bench.simulated_readings import shard_cpu_split
+    runs = [_shard_run(t, 940, 1.2e-3, 0.035) for t in (27.0, 13.0, 6.5)]
+    per_call, per_s = shard_cpu_split(runs)
+    assert per_call == pytest.approx(1.2e-3) and per_s == pytest.approx(0.035)
+    assert shard_cpu_split([_shard_run(27.0, 940, 1.2e-3, 0.035)] * 3) is None  # one length
+    assert shard_cpu_split([]) is None
+
+
+def test_the_calibration_charges_a_shard_per_call_and_its_background_by_the_gap(fakes,
+                                                                              tmp_path):
+    """At one worker a shard's CPU per call (here 2.6 ms) holds its process's CPU by the
+    second; fitted over runs of every size, a call costs 1.2 ms and each second since the
+    shard's last call 0.035 of a core: the simulations' shards are scaled to the former and
+    charged the latter on the shard's cores (Timing.shard_background), also at 2 and 4
+    workers."""
+    from recsync.api import override
+    cfg = override(scenario.base_config(tmp_path, "async", 1, scenario.SHARDS,
+                                        scenario.VALIDATION_BATCH),
+                   **{"emulation.cores_per_worker": scenario.CORES_PER_WORKER,
+                      "emulation.cores_per_shard": scenario.CORES_PER_SHARD})
+    (tmp_path / "real").mkdir()
+    one = {**fake_real(cfg, tmp_path / "real", "real_async_1"),
+           **_shard_run(27.0, 940, 1.2e-3, 0.035)}
+    mode_runs = [one] + [_shard_run(t, 940, 1.2e-3, 0.035) for t in (13.0, 6.5)]
+    shard_time = scenario.emulated_shard_time()
+    c = scenario.calibrate(tmp_path, "async", [one], shard_time, tmp_path / "cal", mode_runs)
+    assert c["shard_cpu_per_call_real_s"] == pytest.approx(1.2e-3 + 0.035 * 27.0 * 2 / 1410)
+    assert c["shard_cpu_per_call_fitted_s"] == pytest.approx(1.2e-3)
+    assert c["shard_background"] == pytest.approx(0.035 / scenario.CORES_PER_SHARD)
+    modelled = shard_time.pull_call_s * scenario.CORES_PER_SHARD  # (the fake's 10 calls)
+    assert c["shard_scale"] == pytest.approx(1.2e-3 / modelled)
+    # the fit's simulations after the one without background are charged it
+    charged = [t for m, n, t in SIMULATED if n == 1]
+    assert charged[0].shard_background == 0.0
+    assert all(t.shard_background == c["shard_background"] for t in charged[1:])
+
+
+def test_the_validations_simulations_are_charged_their_modes_fitted_shard_background(
+        fakes, monkeypatch, tmp_path):
+    def real_by_size(cfg, out_dir, name):
+        real = fake_real(cfg, out_dir, name)
+        fitted = _shard_run(27.0 / cfg.cluster.workers, 940, 1.2e-3, 0.035)
+        return {**real, "train_s": fitted["train_s"],
+                "emulation": {**real["emulation"], **fitted["emulation"]}}
+
+    monkeypatch.setattr(sd.ov, "run_arm", real_by_size)
+    run_scenario("simulated_validation", tmp_path, scale=1.0, seeds=1)
+    small = [t for m, n, t in SIMULATED if n in scenario.VALIDATION_WORKERS]
+    assert len(small) == len(scenario.VALIDATION_MODES) * len(scenario.VALIDATION_WORKERS)
+    assert all(t.shard_background == pytest.approx(0.035 / scenario.CORES_PER_SHARD)
+               for t in small)
+    scale = 1.2e-3 / (scenario.emulated_shard_time().pull_call_s * scenario.CORES_PER_SHARD)
+    assert all(t.pull_call_s == pytest.approx(scenario.emulated_shard_time().pull_call_s * scale)
+               for t in small)

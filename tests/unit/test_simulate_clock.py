@@ -157,3 +157,31 @@ def test_on_one_core_holds_the_thread_and_its_new_threads_to_one_core_then_resto
         t.join()
     assert inside == {min(before)} and seen == [inside]
     assert os.sched_getaffinity(0) == before
+
+
+def test_a_shards_background_cpu_since_its_last_call_lengthens_the_next_calls_service():
+    """As the EMULATED pacer charges a shard's CPU by the second to the call that ends next:
+    a call 10 s after the previous one is served 10 x shard_background longer, the first call
+    only its own cost."""
+    from types import SimpleNamespace
+
+    from recsync.simulation.shards import SimShard
+    clock, done = Clock(), []
+    core = SimpleNamespace(version=0, pull=lambda ids, read_only, dense: [])
+    timing = Timing(latency_s=0.0, pull_call_s=1.0, pull_s_per_row=0.0, shard_background=0.1)
+    shard = SimShard(clock, core, timing)
+
+    def caller():
+        for pause in (0.0, 10.0):
+            clock.sleep(pause)
+            start = clock.now
+            clock.wait(shard.pull.remote([]))
+            done.append(clock.now - start)
+
+    clock.spawn(caller, "worker")
+    clock.run()
+    # the second call came 11 s after the first (its 1 s of service, then 10 s)
+    assert done == pytest.approx([1.0, 1.0 + 0.1 * 11.0])
+    assert shard.busy_s == pytest.approx(2.0 + 1.1)
+    with pytest.raises(ValueError, match="shard_background"):
+        Timing(shard_background=-0.1)

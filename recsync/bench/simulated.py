@@ -50,8 +50,8 @@ from recsync.bench import overhead as ov
 from recsync.bench.processes import map_ordered
 from recsync.bench.simulated_readings import (SHARD_COSTS, real_compute_s, real_jitter,
                                                real_jitter_common, real_pull_side_share,
-                                               scaled_shards, shard_cpu_per_call,
-                                               shard_cpu_split)
+                                               real_side_cpu_s, run_sides, scaled_shards,
+                                               shard_cpu_per_call, shard_cpu_split)
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
@@ -184,10 +184,11 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
                                  for r in runs[f"real_{m}_{n}"]])
                    for m in VALIDATION_MODES}
     sims = {f"sim_{m}_{n}": base_config(data, m, n, SHARDS, VALIDATION_BATCH) for m, n in cells}
-    # each seed's compute as the real run of that seed's: the machine's drift is not the model's
+    # each seed's compute and own CPU as the real run of that seed's: the machine's drift and
+    # a worker's CPU are measurements, not the model's
     timings = {name: [scaled_shards(replace(shard_time, compute_s=real_compute_s(r),
                                             shard_background=calibration[m]["shard_background"],
-                                            **calibration[m]["sides"]),
+                                            **run_sides(r, calibration[m])),
                                     calibration[m]["shard_scale"])
                       for r in runs[f"real_{m}_{n}"]]
                for name, (m, n) in zip(sims, cells)}
@@ -252,7 +253,8 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     samples/s, median of seeds) against the simulation's of one worker with no overhead; the
     difference is what the simulator does not see of a worker's step on the emulated cluster
     (Ray's calls, the process's other threads, the client: paced on its cores), charged as
-    ``overhead_s`` at 2 and 4 workers, which then test the rest of the model. First the
+    ``overhead_s`` at 2 and 4 workers (in proportion to each real run's CPU per step outside
+    the compute: ``run_sides``), which then test the rest of the model. First the
     shards' costs (bench ps's, of another day) are scaled to the CPU per call the real runs'
     shards were charged (``shard_scale``): their queues order 2 and 4 workers' calls. Where
     the mode's real runs at every size (``mode_runs``) tell a shard's CPU per call from its CPU
@@ -270,6 +272,7 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
         return VALIDATION_BATCH / simulated(sides, name)["samples_per_s"]
 
     real_cpu = [x for r in real_runs if (x := shard_cpu_per_call(r)) is not None]
+    side_cpu = [x for r in real_runs if (x := real_side_cpu_s(r)) is not None]
     split = shard_cpu_split(mode_runs or [])
     per_call = split[0] if split else (statistics.median(real_cpu) if real_cpu else None)
     background = split[1] / CORES_PER_SHARD if split else 0.0
@@ -310,7 +313,8 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
             "shard_cpu_per_call_fitted_s": split[0] if split else None,
             "shard_cpu_per_s_fitted": split[1] if split else None,
             "shard_background": background,
-            "shard_scale": shard_scale, "sides": sides(overhead)}
+            "shard_scale": shard_scale, "sides": sides(overhead),
+            "side_cpu_s": statistics.median(side_cpu) if side_cpu else None}
 
 
 def at_scale(out: Path, scale: float, seeds: int) -> dict:

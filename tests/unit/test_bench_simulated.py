@@ -317,3 +317,31 @@ def test_the_validations_simulations_are_charged_their_modes_fitted_shard_backgr
     scale = 1.2e-3 / (scenario.emulated_shard_time().pull_call_s * scenario.CORES_PER_SHARD)
     assert all(t.pull_call_s == pytest.approx(scenario.emulated_shard_time().pull_call_s * scale)
                for t in small)
+
+
+def test_each_simulation_charges_its_real_runs_own_cpu_outside_the_compute(fakes, monkeypatch,
+                                                                           tmp_path):
+    """A worker's CPU per step outside its compute is a measurement of each real run, as its
+    compute is: where the run of 4 workers spent 10% less of it than the one-worker runs, its
+    simulation's sides are the calibrated ones x 0.9."""
+    from recsync.bench.simulated_readings import real_side_cpu_s, run_sides
+
+    def real_with_steps(cfg, out_dir, name):
+        real = fake_real(cfg, out_dir, name)
+        outside = 0.9 if cfg.cluster.workers == 4 else 1.0  # CPU s outside the compute
+        workers = [{"cpu_s": 0.5 + outside, "compute_cpu_s": 0.5, "pre_compute_cpu_s": 0.2,
+                    "steps": 100}]
+        return {**real, "emulation": {**real["emulation"], "workers": workers}}
+
+    monkeypatch.setattr(sd.ov, "run_arm", real_with_steps)
+    results = run_scenario("simulated_validation", tmp_path, scale=1.0, seeds=1)
+    calibrated = results["calibration"]["async"]
+    assert calibrated["side_cpu_s"] == pytest.approx(0.01)
+    by_size = {n: t for m, n, t in SIMULATED if m == "async" and n > 1}
+    for side in ("pull_side_s", "push_side_s"):
+        assert getattr(by_size[2], side) == pytest.approx(calibrated["sides"][side])
+        assert getattr(by_size[4], side) == pytest.approx(
+            0.9 * calibrated["sides"][side])
+    assert real_side_cpu_s({"emulation": {"workers": [{"cpu_s": 1.0}]}}) is None
+    assert run_sides({}, {"sides": {"pull_side_s": 0.02}, "side_cpu_s": None}) == {
+        "pull_side_s": 0.02}

@@ -48,10 +48,12 @@ from recsync.api import override
 from recsync.bench import emulated as em
 from recsync.bench import overhead as ov
 from recsync.bench.processes import map_ordered
-from recsync.bench.simulated_readings import (SHARD_COSTS, real_compute_s, real_jitter,
-                                               real_jitter_common, real_pull_side_share,
-                                               real_side_cpu_s, run_sides, scaled_shards,
-                                               shard_cpu_per_call, shard_cpu_split)
+from recsync.bench.simulated_readings import (SHARD_COSTS, pull_round_trip_s, real_compute_s,
+                                               real_jitter, real_jitter_common,
+                                               real_pull_side_share, real_side_cpu_s,
+                                               run_sides, scaled_shards, shard_cpu_per_call,
+                                               shard_cpu_split)
+from recsync.bench.simulated_tables import validation_tables
 from recsync.bench import seeds as sd
 from recsync.config import RunConfig, load_config
 from recsync.data.reader import Dataset
@@ -188,6 +190,7 @@ def validation(out: Path, scale: float, seeds: int) -> tuple[dict, dict, dict]:
     # a worker's CPU are measurements, not the model's
     timings = {name: [scaled_shards(replace(shard_time, compute_s=real_compute_s(r),
                                             shard_background=calibration[m]["shard_background"],
+                                            latency_s=calibration[m]["latency_s"],
                                             **run_sides(r, calibration[m])),
                                     calibration[m]["shard_scale"])
                       for r in runs[f"real_{m}_{n}"]]
@@ -220,33 +223,6 @@ def validation_ratios(compared: dict) -> dict:
                                                        for c in compared.values())}
 
 
-def validation_tables(compared: dict, calibration: dict) -> dict:
-    """The report's tables of the validation: each cell, and the calibration on one worker."""
-    return {
-        "Validation: SIMULATED against the EMULATED runtime": [
-            [cell, c["speed_error"],
-             f"samples/s real {c['real_samples_per_s']:,.0f}, simulated "
-             f"{c['sim_samples_per_s']:,.0f}; staleness mean real "
-             f"{c['real_staleness_mean']:.2f}, simulated {c['sim_staleness_mean']:.2f}; "
-             f"AUC real {c['real_auc']['mean']:.4f} (sd "
-             f"{c['real_auc']['sd'] or 0:.4f}), simulated {c['sim_auc']['mean']:.4f}"]
-            for cell, c in compared.items()],
-        "Calibration on one worker (seconds per step)": [
-            [m, c["overhead_s"], f"real EMULATED step {c['real_step_s']:.4f} s, simulated "
-             f"without overhead {c['sim_step_s_without_overhead']:.4f} s, compute "
-             f"{c['compute_s']:.4f} s (the real runs', median); jitter {c['jitter']:.3f} (the "
-             f"real runs' of one worker, every mode), {c.get('jitter_common') or 0:.2f} of its "
-             f"variance common (the real async and gba runs of 2); shards' CPU per call "
-             f"{(c['shard_cpu_per_call_modelled_s'] or 0) * 1e3:.2f} ms modelled, "
-             f"{(c['shard_cpu_per_call_real_s'] or 0) * 1e3:.2f} ms real at one worker, of "
-             f"it {(c.get('shard_cpu_per_call_fitted_s') or 0) * 1e3:.2f} ms per call and the "
-             f"rest by the second ({c.get('shard_cpu_per_s_fitted') or 0:.3f} of a core, the "
-             f"real runs at every size): x {c['shard_scale']:.2f}, and each call charged "
-             f"{c.get('shard_background') or 0:.3f} s per second since the shard's last"]
-            for m, c in calibration.items()],
-    }
-
-
 def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
               out: Path, mode_runs: list[dict] | None = None) -> dict:
     """The model of time fitted on one worker: the real EMULATED run's step time (batch /
@@ -260,7 +236,10 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     the mode's real runs at every size (``mode_runs``) tell a shard's CPU per call from its CPU
     by the second (``shard_cpu_split``: their shards' CPU, not their speed), the cost per call
     is the former, and each call is charged the latter since the shard's previous call, on the
-    shard's cores, as the EMULATED pacer charges it (``Timing.shard_background``)."""
+    shard's cores, as the EMULATED pacer charges it (``Timing.shard_background``). Last, the
+    latency: the real one-worker runs' pull round trip less the fitted simulation's, half each
+    way (``latency_s``; the worker's handling of a call, at the machine's speed, is in the real
+    round trip and not in the simulated one)."""
     timing = replace(shard_time, pull_side_s=0.0, push_side_s=0.0,
                      compute_s=statistics.median(real_compute_s(r) for r in real_runs))
     cfg = base_config(data, mode, 1, SHARDS, VALIDATION_BATCH)
@@ -268,8 +247,11 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
     def simulated(sides: dict, name: str) -> dict:
         return run_simulated({name: replace(timing, **sides)})(cfg, out / name, name)
 
+    last: dict = {}  # the latest of these simulations
+
     def step_s(sides: dict, name: str) -> float:
-        return VALIDATION_BATCH / simulated(sides, name)["samples_per_s"]
+        last["run"] = simulated(sides, name)
+        return VALIDATION_BATCH / last["run"]["samples_per_s"]
 
     real_cpu = [x for r in real_runs if (x := shard_cpu_per_call(r)) is not None]
     side_cpu = [x for r in real_runs if (x := real_side_cpu_s(r)) is not None]
@@ -303,6 +285,14 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
         fitted.append(step_s(sides(overhead), f"round{k + 1}"))
         slope = (fitted[-1] - fitted[-2]) / (tried[-1] - tried[-2] or 1.0)
         overhead = max(0.0, overhead + (real_step - fitted[-1]) / max(slope, 0.05))
+    # a pull's round trip beyond the shard's work (the worker's handling of the call and its
+    # transport, in real time): latency, half each way, fitted last (the section's floor
+    # holds the longer wait: the step does not change)
+    real_pull = [x for r in real_runs if (x := pull_round_trip_s(r)) is not None]
+    sim_pull = pull_round_trip_s(last["run"])
+    if real_pull and sim_pull is not None:
+        timing = replace(timing, latency_s=timing.latency_s + max(
+            0.0, statistics.median(real_pull) - sim_pull) / 2)
     return {"real_step_s": real_step, "sim_step_s_without_overhead": sim_step,
             "calibration_rounds": list(zip(tried, fitted)), "compute_s": timing.compute_s,
             "overhead_s": overhead, "pull_side_share": share,
@@ -314,7 +304,9 @@ def calibrate(data: Path, mode: str, real_runs: list[dict], shard_time: Timing,
             "shard_cpu_per_s_fitted": split[1] if split else None,
             "shard_background": background,
             "shard_scale": shard_scale, "sides": sides(overhead),
-            "side_cpu_s": statistics.median(side_cpu) if side_cpu else None}
+            "side_cpu_s": statistics.median(side_cpu) if side_cpu else None,
+            "pull_s_real": statistics.median(real_pull) if real_pull else None,
+            "pull_s_simulated": sim_pull, "latency_s": timing.latency_s}
 
 
 def at_scale(out: Path, scale: float, seeds: int) -> dict:

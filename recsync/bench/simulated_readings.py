@@ -137,3 +137,13 @@ def run_sides(run: dict, calibrated: dict) -> dict:
     ratio = here / one if here and one else 1.0
     return {k: v * ratio for k, v in calibrated["sides"].items()}
 
+
+def pull_round_trip_s(run: dict) -> float | None:
+    """A run's workers' mean pull round trip (the median over its workers): a real EMULATED
+    run's wall seconds (summary.json ``emulation.workers``), a simulation's simulated seconds
+    (``simulated.per_worker``); None where it has none."""
+    sim = run.get("simulated")
+    workers = (sim.get("per_worker") if sim is not None
+               else (run.get("emulation") or {}).get("workers")) or []
+    values = [w["pull_s"] for w in workers if w.get("pull_s") is not None]
+    return statistics.median(values) if values else None

@@ -237,8 +237,10 @@ def worker_entry(rank: int, totals: dict) -> dict:
     time of its compute sections over their CPU time), against ``expected`` = the straggler
     factor / cores (CPU-weighted), and ``wall_per_cpu`` (whole steps: those that wait for
     others, or for a pull, run longer); the CPU of the compute sections and of the sections
-    before them."""
-    cpu, comp = totals["cpu_s"], totals["compute_cpu_s"]
+    before them; ``pull_s``: its training pulls' mean round trip (from the sends to the last
+    answer, in wall time: the shards' paced work and queues, the transport and the worker's
+    handling of the call at the machine's own speed)."""
+    cpu, comp, pulls = totals["cpu_s"], totals["compute_cpu_s"], totals.get("pulls_timed")
     return {"rank": rank, "steps": totals["steps"], "cpu_s": cpu,
             "unpaced_cpu_s": totals.get("unpaced_cpu_s"), "idle_cores": totals.get("idle_cores"),
             "paced_wall_s": totals["paced_wall_s"], "slept_s": totals["slept_s"],
@@ -246,6 +248,7 @@ def worker_entry(rank: int, totals: dict) -> dict:
             "compute_wall_per_cpu": totals["compute_wall_s"] / comp if comp > 0 else None,
             "expected": totals["expected_wall_s"] / comp if comp > 0 else None,
             "compute_cpu_s": comp, "pre_compute_cpu_s": totals.get("pre_compute_cpu_s"),
+            "pull_s": totals["pull_round_trip_s"] / pulls if pulls else None,
             "shadow_thread": _shadow_entry(totals.get("shadow_thread"))}
 
 

@@ -59,6 +59,7 @@ class PendingPull:
     min_version: int = 0
     read_only: bool = False  # an evaluation's: a dynamic table admits, evicts and scores nothing
     dense: str = "vector"  # what of the dense parameters comes with it (ShardCore.pull)
+    sent_at: float = 0.0  # when it was sent (PSClient._now)
 
 
 SHARD_RESTART_TIMEOUT_S = 120  # partial recovery: how long a pull waits for a shard to return
@@ -87,6 +88,9 @@ class PSClient:
         self.shards, self.plan, self.dims = shards, plan, plan.dims
         self.survive_shard_restarts, self.directory = survive_shard_restarts, directory
         self.lost_pushes = 0
+        # training pulls' round trips: from the sends to the last answer, summed, and their
+        # number (the worker reports them; what a call takes beyond the shard's own work)
+        self.pull_round_trip_s, self.pulls_timed = 0.0, 0
         self.dense_shard = dense_shard
         self.ssu_rate = ssu_rate
         self._ssu_rng = np.random.default_rng(seed)
@@ -169,9 +173,14 @@ class PSClient:
         routing = ShardRouting([split_by_shard(u, len(self.shards)) for u in ids],
                                len(self.shards))
         routing.shard_ids = routing.by_shard(ids)
+        sent_at = self._now()
         refs = [self._send(i, "pull", routing.shard_ids[i], min_version, read_only, dense)
                 for i in range(len(self.shards))]
-        return PendingPull(batch, tables, routing, refs, min_version, read_only, dense)
+        return PendingPull(batch, tables, routing, refs, min_version, read_only, dense, sent_at)
+
+    def _now(self) -> float:
+        """The clock of ``pull_round_trip_s`` (the simulator's client: its simulated clock)."""
+        return time.perf_counter()
 
     def _answers(self, pending: PendingPull) -> list:
         if not self.survive_shard_restarts:
@@ -214,6 +223,9 @@ class PSClient:
         """Wait for a pull's answers and merge them. The batch carries the version each shard
         read (``versions``), whatever order pulls complete in."""
         answers = self._answers(pending)
+        if not pending.read_only:
+            self.pull_round_trip_s += self._now() - pending.sent_at
+            self.pulls_timed += 1
         ids = [u for u, _ in pending.tables]
         # merged in numpy: Ray hands back read-only arrays, which numpy copies from freely
         rows = [np.empty((len(u), d), np.float32) for u, d in zip(ids, self.dims)]

@@ -22,6 +22,9 @@ class SimClient(PSClient):
         super().__init__(shards, plan, **kwargs)
         self.clock = clock
 
+    def _now(self) -> float:
+        return self.clock.now
+
     def _answers(self, pending: PendingPull) -> list:
         return [self.clock.wait(f) for f in pending.refs]
 

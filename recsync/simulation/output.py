@@ -88,7 +88,8 @@ def simulated_summary(cfg, ds, record: SimRecord, cluster, final: dict, timing,
         "all_reduce_rounds": cluster.group.rounds if cluster.group else None,
         "all_reduce_wait_s": cluster.group.waited_s if cluster.group else None,
         "per_worker": [{"rank": w.rank, "factor_at_start": factors[w.rank],
-                        "steps": w.steps, "finished_s": w.finished_at} for w in workers],
+                        "steps": w.steps, "finished_s": w.finished_at,
+                        "pull_s": w.pull_s()} for w in workers],
     }
     return summary
 

@@ -182,6 +182,8 @@ class Worker:
                 "steps": sum(p.steps for p in training),  # training steps only
                 "unpaced_cpu_s": self.machine.unpaced_cpu_s(),
                 "idle_cores": self.machine.idle_cores,
+                "pull_round_trip_s": sum(c.pull_round_trip_s for c in self.clients),
+                "pulls_timed": sum(c.pulls_timed for c in self.clients),
                 "shadow_thread": StepPacer.summed(shadow) if shadow else None}
 
     def mode_stats(self) -> dict | None:

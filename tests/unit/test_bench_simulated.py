@@ -345,3 +345,31 @@ def test_each_simulation_charges_its_real_runs_own_cpu_outside_the_compute(fakes
     assert real_side_cpu_s({"emulation": {"workers": [{"cpu_s": 1.0}]}}) is None
     assert run_sides({}, {"sides": {"pull_side_s": 0.02}, "side_cpu_s": None}) == {
         "pull_side_s": 0.02}
+
+
+def test_the_latency_is_fitted_to_the_real_one_worker_runs_pull_round_trip(fakes, monkeypatch,
+                                                                          tmp_path):
+    """A real pull came back in 10 ms at one worker, a simulated one in 4 ms of service and its
+    latency there and back: the latency becomes what makes up the 10 ms (the worker's handling
+    of the call and its transport), 3 ms each way, in the calibration's result and every
+    simulation of 2 and 4 workers."""
+    def real_with_pulls(cfg, out_dir, name):
+        real = fake_real(cfg, out_dir, name)
+        workers = [{**w, "pull_s": 0.010} for w in real["emulation"]["workers"]]
+        return {**real, "emulation": {**real["emulation"], "workers": workers}}
+
+    def simulate_with_pulls(cfg, out_dir, timing, overwrite):
+        summary = fake_simulate(cfg, out_dir, timing, overwrite)
+        summary["simulated"]["per_worker"] = [{"pull_s": 0.004 + 2 * timing.latency_s}]
+        return summary
+
+    monkeypatch.setattr(sd.ov, "run_arm", real_with_pulls)
+    monkeypatch.setattr(scenario, "simulate", simulate_with_pulls)
+    results = run_scenario("simulated_validation", tmp_path, scale=1.0, seeds=1)
+    base = scenario.emulated_shard_time().latency_s
+    for calibrated in results["calibration"].values():
+        assert calibrated["pull_s_real"] == pytest.approx(0.010)
+        assert calibrated["pull_s_simulated"] == pytest.approx(0.004 + 2 * base)
+        assert calibrated["latency_s"] == pytest.approx(0.003)
+    small = [t for m, n, t in SIMULATED if n in scenario.VALIDATION_WORKERS]
+    assert small and all(t.latency_s == pytest.approx(0.003) for t in small)

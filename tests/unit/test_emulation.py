@@ -118,6 +118,9 @@ def test_steps_without_a_straggler_keep_one_over_the_cores():
         pacer.point(compute=True)
         pacer.end()
     entry = worker_entry(1, StepPacer.summed([pacer]))
+    assert entry["pull_s"] is None  # no pulls timed
+    assert worker_entry(1, {**StepPacer.summed([pacer]), "pull_round_trip_s": 0.03,
+                            "pulls_timed": 3})["pull_s"] == pytest.approx(0.01)
     assert entry["steps"] == 3
     assert entry["compute_wall_per_cpu"] == pytest.approx(2.0)
     assert entry["wall_per_cpu"] == pytest.approx(2.0)

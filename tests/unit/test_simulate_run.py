@@ -164,6 +164,16 @@ def test_a_shards_fixed_cost_per_call_is_charged_whatever_its_rows(data, tmp_pat
     assert both["train_s"] == pytest.approx(steps * 0.017, rel=1e-6)
 
 
+def test_a_workers_pull_round_trip_is_the_latency_both_ways_and_the_shards_service(data,
+                                                                                    tmp_path):
+    """Reported per worker (what scenario simulated's validation fits its latency to): the
+    two shards serve the pull in parallel, 1 ms there, 4 ms of service, 1 ms back."""
+    run = simulate(config(data, "async", 1), tmp_path / "rtt",
+                   timing=free_network(pull_call_s=0.004, latency_s=0.001))
+    (worker,) = run["simulated"]["per_worker"]
+    assert worker["pull_s"] == pytest.approx(0.006, rel=1e-6)
+
+
 def test_paced_cpu_is_a_floor_that_the_sections_waits_count_toward(data, tmp_path):
     """As the EMULATED runtime paces a worker: the section up to the compute lasts the
     longer of its wait (the pull's 4 ms at the shards) and its CPU, not their sum."""

@@ -88,8 +88,9 @@ class PSClient:
         self.shards, self.plan, self.dims = shards, plan, plan.dims
         self.survive_shard_restarts, self.directory = survive_shard_restarts, directory
         self.lost_pushes = 0
-        # training pulls' round trips: from the sends to the last answer, summed, and their
-        # number (the worker reports them; what a call takes beyond the shard's own work)
+        # training pulls' round trips: from the sends until the worker has every answer (a
+        # pull sent ahead, as eager's: until it asked for them), summed, and their number
+        # (the worker reports them: what a call takes beyond the shard's own work)
         self.pull_round_trip_s, self.pulls_timed = 0.0, 0
         self.dense_shard = dense_shard
         self.ssu_rate = ssu_rate

@@ -30,7 +30,7 @@ class SimShard:
         self.free_at = 0.0  # when the shard finishes what it has been given
         self.busy_s = 0.0  # simulated time spent serving calls
         self.calls = 0
-        self._last_call: float | None = None  # when the previous call started (shard_background)
+        self._last_call: float | None = None  # when the previous call came (shard_background)
         self._parked: list[tuple[int, object]] = []  # (min_version, start) of waiting pulls
         self._channel_free: dict = {}  # caller -> when its last call arrives here
         self.pull = SimpleNamespace(remote=self._pull)

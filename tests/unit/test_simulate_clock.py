@@ -161,8 +161,8 @@ def test_on_one_core_holds_the_thread_and_its_new_threads_to_one_core_then_resto
 
 def test_a_shards_background_cpu_since_its_last_call_lengthens_the_next_calls_service():
     """As the EMULATED pacer charges a shard's CPU by the second to the call that ends next:
-    a call 10 s after the previous one is served 10 x shard_background longer, the first call
-    only its own cost."""
+    a call that comes 11 s after the previous one is served 11 x shard_background longer, the
+    first call only its own cost."""
     from types import SimpleNamespace
 
     from recsync.simulation.shards import SimShard

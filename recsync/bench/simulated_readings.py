@@ -131,7 +131,7 @@ def run_sides(run: dict, calibrated: dict) -> dict:
     fitted on one worker (``calibrated["sides"]``) times this run's workers' CPU per step
     outside the compute over the one-worker runs' (``calibrated["side_cpu_s"]``), as each
     simulation computes for as long as its real run did: what a worker's own CPU per step is
-    at 2 and 4 workers is the real run's measurement (13% below to 26% above the one-worker
+    at 2 and 4 workers is the real run's measurement (13% below to 12% above the one-worker
     runs' median in a run on the Intel VM: the machine's drift, the mode's cost at more
     workers), not the model's."""
     here, one = real_side_cpu_s(run), calibrated.get("side_cpu_s")

@@ -229,7 +229,7 @@ class Timing:
     jitter_common: float = 0.0
     # a shard process's CPU by the second (its other threads: Ray's), as the EMULATED pacer
     # charges it: to the call that ends next; here each call's service is longer by this many
-    # seconds for every second since the shard's previous call arrived (0: none). At one
+    # seconds for every second since the shard's previous call came (0: none). At one
     # worker a call then pays for the whole gap before it, at four for a quarter of it
     shard_background: float = 0.0
     speeds: Speeds = field(default_factory=Speeds)

@@ -63,11 +63,10 @@ class SimWorker:
             add_waits=self._add_waits,
             all_reduce=None if group is None else self._all_reduce, now=lambda: clock.now)
         self.mode = mode.worker(self.ctx)
-        self.client = client
 
     def pull_s(self) -> float | None:
         """This worker's training pulls' mean round trip (simulated seconds), or None."""
-        c = self.client
+        c = self.ctx.client
         return c.pull_round_trip_s / c.pulls_timed if c.pulls_timed else None
 
     @staticmethod
